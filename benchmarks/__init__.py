@@ -1,0 +1,14 @@
+"""epifuse benchmark harness (see BENCHMARKS.md in the project notes and RESULTS.md here).
+
+Run from the repository root:
+
+    PYTHONPATH=src:. python -m benchmarks --quick            # S2, fp16, no inductor: a few minutes
+    PYTHONPATH=src:. python -m benchmarks                    # S1-S4, fp16 and bf16, all baselines
+    PYTHONPATH=src:. python -m benchmarks --dry-run          # CPU check of the workloads, no GPU
+
+Modules: ``workloads`` (the seven epilogues, operand builders, baselines), ``run`` (timing, the
+driver, ``main(argv)`` and ``dry_run()``), ``report`` (table, JSON, PNG).
+"""
+from .run import dry_run, main
+
+__all__ = ["main", "dry_run"]

@@ -1,0 +1,19 @@
+"""epifuse: fuse Python epilogues into GPU matrix multiplications.
+
+>>> import torch, epifuse
+>>> from epifuse.ops import relu
+>>> def epi(accum, alpha):
+...     D = relu(accum * alpha)
+...     return D
+>>> epifuse.gemm(torch.ones(2, 3), -torch.ones(3, 2), epi, alpha=2.0)
+tensor([[0., 0.],
+        [0., 0.]])
+"""
+from . import ops
+from .api import EpilogueArguments, GemmArguments, gemm, get_kernels, kernel_statuses
+from .errors import EpilogueError, InternalError
+
+__version__ = "0.1.0"
+
+__all__ = ["EpilogueArguments", "GemmArguments", "get_kernels", "kernel_statuses", "gemm",
+           "EpilogueError", "InternalError", "ops", "__version__"]

@@ -1,0 +1,267 @@
+"""The public API: EpilogueArguments, GemmArguments, get_kernels, gemm.
+
+    epi = EpilogueArguments(fn_or_string, alpha=3.0, C=C, D=D, F=F)
+    args = GemmArguments(A=A, B=B, out=D, accumulator_type=torch.float32, epilogue=epi)
+    kernels = get_kernels(args)          # every kernel that supports args, best first
+    kernels[0].run(args)
+
+    D, F = epifuse.gemm(A, B, fn, alpha=3.0, C=C)   # allocates outputs, picks a kernel
+
+Everything a user can get wrong is checked here, before any kernel compiles or any output is
+touched, and raised as an EpilogueError subclass that names the problem.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Callable
+
+import torch
+
+from .binding import bind
+from .errors import EpilogueArgumentError, ShapeError, UnsupportedError, did_you_mean
+from .frontend import Program, parse
+from .ir import AXES, Graph, Operand
+from .ops import OPS
+from .passes import canonical_hash, optimize
+from .shapes import accum_shape_of, classify_operand, output_strides, overlaps
+
+IDENTITY_EPILOGUE = "def identity(accum):\n    D = accum\n    return D\n"
+
+
+class EpilogueArguments:
+    """An epilogue and the tensors and numbers its names refer to.
+
+    Keyword arguments name every operand (the function's parameters other than accum) and
+    every output (each returned name). Options: `accumulate=True` folds reduction results into
+    what the destinations hold; `deterministic=True` asks for run-to-run identical reductions;
+    `compute_dtype` (default torch.float32) is the type the epilogue math runs in.
+    """
+
+    def __init__(self, epilogue: Callable | str | Program, /, *, accumulate: bool = False,
+                 deterministic: bool = False, compute_dtype: torch.dtype = torch.float32,
+                 **tensors: Any):
+        self.program = epilogue if isinstance(epilogue, Program) else parse(epilogue)
+        self.accumulate = bool(accumulate)
+        self.deterministic = bool(deterministic)
+        self.compute_dtype = compute_dtype
+        program = self.program
+        expected = list(program.operands) + [name for name, _ in program.outputs]
+        for name in expected:
+            if name not in tensors:
+                raise EpilogueArgumentError(
+                    f"Argument {name} is not provided in the kwargs of the EpilogueArguments "
+                    "constructor", hint=f"Pass {name}=... (an {'output tensor' if name not in program.operands else 'operand'}).")
+        for name in tensors:
+            if name not in expected:
+                raise EpilogueArgumentError(f"Unexpected keyword argument '{name}'",
+                                            hint=did_you_mean(name, expected) or
+                                            f"The epilogue's operands and outputs are: {', '.join(expected)}.")
+        self.operands = {n: tensors[n] for n in program.operands}
+        self.outputs = {n: tensors[n] for n, _ in program.outputs}
+        for name, value in self.outputs.items():
+            if not isinstance(value, torch.Tensor):
+                raise EpilogueArgumentError(
+                    f"Output {name} must be a torch.Tensor, but got {type(value).__name__}.")
+        for name, value in self.operands.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+                raise EpilogueArgumentError(
+                    f"Operand {name} must be a number or a torch.Tensor, but got {type(value).__name__}.")
+            if isinstance(value, torch.Tensor) and (value.is_complex() or value.dtype == torch.bool):
+                raise EpilogueArgumentError(f"Operand {name} has dtype {value.dtype}; use a real "
+                                            "floating-point or integer tensor.")
+
+
+_BIND_CACHE: dict[tuple, tuple[Program, Graph, str]] = {}
+_BIND_LOCK = threading.Lock()
+
+
+def _bound_graph(program: Program, roles: tuple[Operand, ...], rank: int) -> tuple[Graph, str]:
+    key = (id(program), roles, rank)
+    hit = _BIND_CACHE.get(key)
+    if hit is not None and hit[0] is program:
+        return hit[1], hit[2]
+    graph = optimize(bind(program, {o.name: o for o in roles}, rank))
+    entry = (program, graph, canonical_hash(graph))
+    with _BIND_LOCK:
+        _BIND_CACHE[key] = entry
+    return entry[1], entry[2]
+
+
+class GemmArguments:
+    """A GEMM `accum = A @ B` and its epilogue, bound and checked.
+
+    A is (M, K) or (L, M, K); B is (K, N) or (L, K, N); either may be 2-D while the other is
+    batched (it is then shared across L). `out` is the main output (the epilogue's D); without
+    an epilogue, `D = accum` is stored into `out`.
+    """
+
+    def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                 accumulator_type: torch.dtype = torch.float32,
+                 epilogue: EpilogueArguments | None = None, precision: str = "default"):
+        if epilogue is None:
+            if out is None:
+                raise EpilogueArgumentError("GemmArguments needs `out` or an `epilogue`.")
+            epilogue = EpilogueArguments(IDENTITY_EPILOGUE, D=out)
+        elif out is not None and "D" in epilogue.outputs and epilogue.outputs["D"] is not out:
+            raise EpilogueArgumentError("`out` and the epilogue's output D are different tensors.",
+                                        hint="Pass the same tensor as out=D and D=... (or leave out `out`).")
+        if precision not in ("default", "highest"):
+            raise EpilogueArgumentError(f"precision must be 'default' or 'highest', got {precision!r}.")
+        self.A, self.B = A, B
+        self.out = out
+        self.epilogue = epilogue
+        self.accumulator_type = accumulator_type
+        self.precision = precision
+        self.accumulate = epilogue.accumulate
+        self.deterministic = epilogue.deterministic
+        self.compute_dtype = epilogue.compute_dtype
+        self.accum_shape, (self.L, self.M, self.N, self.K) = accum_shape_of(A, B)
+        self.rank = len(self.accum_shape)
+        self.a_strides = _gemm_strides(A, batch_first=True)
+        self.b_strides = _gemm_strides(B, batch_first=True)
+        self._check_accumulator()
+        roles, self.strides = [], {}
+        self.operands = {}
+        for name, value in epilogue.operands.items():
+            role, strides = classify_operand(name, value, self.accum_shape, A.device)
+            roles.append(role)
+            self.operands[name] = value
+            self.strides[name] = strides
+        self.graph, self.key = _bound_graph(epilogue.program, tuple(roles), self.rank)
+        self.outputs = dict(epilogue.outputs)
+        self.reductions = {}
+        for out_ in self.graph.outputs:
+            dest = self.outputs[out_.name]
+            opdef = OPS.get(out_.node.op)
+            kind = out_.node.op if opdef is not None and opdef.kind == "reduce" else None
+            if kind is not None:
+                self.reductions[out_.name] = kind
+            self.strides[out_.name] = output_strides(
+                out_.name, dest, self.accum_shape, A.device,
+                out_.node.params["dim"] if kind else None, kind)
+        self._check_aliasing()
+
+    def _check_accumulator(self) -> None:
+        A, B = self.A, self.B
+        if A.dtype.is_floating_point != B.dtype.is_floating_point:
+            raise ShapeError(f"A is {A.dtype} and B is {B.dtype}: both must be floating point or both integer.")
+        allowed = (torch.float32, torch.float16) if A.is_floating_point() else (torch.int32,)
+        if self.accumulator_type not in allowed:
+            raise ShapeError(f"accumulator_type {self.accumulator_type} does not fit {A.dtype} inputs; "
+                             f"use {' or '.join(str(t) for t in allowed)}.")
+        if self.compute_dtype not in (torch.float32, torch.float64):
+            raise ShapeError(f"compute_dtype must be torch.float32 or torch.float64, got {self.compute_dtype}.")
+
+    def _check_aliasing(self) -> None:
+        outs = list(self.outputs.items())
+        for i, (name, dest) in enumerate(outs):
+            for label, t in (("A", self.A), ("B", self.B)):
+                if overlaps(dest, t):
+                    raise ShapeError(f"Output {name} overlaps the GEMM input {label}.",
+                                     hint="Write the epilogue's outputs to separate tensors.")
+            for other, t in outs[i + 1:]:
+                if overlaps(dest, t):
+                    raise ShapeError(f"Outputs {name} and {other} overlap in memory.")
+            for op_name, value in self.operands.items():
+                if isinstance(value, torch.Tensor) and overlaps(dest, value):
+                    same_view = (dest.data_ptr() == value.data_ptr() and dest.shape == value.shape
+                                 and dest.stride() == value.stride() and name not in self.reductions)
+                    if not same_view:
+                        raise ShapeError(f"Output {name} partly overlaps operand {op_name}.",
+                                         hint="An output may alias an operand only as the very same "
+                                              "view (an in-place update such as D = C).")
+
+    def reduced_count(self, name: str) -> int:
+        """How many elements one value of reduction output `name` folds together."""
+        dims = next(o.node.params["dim"] for o in self.graph.outputs if o.name == name)
+        sizes = dict(zip(AXES, (self.L, self.M, self.N)))
+        return math.prod(sizes[a] for a in dims)
+
+
+def _gemm_strides(t: torch.Tensor, batch_first: bool) -> tuple[int, int, int]:
+    if t.dim() == 3:
+        return (t.stride(0) if t.shape[0] > 1 else 0, t.stride(1), t.stride(2))
+    return (0, t.stride(0), t.stride(1))
+
+
+def get_kernels(args: GemmArguments, cc: int | None = None) -> list:
+    """Every kernel that supports `args`, best first (the reference kernel last)."""
+    return [k for k, status in kernel_statuses(args, cc) if status.ok]
+
+
+def kernel_statuses(args: GemmArguments, cc: int | None = None) -> list:
+    """(kernel, Status) for every kernel class and config, supported or not, best first."""
+    from .backends.reference import ReferenceKernel
+    from .backends.triton.tiled import CUDA_CONFIGS, INTERPRETER_CONFIG, TritonTiled, uses_interpreter
+    configs = (INTERPRETER_CONFIG,) if uses_interpreter(args.A.device) else CUDA_CONFIGS
+    candidates = [TritonTiled(c) for c in configs]
+    result = [(k, k.supports(args, cc)) for k in candidates]
+    reference = ReferenceKernel()
+    result.append((reference, reference.supports(args)))
+    return result
+
+
+_CHOSEN: dict[tuple, Any] = {}
+
+
+def _choose_kernel(args: GemmArguments):
+    key = (args.key, args.A.device.type, args.A.dtype, args.B.dtype, args.M > 64, args.deterministic,
+           tuple(sorted((n, t.dtype) for n, t in args.outputs.items())))
+    kernel = _CHOSEN.get(key)
+    if kernel is None or not kernel.supports(args).ok:
+        kernels = get_kernels(args)
+        if not kernels:
+            raise UnsupportedError("No kernel supports these arguments.")
+        kernel = kernels[0]
+        _CHOSEN[key] = kernel
+    return kernel
+
+
+def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = None, *,
+         out_dtype: torch.dtype | None = None, accumulate: bool = False,
+         deterministic: bool = False, compute_dtype: torch.dtype = torch.float32, **tensors):
+    """`A @ B` with the epilogue fused; allocates any output not passed; returns the outputs.
+
+    One output comes back as a tensor, several as a tuple in return order. Tile outputs are
+    allocated in `out_dtype` (default: A's dtype; float32 for integer inputs), reduction
+    outputs in float32.
+
+    >>> import torch, epifuse
+    >>> from epifuse.ops import relu
+    >>> def epi(accum, bias):
+    ...     D = relu(accum + bias)
+    ...     return D
+    >>> A, B = torch.ones(4, 3), torch.ones(3, 5)
+    >>> epifuse.gemm(A, B, epi, bias=torch.full((5,), -1.0))[0]
+    tensor([2., 2., 2., 2., 2.])
+    """
+    program = parse(epilogue if epilogue is not None else IDENTITY_EPILOGUE)
+    if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
+        raise ShapeError("A and B must be torch tensors.")
+    accum_shape, _ = accum_shape_of(A, B)
+    for name, _loc in program.outputs:
+        if name not in tensors:
+            tensors[name] = _allocate_output(program, name, A, accum_shape, out_dtype)
+    epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
+                            compute_dtype=compute_dtype, **tensors)
+    args = GemmArguments(A, B, epilogue=epi)
+    _choose_kernel(args).run(args)
+    outputs = tuple(epi.outputs[name] for name, _ in program.outputs)
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _allocate_output(program: Program, name: str, A, accum_shape, out_dtype):
+    statement = next((s for s in program.statements if s.target == name), None)
+    expr = statement.expr if statement is not None else None
+    if expr is not None and expr.kind == "call" and OPS[expr.value].kind == "reduce":
+        params = dict(expr.params)
+        rank = len(accum_shape)
+        dims = params.get("dim")
+        dims = tuple(range(rank)) if dims is None else tuple(d % rank for d in dims)
+        keep = params.get("keepdim", False)
+        shape = [1 if i in dims else s for i, s in enumerate(accum_shape)] if keep else \
+            [s for i, s in enumerate(accum_shape) if i not in dims]
+        return torch.empty(shape or (1,), device=A.device, dtype=torch.float32)
+    dtype = out_dtype or (A.dtype if A.is_floating_point() else torch.float32)
+    return torch.empty(accum_shape, device=A.device, dtype=dtype)

@@ -1,0 +1,48 @@
+"""The kernel-class contract.
+
+A kernel answers `supports(args)` with a `Status` (ok, and a reason either way) before any
+compilation, `compile(args)` prepares it ahead of time, and `run(args)` writes every output of
+the epilogue. `run` validates nothing that `supports` already checked; `epifuse.get_kernels`
+only hands out kernels whose status is ok.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Status:
+    ok: bool
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        return ("supported: " if self.ok else "not supported: ") + self.reason
+
+
+def supported(reason: str) -> Status:
+    return Status(True, reason)
+
+
+def unsupported(reason: str) -> Status:
+    return Status(False, reason)
+
+
+class Kernel:
+    """What every kernel class provides. Subclasses set `name` and implement the three methods."""
+
+    name = "kernel"
+
+    def supports(self, args) -> Status:
+        raise NotImplementedError
+
+    def compile(self, args) -> None:
+        raise NotImplementedError
+
+    def run(self, args) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"

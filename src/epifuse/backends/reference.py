@@ -1,0 +1,55 @@
+"""The reference kernel: the epilogue evaluated with torch ops after a torch matmul.
+
+Correct on every device and dtype epifuse accepts, but not fused: it is the fallback when no
+generated kernel supports the arguments (CPU tensors without Triton's interpreter, say), and
+the baseline that tests and `verify` compare against.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..reference import evaluate
+from .base import Kernel, Status, supported
+
+
+def reference_accum(A: torch.Tensor, B: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """accum = A @ B in `dtype` (int64 for integer inputs, exact), broadcasting batch dims."""
+    if not A.is_floating_point():
+        return torch.matmul(A.to(torch.int64).cpu(), B.to(torch.int64).cpu()).to(A.device)
+    return torch.matmul(A.to(dtype), B.to(dtype))
+
+
+class ReferenceKernel(Kernel):
+    name = "reference"
+
+    def supports(self, args) -> Status:
+        return supported("torch matmul then the epilogue in torch ops: correct everywhere, not fused")
+
+    def compile(self, args) -> None:
+        return None
+
+    def run(self, args) -> None:
+        dtype = torch.float64 if args.compute_dtype == torch.float64 else torch.float32
+        accum = reference_accum(args.A, args.B, dtype).reshape(args.accum_shape)
+        results = evaluate(args.graph, accum, args.operands, dtype)
+        write_results(args, results)
+
+
+def write_results(args, results: dict) -> None:
+    """Copy evaluated outputs into their destinations (folding into reductions if accumulating)."""
+    for name, value in results.items():
+        dest = args.outputs[name]
+        value = value.reshape(dest.shape)
+        kind = args.reductions.get(name)
+        if kind is not None and args.accumulate:
+            old = dest.to(value.dtype)
+            value = {"max": torch.maximum, "amax": torch.maximum, "min": torch.minimum}.get(
+                kind, torch.add)(old, value)
+        dest.copy_(_saturate(value, dest.dtype))
+
+
+def _saturate(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype.is_floating_point or dtype == torch.bool:
+        return value
+    info = torch.iinfo(dtype)
+    return torch.round(value).clamp(info.min, info.max)

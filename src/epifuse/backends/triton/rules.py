@@ -1,0 +1,223 @@
+"""TRITON: how each registry op lowers to Triton source, one entry per op.
+
+A rule takes the source expressions (strings) and the op's parameters and returns an
+expression. Ops with no rule are listed in UNSUPPORTED with the reason that `supports()`
+reports. Helpers are `@triton.jit` device functions, emitted into a kernel file only when a
+rule uses them; each has a formula version (the CPU interpreter has no libdevice) and, where
+it is faster or more accurate, a CUDA version. The formulas keep torch's NaN and Inf results.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Callable
+
+from ...ops import OPS
+
+
+@dataclass(frozen=True)
+class Rule:
+    emit: Callable[..., str]
+    helpers: tuple[str, ...] = ()
+
+
+def _f(value: float) -> str:
+    """A float literal in Triton source, rounded to fp32 so Triton types it as fp32."""
+    value = float(value)
+    if math.isnan(value):
+        return "_NAN"
+    if math.isinf(value):
+        return "_INF" if value > 0 else "(-_INF)"
+    value32 = struct.unpack("<f", struct.pack("<f", value))[0] if abs(value) < 3.4028235e38 else value
+    if math.isinf(value32) or abs(value) >= 3.4028235e38:
+        return "_INF" if value > 0 else "(-_INF)"
+    if value32 != 0.0 and abs(value32) < 1.1754943508222875e-38:
+        value32 = 0.0  # fp32 subnormal literals would be typed as fp64 by Triton
+    return repr(value32)
+
+
+_NAN_ALL = "propagate_nan=tl.PropagateNan.ALL"
+
+TRITON: dict[str, Rule] = {
+    "add": Rule(lambda a, b: f"({a} + {b})"),
+    "sub": Rule(lambda a, b: f"({a} - {b})"),
+    "mul": Rule(lambda a, b: f"({a} * {b})"),
+    "div": Rule(lambda a, b: f"tl.div_rn({a}, {b})"),
+    "pow": Rule(lambda a, b: f"_pow({a}, {b})", ("_pow",)),
+    "minimum": Rule(lambda a, b: f"tl.minimum({a}, {b}, {_NAN_ALL})"),
+    "maximum": Rule(lambda a, b: f"tl.maximum({a}, {b}, {_NAN_ALL})"),
+    "lt": Rule(lambda a, b: f"({a} < {b})"),
+    "le": Rule(lambda a, b: f"({a} <= {b})"),
+    "gt": Rule(lambda a, b: f"({a} > {b})"),
+    "ge": Rule(lambda a, b: f"({a} >= {b})"),
+    "eq": Rule(lambda a, b: f"({a} == {b})"),
+    "ne": Rule(lambda a, b: f"({a} != {b})"),
+    "logical_and": Rule(lambda a, b: f"({a} & {b})"),
+    "logical_or": Rule(lambda a, b: f"({a} | {b})"),
+    "logical_not": Rule(lambda a: f"({a} == 0)"),
+    "neg": Rule(lambda a: f"(-{a})"),
+    "abs": Rule(lambda a: f"tl.abs({a})"),
+    "sqrt": Rule(lambda a: f"tl.sqrt_rn({a})"),
+    "rsqrt": Rule(lambda a: f"tl.rsqrt({a})"),
+    "square": Rule(lambda a: f"({a} * {a})"),
+    "reciprocal": Rule(lambda a: f"tl.div_rn(1.0, {a})"),
+    "sign": Rule(lambda a: f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, {a}))"),
+    "exp": Rule(lambda a: f"tl.exp({a})"),
+    "exp2": Rule(lambda a: f"tl.exp2({a})"),
+    "expm1": Rule(lambda a: f"_expm1({a})", ("_expm1",)),
+    "log": Rule(lambda a: f"tl.log({a})"),
+    "log2": Rule(lambda a: f"tl.log2({a})"),
+    "log1p": Rule(lambda a: f"_log1p({a})", ("_log1p",)),
+    "sin": Rule(lambda a: f"tl.sin({a})"),
+    "cos": Rule(lambda a: f"tl.cos({a})"),
+    "tan": Rule(lambda a: f"_tan({a})", ("_tan",)),
+    "erf": Rule(lambda a: f"tl.erf({a})"),
+    "tanh": Rule(lambda a: f"_tanh({a})", ("_tanh",)),
+    "sigmoid": Rule(lambda a: f"_sigmoid({a})", ("_sigmoid",)),
+    "relu": Rule(lambda a: f"tl.where({a} < 0, 0.0, {a})"),
+    "relu6": Rule(lambda a: f"_clamp({a}, 0.0, 6.0)", ("_clamp",)),
+    "silu": Rule(lambda a: f"tl.div_rn({a}, 1.0 + tl.exp(-{a}))"),
+    "hardswish": Rule(lambda a: f"tl.div_rn({a} * _clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
+    "hardsigmoid": Rule(lambda a: f"tl.div_rn(_clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
+    "mish": Rule(lambda a: f"({a} * _tanh(_softplus({a}, 1.0, 20.0)))",
+                 ("_tanh", "_softplus", "_log1p", "_expm1")),
+    "where": Rule(lambda c, a, b: f"tl.where({c}, {a}, {b})"),
+    "multiply_add": Rule(lambda a, b, c: f"({a} * {b} + {c})"),
+    "prelu": Rule(lambda x, w: f"tl.where({x} >= 0, {x}, {w} * {x})"),
+    "clamp": Rule(lambda a, min=None, max=None: _clamp(a, min, max), ("_clamp",)),
+    "leaky_relu": Rule(lambda a, negative_slope=0.01:
+                       f"tl.where({a} > 0, {a}, {a} * {_f(negative_slope)})"),
+    "elu": Rule(lambda a, alpha=1.0: f"tl.where({a} > 0, {a}, {_f(alpha)} * _expm1({a}))",
+                ("_expm1",)),
+    "gelu": Rule(lambda a, approximate="none": f"_gelu_{approximate}({a})",
+                 ("_gelu_none", "_gelu_tanh", "_tanh", "_expm1")),
+    "softplus": Rule(lambda a, beta=1.0, threshold=20.0:
+                     f"_softplus({a}, {_f(beta)}, {_f(threshold)})", ("_softplus", "_log1p")),
+    "to": Rule(lambda a, dtype="float32": f"{a}.to({_TL_DTYPES[dtype]}).to(tl.float32)"),
+}
+
+_TL_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
+              "float64": "tl.float64", "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5"}
+
+UNSUPPORTED: dict[str, str] = {
+    "sum": "reductions are emitted by the kernel's reduction stage, not as elementwise rules",
+    "mean": "reductions are emitted by the kernel's reduction stage, not as elementwise rules",
+    "max": "reductions are emitted by the kernel's reduction stage, not as elementwise rules",
+    "min": "reductions are emitted by the kernel's reduction stage, not as elementwise rules",
+    "amax": "reductions are emitted by the kernel's reduction stage, not as elementwise rules",
+}
+
+
+def _clamp(a: str, lo, hi) -> str:
+    lo_s = _f(lo) if lo is not None else "-_INF"
+    hi_s = _f(hi) if hi is not None else "_INF"
+    if lo is None and hi is None:
+        return a
+    if lo is None:
+        return f"tl.where({a} > {hi_s}, {hi_s}, {a})"
+    if hi is None:
+        return f"tl.where({a} < {lo_s}, {lo_s}, {a})"
+    return f"_clamp({a}, {lo_s}, {hi_s})"
+
+
+# Device helpers: name -> {"any": formula source, "cuda": optional faster/accurate source}.
+HELPERS: dict[str, dict[str, str]] = {
+    "_clamp": {"any": '''
+@triton.jit
+def _clamp(x, lo, hi):
+    return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+'''},
+    "_sigmoid": {"any": '''
+@triton.jit
+def _sigmoid(x):
+    return tl.div_rn(1.0, 1.0 + tl.exp(-x))
+'''},
+    "_expm1": {"any": '''
+@triton.jit
+def _expm1(x):
+    # Taylor series near 0, where exp(x) - 1 would cancel; exp(x) - 1 elsewhere.
+    small = x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0)))))
+    return tl.where(tl.abs(x) < 0.1, small, tl.exp(x) - 1.0)
+''', "cuda": '''
+@triton.jit
+def _expm1(x):
+    return libdevice.expm1(x)
+'''},
+    "_log1p": {"any": '''
+@triton.jit
+def _log1p(x):
+    # Goldberg's trick: exact for the rounded u = 1 + x.
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.where(u == _INF, u, tl.log(u) * tl.div_rn(x, u - 1.0)))
+''', "cuda": '''
+@triton.jit
+def _log1p(x):
+    return libdevice.log1p(x)
+'''},
+    "_tanh": {"any": '''
+@triton.jit
+def _tanh(x):
+    t = _expm1(-2.0 * tl.abs(x))
+    r = tl.div_rn(-t, 2.0 + t)
+    return tl.where(x < 0, -r, r)
+''', "cuda": '''
+@triton.jit
+def _tanh(x):
+    return libdevice.tanh(x)
+'''},
+    "_tan": {"any": '''
+@triton.jit
+def _tan(x):
+    return tl.div_rn(tl.sin(x), tl.cos(x))
+''', "cuda": '''
+@triton.jit
+def _tan(x):
+    return libdevice.tan(x)
+'''},
+    "_pow": {"any": '''
+@triton.jit
+def _pow(a, b):
+    r = tl.exp2(b * tl.log2(tl.abs(a)))
+    b_int = tl.floor(b) == b
+    b_odd = b_int & (tl.floor(b * 0.5) * 2.0 != b)
+    r = tl.where(a < 0, tl.where(b_int, tl.where(b_odd, -r, r), _NAN), r)
+    return tl.where((b == 0) | (a == 1.0), 1.0, r)
+''', "cuda": '''
+@triton.jit
+def _pow(a, b):
+    return libdevice.pow(a, b)
+'''},
+    "_softplus": {"any": '''
+@triton.jit
+def _softplus(x, beta, threshold):
+    return tl.where(x * beta > threshold, x, tl.div_rn(_log1p(tl.exp(x * beta)), beta))
+'''},
+    "_gelu_none": {"any": '''
+@triton.jit
+def _gelu_none(x):
+    return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+'''},
+    "_gelu_tanh": {"any": '''
+@triton.jit
+def _gelu_tanh(x):
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return 0.5 * x * (1.0 + _tanh(inner))
+'''},
+}
+
+
+def helper_source(names, target: str) -> str:
+    """Source of the helpers `names` (and what they call), for target "cuda" or "interpret"."""
+    ordered = [n for n in HELPERS if n in set(names)]
+    parts = []
+    for name in ordered:
+        variants = HELPERS[name]
+        parts.append(variants.get(target, variants["any"]) if target == "cuda" else variants["any"])
+    return "".join(parts)
+
+
+def missing_rules() -> dict[str, str]:
+    """Every registry op without a rule, with the reason (UNSUPPORTED or 'no lowering yet')."""
+    return {name: UNSUPPORTED.get(name, "no Triton lowering yet")
+            for name in OPS if name not in TRITON}

@@ -1,0 +1,75 @@
+"""Bind a parsed Program to its operands: evaluate the statements into IR nodes.
+
+`bind(program, operands, rank)` walks the SSA statements once, building interned nodes (so
+repeated subexpressions are shared from the start), resolves reduction dims against accum's
+rank, and returns a `Graph` whose outputs are in return order. Shapes and dtypes of the
+tensors themselves are checked by the API layer; this module knows only operand roles.
+"""
+from __future__ import annotations
+
+from .errors import EpilogueError, EpilogueSyntaxError, Location
+from .frontend import Expr, Program
+from .ir import AXES, Graph, Node, Operand, Output, const
+from .ops import OPS
+
+
+def bind(program: Program, operands: dict[str, Operand], rank: int) -> Graph:
+    """Build the Graph of `program` with `operands` (name -> Operand) for a rank-2/3 accum."""
+    env: dict[str, Node] = {"accum": Node("accum")}
+    names: dict[Node, str] = {}
+    locs: dict[Node, Location] = {}
+    for name in program.operands:
+        env[name] = Node("input", (), operands[name])
+        names.setdefault(env[name], name)
+    for stmt in program.statements:
+        node = _evaluate(stmt.expr, env, rank, locs)
+        env[stmt.target] = node
+        names.setdefault(node, stmt.target)
+        locs.setdefault(node, stmt.loc)
+    outputs = []
+    for name, loc in program.outputs:
+        if name in operands:
+            raise EpilogueError(f"Output '{name}' is also an input of the epilogue.", loc,
+                                "Compute a new value from it and return that under another name.")
+        outputs.append(Output(name, env[name]))
+    used_operands = tuple(operands[n] for n in program.operands)
+    return Graph(tuple(outputs), used_operands, names, locs)
+
+
+def _evaluate(expr: Expr, env: dict[str, Node], rank: int, locs: dict) -> Node:
+    if expr.kind == "name":
+        return env[expr.value]
+    if expr.kind == "const":
+        return const(expr.value)
+    srcs = [_evaluate(a, env, rank, locs) for a in expr.args]
+    opdef = OPS[expr.value]
+    for s in srcs:
+        if s.op in OPS and OPS[s.op].kind == "reduce":
+            raise EpilogueError(
+                f"The result of {s.op}() is used by {opdef.name}(); a reduction's result can only "
+                "be returned as an output.", expr.loc,
+                "Return the reduced value and finish the computation on it after the GEMM.")
+    params = dict(expr.params)
+    if opdef.kind == "reduce":
+        params = {"dim": _axes_of(params.get("dim"), rank, expr.loc, opdef.name)}
+    node = Node(opdef.name, srcs, tuple(sorted(params.items())) if params else None)
+    locs.setdefault(node, expr.loc)
+    return node
+
+
+def _axes_of(dim, rank: int, loc: Location, op: str) -> tuple[str, ...]:
+    """Reduction dims (ints over accum's rank, or None for all) as axis letters."""
+    axes = AXES[3 - rank:]
+    if dim is None:
+        return tuple(axes)
+    result = []
+    for d in dim:
+        if not -rank <= d < rank:
+            raise EpilogueSyntaxError(
+                f"{op}(dim={d}) is out of range: accum has {rank} dimensions "
+                f"({', '.join(axes)}), so dim must be in [{-rank}, {rank - 1}].", loc)
+        axis = axes[d % rank]
+        if axis in result:
+            raise EpilogueSyntaxError(f"{op}() reduces dim {d} twice.", loc)
+        result.append(axis)
+    return tuple(a for a in AXES if a in result)

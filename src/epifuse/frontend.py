@@ -1,0 +1,445 @@
+"""Parse an epilogue (a function or a string) into a `Program`; never execute it.
+
+The visitor is a whitelist: each Python construct it knows becomes part of the program, and
+anything else raises `EpilogueSyntaxError` with its line and column. Call names are resolved
+against the ops registry here, so an unknown function fails at parse time with suggestions.
+
+Accepted: one `def` whose parameters are `accum` and the operands; single-name assignments
+(each name once); a final `return` of names; float/int/bool literals; unary `-`, `+`, `~`;
+`+ - * / **`, `& |`; comparisons; calls of registry ops spelled `op(x)`, `torch.op(x)`,
+`F.op(x)`, `torch.nn.functional.op(x)`, `epifuse.ops.op(x)` or `x.op()`; `x.to(torch.float16)`.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import re
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import (EpilogueSyntaxError, Location, UnsupportedOperationError,
+                     did_you_mean)
+from .ops import OPS, dtype_from_name, lookup, spellings
+
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+MAX_SOURCE_CHARS = 100_000
+MODULE_PREFIXES = {
+    ("torch",), ("F",), ("nn", "functional"), ("torch", "nn", "functional"), ("functional",),
+    ("torch", "special"), ("epifuse",), ("ops",), ("epifuse", "ops"),
+}
+_CAST_METHODS = {"half": "float16", "float": "float32", "bfloat16": "bfloat16", "double": "float64"}
+_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow",
+           ast.BitAnd: "logical_and", ast.BitOr: "logical_or"}
+_CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+
+
+@dataclass(frozen=True)
+class Expr:
+    """An expression of the program: a variable, a literal, or a call of a registry op."""
+
+    kind: str                      # "name" | "const" | "call"
+    value: Any                     # the variable name, the float, or the op name
+    args: tuple["Expr", ...] = ()
+    params: tuple[tuple[str, Any], ...] = ()
+    loc: Location | None = None
+
+
+@dataclass(frozen=True)
+class Statement:
+    target: str
+    expr: Expr
+    loc: Location
+
+
+@dataclass(frozen=True)
+class Program:
+    """A parsed epilogue: parameters (inputs, `accum` among them), SSA statements, outputs."""
+
+    name: str
+    params: tuple[str, ...]
+    statements: tuple[Statement, ...]
+    outputs: tuple[tuple[str, Location], ...]
+    source: str
+    filename: str
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        return tuple(p for p in self.params if p != "accum")
+
+
+def parse(epilogue: Callable | str) -> Program:
+    """Parse a function or a string holding one `def` into a Program.
+
+    >>> parse("def epi(accum, alpha):\\n    D = accum * alpha\\n    return D").outputs[0][0]
+    'D'
+    """
+    if isinstance(epilogue, str):
+        return _parse_string(epilogue)
+    if callable(epilogue):
+        return _parse_function(epilogue)
+    raise EpilogueSyntaxError(
+        f"Expected an epilogue function or a string holding one, but got {type(epilogue).__name__}.")
+
+
+@functools.lru_cache(maxsize=512)
+def _parse_string(source: str) -> Program:
+    return _parse_source(source, "<epilogue string>", 0, from_string=True)
+
+
+_FUNCTION_CACHE: dict[Any, Program] = {}
+
+
+def _parse_function(fn: Callable) -> Program:
+    code = getattr(fn, "__code__", None)
+    if code is not None and code in _FUNCTION_CACHE:
+        return _FUNCTION_CACHE[code]
+    if getattr(fn, "__name__", "") == "<lambda>":
+        raise EpilogueSyntaxError("Lambdas cannot be epilogues.",
+                                  hint="Write the epilogue with `def` and return named outputs.")
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        filename = inspect.getsourcefile(fn) or "<unknown>"
+    except (OSError, TypeError) as exc:
+        raise EpilogueSyntaxError(
+            f"Cannot read the source of {getattr(fn, '__name__', fn)!r} ({exc}).",
+            hint="Pass the epilogue as a string instead: EpilogueArguments(\"def epi(accum): ...\", ...)."
+        ) from None
+    program = _parse_source("".join(lines), filename, first - 1, from_string=False)
+    if code is not None:
+        _FUNCTION_CACHE[code] = program
+    return program
+
+
+def _parse_source(source: str, filename: str, line_offset: int, from_string: bool) -> Program:
+    if len(source) > MAX_SOURCE_CHARS:
+        raise EpilogueSyntaxError(f"The epilogue source is {len(source)} characters long; "
+                                  f"the limit is {MAX_SOURCE_CHARS}.")
+    text = textwrap.dedent(source)
+    try:
+        module = ast.parse(text, filename=filename)
+    except SyntaxError as exc:
+        loc = Location(filename, (exc.lineno or 1) + line_offset, max((exc.offset or 1) - 1, 0),
+                       exc.text or "")
+        raise EpilogueSyntaxError(f"The epilogue is not valid Python: {exc.msg}", loc) from None
+    except (RecursionError, MemoryError):
+        raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.") from None
+    defs = [n for n in module.body if isinstance(n, ast.FunctionDef)]
+    others = [n for n in module.body if not isinstance(n, ast.FunctionDef)]
+    if len(defs) != 1 or (from_string and others):
+        raise EpilogueSyntaxError("The epilogue must be exactly one function definition "
+                                  "(`def epi(accum, ...): ... return D`), and nothing else.")
+    try:
+        return _Visitor(text.splitlines(), filename, line_offset, from_string).program(defs[0], text)
+    except RecursionError:
+        raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.") from None
+
+
+class _Visitor:
+    def __init__(self, lines: list[str], filename: str, line_offset: int, from_string: bool):
+        self.lines = lines
+        self.filename = filename
+        self.line_offset = line_offset
+        self.from_string = from_string
+        self.defined: dict[str, Location] = {}
+
+    # ---- places and errors -------------------------------------------------------------
+    def loc(self, node: ast.AST) -> Location:
+        line = getattr(node, "lineno", 1)
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        return Location(self.filename, line + self.line_offset, getattr(node, "col_offset", 0), text)
+
+    def fail(self, node: ast.AST, message: str, hint: str | None = None, cls=EpilogueSyntaxError):
+        raise cls(message, self.loc(node), hint)
+
+    def check_identifier(self, name: str, node: ast.AST) -> None:
+        if not IDENTIFIER.match(name):
+            self.fail(node, f"The name {name!r} is not allowed: epilogue names must match "
+                            "[A-Za-z_][A-Za-z0-9_]* (ASCII letters, digits, underscores).")
+        if name.startswith("__"):
+            self.fail(node, f"The name {name!r} is not allowed: names may not start with '__'.")
+
+    # ---- the function -------------------------------------------------------------------
+    def program(self, fn: ast.FunctionDef, source: str) -> Program:
+        if self.from_string and fn.decorator_list:
+            self.fail(fn.decorator_list[0], "Decorators are not allowed on a string epilogue.")
+        args = fn.args
+        if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs or args.defaults:
+            self.fail(fn, "Epilogue parameters must be plain names without defaults, *args or **kwargs.")
+        params = tuple(a.arg for a in args.args)
+        for a in args.args:
+            self.check_identifier(a.arg, a)
+            self.defined[a.arg] = self.loc(a)
+        if "accum" not in params:
+            self.fail(fn, "accum must be an input to the epilogue function",
+                      hint=f"Write `def {fn.name}(accum, ...)`.")
+        statements: list[Statement] = []
+        outputs = None
+        body = list(fn.body)
+        for i, stmt in enumerate(body):
+            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
+                    and isinstance(stmt.value.value, str) and i == 0:
+                continue  # docstring
+            if isinstance(stmt, ast.Pass):
+                continue
+            if isinstance(stmt, ast.Return):
+                if i != len(body) - 1:
+                    self.fail(stmt, "The return statement must be the last statement of the epilogue.")
+                outputs = self.returned(stmt)
+                continue
+            statements.append(self.statement(stmt))
+        if outputs is None:
+            self.fail(fn, "The epilogue returns nothing.",
+                      hint="End it with `return D` (or `return D, F`): each returned name is an output.")
+        return Program(fn.name, params, tuple(statements), outputs, source, self.filename)
+
+    def statement(self, stmt: ast.stmt) -> Statement:
+        if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+            self.fail(stmt, f"Variable '{stmt.target.id}' cannot be defined twice.",
+                      hint="Epilogues are in SSA form: give the new value a new name.")
+        if isinstance(stmt, ast.If):
+            self.fail(stmt, "'if' is not supported in epilogues.",
+                      hint="Use where(cond, a, b) to choose between values.")
+        if isinstance(stmt, (ast.For, ast.While, ast.AsyncFor)):
+            self.fail(stmt, "Loops are not supported in epilogues.")
+        if not isinstance(stmt, ast.Assign):
+            self.fail(stmt, f"The statement '{type(stmt).__name__}' is not supported in epilogues.",
+                      hint="An epilogue holds assignments `name = expression` and one final return.")
+        if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+            self.fail(stmt, "Assign exactly one name per statement (`x = ...`).")
+        name = stmt.targets[0].id
+        self.check_identifier(name, stmt.targets[0])
+        expr = self.expr(stmt.value)
+        if name in self.defined:
+            self.fail(stmt.targets[0], f"Variable '{name}' cannot be defined twice.",
+                      hint="Epilogues are in SSA form: give the new value a new name.")
+        self.defined[name] = self.loc(stmt)
+        return Statement(name, expr, self.loc(stmt))
+
+    def returned(self, stmt: ast.Return) -> tuple[tuple[str, Location], ...]:
+        values = stmt.value.elts if isinstance(stmt.value, ast.Tuple) else [stmt.value]
+        outputs = []
+        for v in values:
+            if not isinstance(v, ast.Name):
+                self.fail(v if v is not None else stmt, "Return names, not expressions.",
+                          hint="Assign the value first (`D = ...`) and return `D`: "
+                               "each returned name is the keyword of its output tensor.")
+            if v.id not in self.defined:
+                self.undefined(v)
+            if any(v.id == o for o, _ in outputs):
+                self.fail(v, f"Output '{v.id}' is returned twice.")
+            outputs.append((v.id, self.loc(v)))
+        return tuple(outputs)
+
+    def undefined(self, node: ast.Name):
+        self.fail(node, f"Variable '{node.id}' is not defined.",
+                  hint=did_you_mean(node.id, self.defined) or
+                  "Epilogue inputs must be parameters of the function.")
+
+    # ---- expressions --------------------------------------------------------------------
+    def expr(self, node: ast.expr) -> Expr:
+        loc = self.loc(node)
+        if isinstance(node, ast.Name):
+            if node.id not in self.defined:
+                self.undefined(node)
+            return Expr("name", node.id, loc=loc)
+        if isinstance(node, ast.Constant):
+            value = node.value
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                self.fail(node, f"The literal {value!r} is not a number.")
+            return Expr("const", float(value), loc=loc)
+        if isinstance(node, ast.UnaryOp):
+            operand = self.expr(node.operand)
+            if isinstance(node.op, ast.USub):
+                return Expr("call", "neg", (operand,), loc=loc)
+            if isinstance(node.op, ast.UAdd):
+                return operand
+            if isinstance(node.op, ast.Invert):
+                return Expr("call", "logical_not", (operand,), loc=loc)
+            self.fail(node, "'not' is not supported; use ~cond or logical_not(cond).")
+        if isinstance(node, ast.BinOp):
+            opname = _BINOPS.get(type(node.op))
+            if opname is None:
+                self.fail(node, f"The operator '{_op_symbol(node.op)}' is not supported in epilogues.",
+                          hint="Supported operators: + - * / ** & | and comparisons.")
+            return Expr("call", opname, (self.expr(node.left), self.expr(node.right)), loc=loc)
+        if isinstance(node, ast.Compare):
+            return self.compare(node, loc)
+        if isinstance(node, ast.Call):
+            return self.call(node, loc)
+        if isinstance(node, ast.Attribute):
+            self.fail(node, f"Attribute access '.{node.attr}' is not supported in epilogues.",
+                      hint="Only op calls such as torch.relu(x) or x.relu() may use dots.")
+        if isinstance(node, ast.Subscript):
+            self.fail(node, "Subscripts (x[...]) are not supported in epilogues.")
+        if isinstance(node, ast.Lambda):
+            self.fail(node, "Lambdas are not supported in epilogues.")
+        if isinstance(node, ast.IfExp):
+            self.fail(node, "Conditional expressions are not supported in epilogues.",
+                      hint="Use where(cond, a, b).")
+        if isinstance(node, ast.BoolOp):
+            self.fail(node, "'and'/'or' are not supported; use & and | on conditions.")
+        self.fail(node, f"The expression '{type(node).__name__}' is not supported in epilogues.")
+
+    def compare(self, node: ast.Compare, loc: Location) -> Expr:
+        left = self.expr(node.left)
+        result = None
+        for op, right_node in zip(node.ops, node.comparators):
+            opname = _CMPOPS.get(type(op))
+            if opname is None:
+                self.fail(node, f"The comparison '{type(op).__name__}' is not supported.")
+            right = self.expr(right_node)
+            term = Expr("call", opname, (left, right), loc=loc)
+            result = term if result is None else Expr("call", "logical_and", (result, term), loc=loc)
+            left = right
+        return result
+
+    def call(self, node: ast.Call, loc: Location) -> Expr:
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            self.fail(node, "*args and **kwargs are not supported in epilogue calls.")
+        func = node.func
+        receiver = None
+        if isinstance(func, ast.Name):
+            spelled = func.id
+            if spelled in self.defined:
+                self.fail(func, f"'{spelled}' is a value of the epilogue, not a function.")
+        elif isinstance(func, ast.Attribute):
+            spelled = func.attr
+            chain = _attribute_chain(func.value)
+            if chain is not None and chain[0] not in self.defined:
+                if tuple(chain) not in MODULE_PREFIXES:
+                    self.fail(func, f"Unsupported operation '{'.'.join(chain + [spelled])}'",
+                              hint="Ops may be spelled op(x), torch.op(x), F.op(x), "
+                                   "torch.nn.functional.op(x) or x.op().",
+                              cls=UnsupportedOperationError)
+            else:
+                receiver = func.value
+        else:
+            self.fail(node, "Only named ops can be called in an epilogue.")
+        args = ([receiver] if receiver is not None else []) + list(node.args)
+        keywords = {k.arg: k.value for k in node.keywords}
+        return self.resolve(spelled, args, keywords, node, loc, method=receiver is not None)
+
+    def resolve(self, spelled: str, args, keywords, node, loc, method: bool) -> Expr:
+        if method and spelled in _CAST_METHODS and not args[1:] and not keywords:
+            return Expr("call", "to", (self.expr(args[0]),), (("dtype", _CAST_METHODS[spelled]),), loc)
+        if spelled in ("max", "min") and _is_binary_extremum(args, keywords):
+            spelled = "maximum" if spelled == "max" else "minimum"
+        opdef = lookup(spelled)
+        if opdef is None:
+            self.fail(node, f"Unsupported operation '{spelled}'",
+                      hint=did_you_mean(spelled, spellings()) or
+                      "See the op reference (epifuse.ops.OPS) for the supported operations.",
+                      cls=UnsupportedOperationError)
+        if len(args) < opdef.arity:
+            self.fail(node, f"{opdef.name}() takes {opdef.arity} tensor argument(s), got {len(args)}.")
+        tensors = [self.expr(a) for a in args[:opdef.arity]]
+        extra = args[opdef.arity:]
+        if len(extra) > len(opdef.params):
+            self.fail(node, f"{opdef.name}() takes at most {opdef.arity + len(opdef.params)} "
+                            f"arguments, got {len(args)}.")
+        raw = dict(zip(opdef.param_names, extra))
+        for key, value in keywords.items():
+            if key not in opdef.param_names:
+                self.fail(value, f"{opdef.name}() got an unexpected keyword argument '{key}'.",
+                          hint=did_you_mean(key, opdef.param_names))
+            if key in raw:
+                self.fail(value, f"{opdef.name}() got multiple values for '{key}'.")
+            raw[key] = value
+        if opdef.name == "clamp":
+            return self.clamp(tensors[0], raw, loc)
+        params = tuple((k, self.param(opdef.name, k, v)) for k, v in sorted(raw.items()))
+        return Expr("call", opdef.name, tuple(tensors), params, loc)
+
+    def clamp(self, x: Expr, raw: dict, loc: Location) -> Expr:
+        """clamp with literal bounds keeps its params; with value bounds it becomes max/min."""
+        if all(_literal_number(v) is not None or _is_none(v) for v in raw.values()):
+            params = tuple((k, _literal_number(v)) for k, v in sorted(raw.items()) if not _is_none(v))
+            return Expr("call", "clamp", (x,), params, loc)
+        result = x
+        if "min" in raw and not _is_none(raw["min"]):
+            result = Expr("call", "maximum", (result, self.expr(raw["min"])), loc=loc)
+        if "max" in raw and not _is_none(raw["max"]):
+            result = Expr("call", "minimum", (result, self.expr(raw["max"])), loc=loc)
+        return result
+
+    def param(self, op: str, key: str, node: ast.expr) -> Any:
+        """A compile-time parameter: a number, a string, a dtype, or a tuple of ints for dim."""
+        if key == "dtype":
+            name = _dtype_name(node)
+            if name is None or dtype_from_name(name) is None:
+                self.fail(node, f"{op}() needs a dtype such as torch.float16 for '{key}'.")
+            return name
+        if key == "dim":
+            if _is_none(node):
+                return None
+            elts = node.elts if isinstance(node, (ast.Tuple, ast.List)) else [node]
+            dims = [_literal_number(e) for e in elts]
+            if any(d is None or d != int(d) for d in dims):
+                self.fail(node, f"{op}() needs dim to be an int or a tuple of ints.")
+            return tuple(int(d) for d in dims)
+        if key == "keepdim":
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, bool)):
+                self.fail(node, f"{op}() needs keepdim to be True or False.")
+            return node.value
+        if key == "approximate":
+            if not (isinstance(node, ast.Constant) and node.value in ("none", "tanh")):
+                self.fail(node, f"{op}() needs approximate to be 'none' or 'tanh'.")
+            return node.value
+        value = _literal_number(node)
+        if value is None:
+            self.fail(node, f"{op}() needs '{key}' to be a number literal.")
+        return value
+
+
+def _attribute_chain(node: ast.expr) -> list[str] | None:
+    """['torch', 'nn', 'functional'] for torch.nn.functional; None if not a plain chain."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id] + parts[::-1]
+
+
+def _literal_number(node: ast.expr) -> float | None:
+    sign = 1.0
+    while isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        sign = -sign if isinstance(node.op, ast.USub) else sign
+        node = node.operand
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+            and not isinstance(node.value, bool):
+        return sign * float(node.value)
+    return None
+
+
+def _is_none(node) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def _dtype_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    chain = _attribute_chain(node) if isinstance(node, ast.Attribute) else None
+    if chain and len(chain) == 2 and chain[0] == "torch":
+        return chain[1]
+    return None
+
+
+def _is_binary_extremum(args, keywords) -> bool:
+    """max(a, b) is the elementwise maximum; max(x), max(x, dim=1), max(x, 1) reduce."""
+    if "dim" in keywords or "keepdim" in keywords or len(args) != 2:
+        return False
+    second = args[1]
+    return not (isinstance(second, ast.Constant) and isinstance(second.value, int)
+                and not isinstance(second.value, bool)) and not isinstance(second, ast.Tuple)
+
+
+def _op_symbol(op: ast.operator) -> str:
+    return {ast.FloorDiv: "//", ast.Mod: "%", ast.MatMult: "@", ast.LShift: "<<",
+            ast.RShift: ">>", ast.BitXor: "^"}.get(type(op), type(op).__name__)
+
+
+__all__ = ["Expr", "Statement", "Program", "parse", "OPS"]

@@ -1,0 +1,16 @@
+"""Every op epifuse knows, importable by name.
+
+Inside an epilogue these names are parsed, never called. Called on torch tensors they run the
+op's torch reference, so an epilogue function is also its own eager version:
+
+>>> import torch
+>>> from epifuse.ops import relu
+>>> relu(torch.tensor([-1.0, 2.0]))
+tensor([0., 2.])
+"""
+from .registry import OPS, Cost, OpDef, lookup, register, spellings
+from .elementwise import *  # noqa: F401,F403  (the op objects)
+from .elementwise import dtype_from_name
+from .reduce import *  # noqa: F401,F403
+
+__all__ = ["OPS", "OpDef", "Cost", "lookup", "register", "spellings", "dtype_from_name", *OPS]

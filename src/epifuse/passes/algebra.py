@@ -1,0 +1,72 @@
+"""Algebraic rewrites that keep torch's results (NaN and Inf included) while doing less work."""
+from __future__ import annotations
+
+from ..ir import Graph, Node, op
+from ..ops import OPS
+from ..rewrite import rewrite
+
+
+def _is_const(node: Node, value: float) -> bool:
+    return node.op == "const" and node.arg == value
+
+
+def drop_identity_element(node: Node) -> Node | None:
+    """x * 1 -> x, x + 0 -> x, x - 0 -> x, x / 1 -> x (and 1 * x, 0 + x when commutative)."""
+    opdef = OPS.get(node.op)
+    if opdef is None or opdef.identity is None or opdef.kind != "elementwise" or len(node.src) != 2:
+        return None
+    a, b = node.src
+    if _is_const(b, opdef.identity) and a.dtype == "float":
+        return a
+    if opdef.commutative and _is_const(a, opdef.identity) and b.dtype == "float":
+        return b
+    return None
+
+
+def cancel_double_negation(node: Node) -> Node | None:
+    """neg(neg(x)) -> x"""
+    if node.op == "neg" and node.src[0].op == "neg":
+        return node.src[0].src[0]
+    return None
+
+
+def pow_by_small_integer(node: Node) -> Node | None:
+    """x ** 1 -> x, x ** 2 -> square(x), x ** 0.5 -> sqrt(x), x ** -1 -> reciprocal(x)"""
+    if node.op != "pow" or node.src[1].op != "const":
+        return None
+    x, exponent = node.src[0], node.src[1].arg
+    if node.src[0].dtype != "float":
+        return None
+    return {1.0: lambda: x, 2.0: lambda: op("square", x), 0.5: lambda: op("sqrt", x),
+            -1.0: lambda: op("reciprocal", x)}.get(exponent, lambda: None)()
+
+
+def stable_log_sigmoid(node: Node) -> Node | None:
+    """log(sigmoid(x)) -> -softplus(-x): finite for very negative x, where sigmoid underflows."""
+    if node.op == "log" and node.src[0].op == "sigmoid":
+        x = node.src[0].src[0]
+        return op("neg", op("softplus", op("neg", x), beta=1.0, threshold=20.0))
+    return None
+
+
+def fuse_silu(node: Node) -> Node | None:
+    """x * sigmoid(x) -> silu(x)"""
+    if node.op != "mul":
+        return None
+    a, b = node.src
+    if b.op == "sigmoid" and b.src[0] is a:
+        return op("silu", a)
+    if a.op == "sigmoid" and a.src[0] is b:
+        return op("silu", b)
+    return None
+
+
+RULES = [drop_identity_element, cancel_double_negation, pow_by_small_integer,
+         stable_log_sigmoid, fuse_silu]
+
+
+def simplify_algebra(graph: Graph) -> Graph:
+    return rewrite(graph, RULES)
+
+
+__all__ = ["simplify_algebra", "RULES"]

@@ -1,0 +1,26 @@
+"""Constant folding: an elementwise op whose sources are all literals becomes a literal.
+
+Folding evaluates the op's torch reference in float64, as Python evaluates literal arithmetic
+in the user's function before any tensor sees it. Comparisons and reductions are left alone.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import Graph, Node, const
+from ..ops import OPS
+from ..rewrite import rewrite
+
+
+def fold_literal_op(node: Node) -> Node | None:
+    opdef = OPS.get(node.op)
+    if opdef is None or opdef.kind not in ("elementwise", "cast") or not node.src:
+        return None
+    if not all(s.op == "const" for s in node.src):
+        return None
+    values = [torch.tensor(s.arg, dtype=torch.float64) for s in node.src]
+    return const(float(opdef.ref(*values, **node.params)))
+
+
+def fold_constants(graph: Graph) -> Graph:
+    return rewrite(graph, [fold_literal_op])

@@ -1,0 +1,121 @@
+"""Shapes, roles and strides: how each tensor lines up with accum's (L, M, N).
+
+Roles follow torch broadcasting against accum: a number or one-element tensor is a scalar;
+(N,), (1, N), (L, 1, N) a row; (M, 1), (L, M, 1) a column; (M, N), (L, M, N) a tile;
+(L, 1, 1) a per-batch scalar. A role is the set of accum axes the operand varies along.
+"""
+from __future__ import annotations
+
+import torch
+
+from .errors import ShapeError
+from .ir import AXES, Operand
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def accum_shape_of(A, B) -> tuple[tuple[int, ...], tuple[int, int, int, int]]:
+    """accum's shape ((M, N) or (L, M, N)) and (L, M, N, K); checks A and B against each other."""
+    for label, t in (("A", A), ("B", B)):
+        if not isinstance(t, torch.Tensor):
+            raise ShapeError(f"{label} must be a torch.Tensor, but got {type(t).__name__}.")
+        if t.dim() not in (2, 3):
+            raise ShapeError(f"{label} must be 2-D or 3-D (batched), but has shape {_shape(t.shape)}.")
+        if t.is_complex() or t.dtype == torch.bool:
+            raise ShapeError(f"{label} has dtype {t.dtype}; use a real floating-point or integer type.")
+    if A.device != B.device:
+        raise ShapeError(f"A is on {A.device} but B is on {B.device}; move them to one device.")
+    M, K = A.shape[-2:]
+    K2, N = B.shape[-2:]
+    if K != K2:
+        raise ShapeError(f"A {_shape(A.shape)} and B {_shape(B.shape)} do not multiply: "
+                         f"A has K={K} columns but B has {K2} rows.")
+    LA = A.shape[0] if A.dim() == 3 else 1
+    LB = B.shape[0] if B.dim() == 3 else 1
+    if LA != LB and 1 not in (LA, LB):
+        raise ShapeError(f"A has batch {LA} but B has batch {LB}; batch sizes must match (or be 1).")
+    L = max(LA, LB)
+    batched = A.dim() == 3 or B.dim() == 3
+    shape = (L, M, N) if batched else (M, N)
+    return shape, (L, M, N, K)
+
+
+def classify_operand(name: str, value, accum_shape, device) -> tuple[Operand, dict]:
+    """The operand's role and its strides per varying axis ({"M": ..., "N": ...})."""
+    if not isinstance(value, torch.Tensor):
+        return Operand(name, "number", ()), {}
+    if value.device != device:
+        raise ShapeError(f"Operand {name} is on {value.device} but A and B are on {device}.")
+    if value.numel() == 1:
+        return Operand(name, "tensor", ()), {}
+    acc_axes = AXES[3 - len(accum_shape):]
+    if value.dim() > len(accum_shape) or value.numel() == 0:
+        _no_broadcast(name, value, accum_shape)
+    axes, strides = [], {}
+    offset = len(accum_shape) - value.dim()
+    for d, size in enumerate(value.shape):
+        axis = acc_axes[offset + d]
+        target = accum_shape[offset + d]
+        if size == target and size != 1:
+            axes.append(axis)
+            strides[axis] = value.stride(d)
+        elif size != 1:
+            _no_broadcast(name, value, accum_shape)
+    return Operand(name, "tensor", tuple(a for a in AXES if a in axes)), strides
+
+
+def _no_broadcast(name, value, accum_shape):
+    raise ShapeError(f"Operand {name} with shape {_shape(value.shape)} does not broadcast against "
+                     f"accum {_shape(accum_shape)}",
+                     hint="Operands must be scalars, rows (N,), columns (M, 1), tiles (M, N) or "
+                          "their batched forms (L, 1, N), (L, M, 1), (L, M, N), (L, 1, 1).")
+
+
+def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kind) -> dict:
+    """Strides of an output per stored axis; checks its shape (and reduction dims) and device."""
+    if dest.device != device:
+        raise ShapeError(f"Output {name} is on {dest.device} but A and B are on {device}.")
+    acc_axes = AXES[3 - len(accum_shape):]
+    if kind is None:
+        if tuple(dest.shape) != tuple(accum_shape):
+            raise ShapeError(f"Output {name} has shape {_shape(dest.shape)} but accum is "
+                             f"{_shape(accum_shape)}; an elementwise output must match accum.")
+        strides = dict(zip(acc_axes, dest.stride()))
+        return {a: strides.get(a, 0) for a in AXES}
+    kept = [a for a in acc_axes if a not in dims]
+    kept_shape = tuple(s for a, s in zip(acc_axes, accum_shape) if a in kept)
+    keep_shape = tuple(1 if a in dims else s for a, s in zip(acc_axes, accum_shape))
+    reduced = ", ".join(str(acc_axes.index(a)) for a in dims)
+    if not kept:
+        if dest.numel() != 1:
+            raise ShapeError(f"Output {name} has shape {_shape(dest.shape)} but {kind}(dim=({reduced})) "
+                             f"over accum {_shape(accum_shape)} gives one value: pass a one-element tensor.")
+        return {}
+    if tuple(dest.shape) == kept_shape:
+        strides = dict(zip(kept, dest.stride()))
+    elif tuple(dest.shape) == keep_shape:
+        strides = {a: dest.stride(i) for i, a in enumerate(acc_axes) if a in kept}
+    else:
+        raise ShapeError(f"Output {name} has shape {_shape(dest.shape)} but {kind}(dim=({reduced})) "
+                         f"over accum {_shape(accum_shape)} gives {_shape(kept_shape)}: expected "
+                         f"{_shape(kept_shape)} or {_shape(keep_shape)}.")
+    return {a: (strides[a] if dict(zip(acc_axes, accum_shape))[a] > 1 else 0) for a in kept}
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors share any byte of memory (by the spans their strides reach)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t):
+        start = t.data_ptr()
+        extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
+        return start, start + extent * t.element_size()
+
+    a0, a1 = span(a)
+    b0, b1 = span(b)
+    return a0 < b1 and b0 < a1
