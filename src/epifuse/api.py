@@ -220,12 +220,14 @@ def _choose_kernel(args: GemmArguments):
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = None, *,
          out_dtype: torch.dtype | None = None, accumulate: bool = False,
-         deterministic: bool = False, compute_dtype: torch.dtype = torch.float32, **tensors):
+         deterministic: bool = False, compute_dtype: torch.dtype = torch.float32,
+         precision: str = "default", **tensors):
     """`A @ B` with the epilogue fused; allocates any output not passed; returns the outputs.
 
     One output comes back as a tensor, several as a tuple in return order. Tile outputs are
     allocated in `out_dtype` (default: A's dtype; float32 for integer inputs), reduction
-    outputs in float32.
+    outputs in float32. `precision="highest"` makes float32 inputs multiply in full fp32
+    rather than tf32.
 
     >>> import torch, epifuse
     >>> from epifuse.ops import relu
@@ -245,7 +247,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = Non
             tensors[name] = _allocate_output(program, name, A, accum_shape, out_dtype)
     epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
                             compute_dtype=compute_dtype, **tensors)
-    args = GemmArguments(A, B, epilogue=epi)
+    args = GemmArguments(A, B, epilogue=epi, precision=precision)
     _choose_kernel(args).run(args)
     outputs = tuple(epi.outputs[name] for name, _ in program.outputs)
     return outputs[0] if len(outputs) == 1 else outputs

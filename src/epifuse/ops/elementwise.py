@@ -79,7 +79,7 @@ sqrt = _unary("sqrt", lambda x: torch.sqrt(_as_float(x)), "square root", special
 rsqrt = _unary("rsqrt", lambda x: torch.rsqrt(_as_float(x)), "1 / sqrt(x)", special=1)
 square = _unary("square", torch.square, "x * x")
 reciprocal = _unary("reciprocal", lambda x: torch.reciprocal(_as_float(x)), "1 / x")
-sign = _unary("sign", torch.sign, "-1, 0 or 1 (NaN stays NaN)")
+sign = _unary("sign", torch.sign, "-1, 0 or 1 (0 for NaN, as torch)")
 exp = _unary("exp", lambda x: torch.exp(_as_float(x)), "e ** x", special=1)
 exp2 = _unary("exp2", lambda x: torch.exp2(_as_float(x)), "2 ** x", special=1)
 expm1 = _unary("expm1", lambda x: torch.expm1(_as_float(x)), "exp(x) - 1", special=1)
@@ -114,7 +114,8 @@ elu = register(OpDef("elu", 1, lambda x, alpha=1.0: F.elu(_as_float(x), alpha),
                      params=(("alpha", 1.0),), doc="x if x > 0 else alpha * (exp(x) - 1)",
                      cost=Cost(3, 1)))
 gelu = register(OpDef("gelu", 1, _gelu, params=(("approximate", "none"),),
-                      doc='GELU; approximate="none" (erf) or "tanh"', cost=Cost(6, 1)))
+                      doc='GELU; approximate="none" (erf) or "tanh"; gelu(+inf) = +inf '
+                          "(torch's CPU kernel gives NaN there)", cost=Cost(6, 1)))
 softplus = register(OpDef("softplus", 1, lambda x, beta=1.0, threshold=20.0:
                           F.softplus(_as_float(x), beta, threshold),
                           params=(("beta", 1.0), ("threshold", 20.0)),

@@ -62,7 +62,7 @@ TRITON: dict[str, Rule] = {
     "rsqrt": Rule(lambda a: f"tl.rsqrt({a})"),
     "square": Rule(lambda a: f"({a} * {a})"),
     "reciprocal": Rule(lambda a: f"tl.div_rn(1.0, {a})"),
-    "sign": Rule(lambda a: f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, {a}))"),
+    "sign": Rule(lambda a: f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, 0.0))"),  # NaN -> 0 as torch
     "exp": Rule(lambda a: f"tl.exp({a})"),
     "exp2": Rule(lambda a: f"tl.exp2({a})"),
     "expm1": Rule(lambda a: f"_expm1({a})", ("_expm1",)),
@@ -80,8 +80,7 @@ TRITON: dict[str, Rule] = {
     "silu": Rule(lambda a: f"tl.div_rn({a}, 1.0 + tl.exp(-{a}))"),
     "hardswish": Rule(lambda a: f"tl.div_rn({a} * _clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
     "hardsigmoid": Rule(lambda a: f"tl.div_rn(_clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
-    "mish": Rule(lambda a: f"({a} * _tanh(_softplus({a}, 1.0, 20.0)))",
-                 ("_tanh", "_softplus", "_log1p", "_expm1")),
+    "mish": Rule(lambda a: f"({a} * _tanh(_softplus({a}, 1.0, 20.0)))", ("_tanh", "_softplus")),
     "where": Rule(lambda c, a, b: f"tl.where({c}, {a}, {b})"),
     "multiply_add": Rule(lambda a, b, c: f"({a} * {b} + {c})"),
     "prelu": Rule(lambda x, w: f"tl.where({x} >= 0, {x}, {w} * {x})"),
@@ -91,9 +90,9 @@ TRITON: dict[str, Rule] = {
     "elu": Rule(lambda a, alpha=1.0: f"tl.where({a} > 0, {a}, {_f(alpha)} * _expm1({a}))",
                 ("_expm1",)),
     "gelu": Rule(lambda a, approximate="none": f"_gelu_{approximate}({a})",
-                 ("_gelu_none", "_gelu_tanh", "_tanh", "_expm1")),
+                 ("_gelu_none", "_gelu_tanh")),
     "softplus": Rule(lambda a, beta=1.0, threshold=20.0:
-                     f"_softplus({a}, {_f(beta)}, {_f(threshold)})", ("_softplus", "_log1p")),
+                     f"_softplus({a}, {_f(beta)}, {_f(threshold)})", ("_softplus",)),
     "to": Rule(lambda a, dtype="float32": f"{a}.to({_TL_DTYPES[dtype]}).to(tl.float32)"),
 }
 
@@ -181,8 +180,10 @@ def _pow(a, b):
     r = tl.exp2(b * tl.log2(tl.abs(a)))
     b_int = tl.floor(b) == b
     b_odd = b_int & (tl.floor(b * 0.5) * 2.0 != b)
-    r = tl.where(a < 0, tl.where(b_int, tl.where(b_odd, -r, r), _NAN), r)
-    return tl.where((b == 0) | (a == 1.0), 1.0, r)
+    negative = (a < 0) | ((a == 0) & (tl.div_rn(1.0, a) < 0))
+    r = tl.where(negative & b_odd, -r, r)
+    r = tl.where((a < 0) & (a > -_INF) & (b_int == 0), _NAN, r)
+    return tl.where((b == 0) | (a == 1.0) | ((a == -1.0) & (tl.abs(b) == _INF)), 1.0, r)
 ''', "cuda": '''
 @triton.jit
 def _pow(a, b):
@@ -207,9 +208,19 @@ def _gelu_tanh(x):
 }
 
 
+# Helpers whose formula calls other helpers.
+HELPER_NEEDS = {"_tanh": ("_expm1",), "_softplus": ("_log1p",), "_gelu_tanh": ("_tanh",)}
+
+
 def helper_source(names, target: str) -> str:
     """Source of the helpers `names` (and what they call), for target "cuda" or "interpret"."""
-    ordered = [n for n in HELPERS if n in set(names)]
+    wanted, stack = set(), list(names)
+    while stack:
+        name = stack.pop()
+        if name not in wanted:
+            wanted.add(name)
+            stack.extend(HELPER_NEEDS.get(name, ()))
+    ordered = [n for n in HELPERS if n in wanted]
     parts = []
     for name in ordered:
         variants = HELPERS[name]

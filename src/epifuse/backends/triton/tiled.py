@@ -113,16 +113,21 @@ class TritonTiled(Kernel):
             yield f"output {name}", value
 
     # ---- build and launch -------------------------------------------------------------------
+    _built: dict = {}
+
     def _module(self, args):
+        """The generated kernel module and its launch layout, built once per graph and target."""
         interpret = uses_interpreter(args.A.device)
         target = "interpret" if interpret else "cuda"
-        key = args.key
-        source = emit_tiled(args.graph, target, key)
-        return load_kernel_module(f"tiled_{key}_{target}", source, interpret)
+        built = self._built.get((args.key, target))
+        if built is None:
+            source = emit_tiled(args.graph, target, args.key)
+            module = load_kernel_module(f"tiled_{args.key}_{target}", source, interpret)
+            built = self._built[(args.key, target)] = (module, launch_layout(args.graph))
+        return built
 
-    def _launch_args(self, args):
+    def _launch_args(self, args, layout):
         cfg = self.config if not uses_interpreter(args.A.device) else INTERPRETER_CONFIG
-        layout = launch_layout(args.graph)
         values: list = [args.A, args.B, args.M, args.N, args.K, *args.a_strides, *args.b_strides]
         for o in layout.operands:
             value = args.operands[o.name]
@@ -147,14 +152,14 @@ class TritonTiled(Kernel):
         return values, meta, grid
 
     def compile(self, args) -> None:
-        module = self._module(args)
+        module, layout = self._module(args)
         if not uses_interpreter(args.A.device):
-            values, meta, grid = self._launch_args(args)
+            values, meta, grid = self._launch_args(args, layout)
             module.epifuse_kernel.warmup(*values, grid=grid, **meta)
 
     def run(self, args) -> None:
-        module = self._module(args)
-        values, meta, grid = self._launch_args(args)
+        module, layout = self._module(args)
+        values, meta, grid = self._launch_args(args, layout)
         if args.reductions and not args.accumulate:
             if not uses_interpreter(args.A.device):
                 module.epifuse_kernel.warmup(*values, grid=grid, **meta)  # fail before touching outputs

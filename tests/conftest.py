@@ -1,0 +1,37 @@
+"""Test set-up: CPU runs go through Triton's interpreter; `-m gpu` runs on CUDA.
+
+TRITON_INTERPRET is set before any generated kernel is imported, and every test session
+uses its own kernel cache directory.
+"""
+import os
+import tempfile
+
+os.environ.setdefault("EPIFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="epifuse-test-cache-"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on the GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device():
+    return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    # Fresh random inputs every run, but reproducible from the printed seed on failure.
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    request.node.user_properties.append(("seed", seed))
+    yield

@@ -1,0 +1,34 @@
+"""Shared test helpers: float64 references and error measures."""
+from __future__ import annotations
+
+import torch
+
+import epifuse
+from epifuse.backends.reference import reference_accum
+from epifuse.reference import evaluate
+
+
+def reference_outputs(args: epifuse.GemmArguments) -> dict:
+    """Every output of `args` by the reference interpreter in float64, in destination shapes."""
+    accum = reference_accum(args.A, args.B, torch.float64).reshape(args.accum_shape)
+    operands = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in args.operands.items()}
+    results = evaluate(args.graph, accum, operands, torch.float64)
+    return {k: v.reshape(args.outputs[k].shape) for k, v in results.items()}
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64, over finite reference entries; NaN mismatches -> inf."""
+    out, ref = out.double().cpu(), ref.double().cpu()
+    if not torch.equal(torch.isnan(out), torch.isnan(ref)):
+        return float("inf")
+    finite = torch.isfinite(ref)
+    if not torch.equal(out[~finite & ~torch.isnan(ref)], ref[~finite & ~torch.isnan(ref)]):
+        return float("inf")
+    diff = (out[finite] - ref[finite]).norm()
+    scale = ref[finite].norm()
+    return float(diff / scale) if scale > 0 else float(diff)
+
+
+def integer_tensor(*shape, low=-3, high=4, dtype=torch.float16, device="cpu"):
+    """Random integer-valued tensor: exact in fp16/bf16/fp32 and in every product we take."""
+    return torch.randint(low, high, shape, device=device).to(dtype)

@@ -1,0 +1,91 @@
+"""GPU checks at realistic sizes (marker `gpu`): run with `pytest -m gpu` on the GPU machine.
+
+Integer-valued inputs are checked exactly (bf16 and fp16 outputs included: on the GPU the
+conversions round to nearest even); random inputs by relative error against float64.
+"""
+import math
+
+import pytest
+import torch
+
+import epifuse
+from epifuse.ops import OPS
+from helpers import integer_tensor, reference_outputs, rel_error
+from test_ops import ELEMENTWISE, source_for
+
+pytestmark = pytest.mark.gpu
+
+SIZES = [(1024, 1024, 1024), (1000, 744, 520), (64, 4096, 2048)]
+
+
+def _run(A, B, src, **tensors):
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors))
+    kernel = epifuse.get_kernels(args)[0]
+    assert kernel.name != "reference", epifuse.kernel_statuses(args)
+    for t in args.outputs.values():
+        t.fill_(float("nan"))
+    kernel.run(args)
+    torch.cuda.synchronize()
+    return args, reference_outputs(args)
+
+
+@pytest.mark.parametrize("M,N,K", SIZES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_exact_multi_output(M, N, K, dtype):
+    A = integer_tensor(M, K, dtype=dtype, device="cuda")
+    B = integer_tensor(K, N, low=-1, high=2, dtype=dtype, device="cuda")
+    C = integer_tensor(M, N, dtype=torch.float32, device="cuda")
+    bias = integer_tensor(N, dtype=torch.float32, device="cuda")
+    src = ("def epi(accum, alpha, C, bias):\n    F = accum * alpha + C * 2.0 + bias\n"
+           "    D = clamp(relu(F), 0.0, 200.0)\n    return D, F\n")
+    D = torch.empty(M, N, device="cuda", dtype=dtype)
+    F = torch.empty(M, N, device="cuda", dtype=torch.float32)
+    args, refs = _run(A, B, src, alpha=2.0, C=C, bias=bias, D=D, F=F)
+    assert torch.equal(F, refs["F"].float())
+    assert torch.equal(D, refs["D"].to(dtype))
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_every_op_large(name):
+    M, N, K = 512, 384, 256
+    A = torch.randn(M, K, device="cuda", dtype=torch.float16) / math.sqrt(K)
+    B = torch.randn(K, N, device="cuda", dtype=torch.float16)
+    C = torch.rand(M, N, device="cuda") + 0.5
+    D = torch.empty(M, N, device="cuda")
+    args, refs = _run(A, B, source_for(name), C=C, D=D)
+    tol = 2e-3 if name == "to" else 2e-5
+    assert rel_error(D, refs["D"]) < tol, (name, rel_error(D, refs["D"]))
+    assert name in OPS
+
+
+def test_batched_roles_large():
+    L, M, N, K = 3, 640, 320, 256
+    A = integer_tensor(L, M, K, device="cuda")
+    B = integer_tensor(K, N, low=-1, high=2, device="cuda")
+    row = integer_tensor(L, 1, N, dtype=torch.float32, device="cuda")
+    col = integer_tensor(M, 1, dtype=torch.float32, device="cuda")
+    per_batch = integer_tensor(L, 1, 1, dtype=torch.float32, device="cuda")
+    D = torch.empty(L, M, N, device="cuda")
+    src = "def epi(accum, row, col, s):\n    D = accum * s + row - col\n    return D\n"
+    args, refs = _run(A, B, src, row=row, col=col, s=per_batch, D=D)
+    assert torch.equal(D, refs["D"].float())
+
+
+def test_fp32_inputs_tf32_and_highest():
+    M, N, K = 768, 512, 1024
+    A, B = torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda") / math.sqrt(K)
+    ref = (A.double() @ B.double())
+    tf32 = epifuse.gemm(A, B)
+    full = epifuse.gemm(A, B, precision="highest")
+    assert rel_error(full, ref) < 1e-5
+    assert rel_error(tf32, ref) < 5e-3
+
+
+def test_strided_views_large():
+    M, N, K = 1536, 1024, 768
+    A = integer_tensor(K, M, device="cuda").t()
+    B = integer_tensor(N, K, low=-1, high=2, device="cuda").t()
+    C = integer_tensor(2 * M, N, dtype=torch.float32, device="cuda")[::2]
+    D = torch.empty(N, M, device="cuda").t()
+    args, refs = _run(A, B, "def epi(accum, C):\n    D = accum - C\n    return D\n", C=C, D=D)
+    assert torch.equal(D, refs["D"].float())

@@ -1,0 +1,218 @@
+"""The generated tiled kernel end to end: operand roles, ragged tiles, batches, layouts, dtypes.
+
+On CPU these run through Triton's interpreter (32-wide tiles, so 100x72x50 leaves ragged
+edges in M, N and K); the same tests run on the GPU with `-m gpu` via test_gpu.py. Integer-
+valued inputs make the float32 result exact, so most checks are equality.
+"""
+import pytest
+import torch
+
+import epifuse
+from epifuse.ops import relu, sigmoid
+from helpers import integer_tensor, reference_outputs, rel_error
+
+M, N, K = 100, 72, 50
+
+
+def run_checked(A, B, source, exact=True, tol=1e-6, **tensors):
+    """Run the first (Triton) kernel; compare every output with the float64 reference."""
+    epi = epifuse.EpilogueArguments(source, **tensors)
+    args = epifuse.GemmArguments(A, B, epilogue=epi, precision="highest")
+    kernel = epifuse.get_kernels(args)[0]
+    assert kernel.name == "triton_tiled", epifuse.kernel_statuses(args)
+    for dest in args.outputs.values():
+        dest.fill_(float("nan"))  # poison: every element must be written
+    kernel.run(args)
+    refs = reference_outputs(args)
+    for name, ref in refs.items():
+        out = args.outputs[name]
+        expected = ref.to(out.dtype)
+        if exact:
+            assert torch.equal(out, expected), (name, (out.double() - ref).abs().max())
+        else:
+            assert rel_error(out, ref) < tol, (name, rel_error(out, ref))
+    return args
+
+
+def ints(*shape, device, dtype=torch.float16):
+    return integer_tensor(*shape, device=device, dtype=dtype)
+
+
+ROLE_CASES = {
+    "scalar_number": (lambda d: 3.0),
+    "scalar_tensor_0d": (lambda d: torch.tensor(-2.0, device=d)),
+    "scalar_tensor_1elem": (lambda d: torch.tensor([2.0], device=d)),
+    "row_N": (lambda d: ints(N, device=d, dtype=torch.float32)),
+    "row_1N": (lambda d: ints(1, N, device=d, dtype=torch.float32)),
+    "col_M1": (lambda d: ints(M, 1, device=d, dtype=torch.float32)),
+    "tile_MN": (lambda d: ints(M, N, device=d, dtype=torch.float32)),
+    "tile_fp16": (lambda d: ints(M, N, device=d, dtype=torch.float16)),
+    "tile_bf16": (lambda d: ints(M, N, device=d, dtype=torch.bfloat16)),
+}
+
+
+@pytest.mark.parametrize("role", sorted(ROLE_CASES))
+def test_operand_roles(role, device):
+    A, B = ints(M, K, device=device), ints(K, N, device=device)
+    X = ROLE_CASES[role](device)
+    D = torch.empty(M, N, device=device)
+    run_checked(A, B, "def epi(accum, X):\n    D = accum * X + X\n    return D\n", X=X, D=D)
+
+
+BATCHED_ROLES = {
+    "row_L1N": lambda d: ints(2, 1, N, device=d, dtype=torch.float32),
+    "col_LM1": lambda d: ints(2, M, 1, device=d, dtype=torch.float32),
+    "tile_LMN": lambda d: ints(2, M, N, device=d, dtype=torch.float32),
+    "tile_MN_shared": lambda d: ints(M, N, device=d, dtype=torch.float32),
+    "batch_scalar_L11": lambda d: ints(2, 1, 1, device=d, dtype=torch.float32),
+    "row_N_shared": lambda d: ints(N, device=d, dtype=torch.float32),
+    "number": lambda d: -1.5,
+}
+
+
+@pytest.mark.parametrize("role", sorted(BATCHED_ROLES))
+def test_batched_operand_roles(role, device):
+    A, B = ints(2, M, K, device=device), ints(2, K, N, device=device)
+    X = BATCHED_ROLES[role](device)
+    D = torch.empty(2, M, N, device=device)
+    run_checked(A, B, "def epi(accum, X):\n    D = accum - X * 2.0\n    return D\n", X=X, D=D)
+
+
+def test_batched_with_shared_operand_matrix(device):
+    """A 2-D B is shared across the batch of A (batch stride 0)."""
+    A, B = ints(2, M, K, device=device), ints(K, N, device=device)
+    D = torch.empty(2, M, N, device=device)
+    run_checked(A, B, "def epi(accum):\n    D = accum\n    return D\n", D=D)
+
+
+LAYOUTS = {
+    "row_major": lambda t: t,
+    "column_major": lambda t: t.t().contiguous().t(),
+    "sliced": lambda t: torch.cat([t, t], dim=1)[:, : t.shape[1]],
+    "strided_rows": lambda t: torch.stack([t, t], dim=1).reshape(-1, t.shape[1])[::2],
+}
+
+
+@pytest.mark.parametrize("layout_a", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout_c", ["row_major", "column_major", "sliced"])
+def test_strided_inputs_and_operands(layout_a, layout_c, device):
+    A = LAYOUTS[layout_a](ints(M, K, device=device))
+    B = LAYOUTS["column_major"](ints(K, N, device=device))
+    C = LAYOUTS[layout_c](ints(M, N, device=device, dtype=torch.float32))
+    D = LAYOUTS[layout_c](torch.empty(M, N, device=device))
+    run_checked(A, B, "def epi(accum, C):\n    D = accum + C\n    return D\n", C=C, D=D)
+
+
+def test_transposed_views(device):
+    A = ints(K, M, device=device).t()
+    B = ints(N, K, device=device).t()
+    D = torch.empty(N, M, device=device).t()
+    run_checked(A, B, "def epi(accum):\n    D = accum * 2.0\n    return D\n", D=D)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_dtypes(in_dtype, out_dtype, device):
+    A, B = ints(M, K, device=device, dtype=in_dtype), ints(K, N, device=device, dtype=in_dtype)
+    C = ints(M, N, device=device, dtype=torch.float32)
+    D = torch.empty(M, N, device=device, dtype=out_dtype)
+    # integer results stay exact in every output dtype up to 256 (bf16's integer limit)
+    run_checked(A, B, "def epi(accum, C):\n    D = clamp(accum + C, -256.0, 256.0)\n    return D\n",
+                C=C, D=D)
+
+
+def test_bf16_output_rounding(device):
+    """Non-integer bf16 outputs: exact on the GPU; the interpreter truncates, so a tolerance there."""
+    A, B = torch.randn(M, K, device=device), torch.randn(K, N, device=device)
+    D = torch.empty(M, N, device=device, dtype=torch.bfloat16)
+    run_checked(A, B, "def epi(accum):\n    D = accum * 0.3\n    return D\n", exact=False, tol=1e-2, D=D)
+
+
+def test_several_outputs_in_their_own_dtypes(device):
+    A, B = ints(M, K, device=device), ints(K, N, device=device)
+    C = ints(M, N, device=device, dtype=torch.float32)
+    D = torch.empty(M, N, device=device, dtype=torch.float16)
+    F = torch.empty(M, N, device=device, dtype=torch.float32)
+    G = torch.empty(M, N, device=device, dtype=torch.bfloat16)
+    src = ("def epi(accum, C, alpha):\n    F = accum * alpha + C * 2.0\n    D = relu(F)\n"
+           "    G = where(F > 0, F, -F)\n    return D, F, G\n")
+    run_checked(A, B, src, C=C, alpha=2.0, D=D, F=F, G=G)
+
+
+def test_return_accum(device):
+    A, B = ints(M, K, device=device), ints(K, N, device=device)
+    D = torch.empty(M, N, device=device)
+    acc = torch.empty(M, N, device=device)
+    src = "def epi(accum, alpha):\n    D = relu(accum) * alpha\n    return D, accum\n"
+    run_checked(A, B, src, alpha=0.5, D=D, accum=acc)
+
+
+def test_function_epilogue_and_gemm_convenience(device):
+    def relu_aux_store(accum, alpha, C):
+        F = (accum * alpha) + (C * 2.0)
+        D = relu(F)
+        return D, F
+
+    A, B = ints(M, K, device=device), ints(K, N, device=device)
+    C = ints(M, N, device=device)
+    D, F = epifuse.gemm(A, B, relu_aux_store, alpha=3.0, C=C)
+    assert D.dtype == torch.float16 and D.shape == (M, N)
+    acc = A.double() @ B.double()
+    Fr = acc * 3.0 + C.double() * 2.0
+    assert torch.equal(F, Fr.half()) and torch.equal(D, torch.relu(Fr).half())
+    # the epilogue function is its own eager reference
+    D2, F2 = relu_aux_store(acc, 3.0, C.double())
+    assert torch.equal(D, D2.half()) and torch.equal(F, F2.half())
+
+
+def test_scalar_tensor_read_at_run_time(device):
+    """A one-element tensor operand is read by the kernel, so changing it needs no rebuild."""
+    A, B = ints(M, K, device=device), ints(K, N, device=device)
+    alpha = torch.tensor([2.0], device=device)
+    src = "def epi(accum, alpha):\n    D = accum * alpha\n    return D\n"
+    first = epifuse.gemm(A, B, src, alpha=alpha, out_dtype=torch.float32)
+    alpha.fill_(-1.0)
+    second = epifuse.gemm(A, B, src, alpha=alpha, out_dtype=torch.float32)
+    assert torch.equal(first, -2.0 * second)
+
+
+def test_repeated_run_reuses_parse_bind_and_codegen(device, monkeypatch):
+    from epifuse import api, frontend
+    from epifuse.backends.triton import tiled
+    src = "def epi(accum, beta):\n    D = accum + beta\n    return D\n"
+    A, B = ints(M, K, device=device), ints(K, N, device=device)
+    epifuse.gemm(A, B, src, beta=1.0)
+    calls = {"parse": 0, "bind": 0, "emit": 0}
+
+    def counting(name, fn):
+        def wrapper(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return wrapper
+
+    monkeypatch.setattr(frontend, "_parse_source", counting("parse", frontend._parse_source))
+    monkeypatch.setattr(api, "bind", counting("bind", api.bind))
+    monkeypatch.setattr(tiled, "emit_tiled", counting("emit", tiled.emit_tiled))
+    epifuse.gemm(A, B, src, beta=2.0)
+    assert calls == {"parse": 0, "bind": 0, "emit": 0}
+
+
+def test_zero_sized_problems(device):
+    src = "def epi(accum, C):\n    D = accum + C\n    return D\n"
+    A, B = ints(0, K, device=device), ints(K, N, device=device)
+    D = epifuse.gemm(A, B, src, C=torch.ones(N, device=device))
+    assert D.shape == (0, N)
+    # K = 0: accum is zero and the epilogue still runs
+    A, B = ints(M, 0, device=device), ints(0, N, device=device)
+    D = epifuse.gemm(A, B, src, C=torch.ones(N, device=device), out_dtype=torch.float32)
+    assert torch.equal(D, torch.ones(M, N, device=device))
+
+
+def test_sigmoid_gelu_mix_relative_error(device):
+    A, B = torch.randn(M, K, device=device), torch.randn(K, N, device=device) / K ** 0.5
+    bias = torch.randn(N, device=device)
+    D = torch.empty(M, N, device=device)
+    src = ("def epi(accum, bias):\n    f = accum + bias\n"
+           "    D = gelu(f, approximate='tanh') * sigmoid(f) + F.silu(f)\n    return D\n")
+    run_checked(A, B, src, exact=False, tol=1e-5, bias=bias, D=D)
+    assert sigmoid is not None and relu is not None

@@ -1,0 +1,128 @@
+"""Every op of the registry, through the generated Triton kernel, against its torch reference.
+
+Walks the registry: an op either has a Triton rule and passes here, or is listed in
+UNSUPPORTED with a reason. Random inputs test accuracy; special values (NaN, +-Inf, +-0,
+huge and tiny numbers) test that the formulas keep torch's results.
+"""
+import math
+
+import pytest
+import torch
+
+import epifuse
+from epifuse.backends.triton.rules import TRITON, UNSUPPORTED, missing_rules
+from epifuse.ops import OPS
+from helpers import reference_outputs, rel_error
+
+ELEMENTWISE = sorted(n for n, op in OPS.items() if op.kind != "reduce")
+
+# How to call each op in an epilogue: `x` is the accum-derived value, `C` an operand tile.
+CALLS = {
+    1: "{op}(x)",
+    2: "{op}(x, C)",
+    3: "{op}(x, C, x)",
+}
+SPECIAL_CALLS = {
+    "where": "where(x > 0, x, C)",
+    "logical_and": "where(logical_and(x > 0, C > 0), x, C)",
+    "logical_or": "where(logical_or(x > 0, C > 0), x, C)",
+    "logical_not": "where(logical_not(x > 0), x, C)",
+    "to": "x.to(torch.float16)",
+    "clamp": "clamp(x, -0.5, 0.75)",
+    "leaky_relu": "leaky_relu(x, 0.2)",
+    "elu": "elu(x, alpha=1.5)",
+    "softplus": "softplus(x, beta=2.0, threshold=5.0)",
+    "prelu": "prelu(x, C)",
+}
+# Domains where the op is well-conditioned for a relative-error check.
+DOMAIN = {"log": "abs", "log2": "abs", "sqrt": "abs", "rsqrt": "abs", "log1p": "abs",
+          "reciprocal": "abs", "div": "abs", "pow": "abs", "tan": "small"}
+
+
+def expression(name: str) -> str:
+    if name in SPECIAL_CALLS:
+        return SPECIAL_CALLS[name]
+    return CALLS[OPS[name].arity].format(op=name)
+
+
+def source_for(name: str) -> str:
+    pre = {"abs": "    x = abs(accum) + 0.5\n", "small": "    x = accum * 0.3\n"}.get(
+        DOMAIN.get(name), "    x = accum\n")
+    return f"def epi(accum, C):\n{pre}    D = {expression(name)}\n    return D\n"
+
+
+def test_every_op_has_a_rule_or_a_reason():
+    for name in OPS:
+        assert name in TRITON or name in UNSUPPORTED, name
+    assert set(missing_rules()) == set(UNSUPPORTED)
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_op_against_reference(name, device):
+    M, N, K = 40, 36, 24
+    A = torch.randn(M, K, device=device) / math.sqrt(K)
+    B = torch.randn(K, N, device=device)
+    C = torch.rand(M, N, device=device) + 0.5
+    D = torch.empty(M, N, device=device)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(source_for(name), C=C, D=D),
+                                 precision="highest")
+    kernel = epifuse.get_kernels(args)[0]
+    assert kernel.name == "triton_tiled"
+    D.fill_(float("nan"))
+    kernel.run(args)
+    ref = reference_outputs(args)["D"]
+    tol = 2e-3 if name == "to" else 1e-5
+    assert rel_error(D, ref) < tol, (name, rel_error(D, ref))
+
+
+SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-30, -1e-30, 1e30, -1e30,
+           1.0, -1.0, 0.5, -0.5, 3.0, -3.0, 6.0, 7.5, 20.0, -20.0, 90.0, -90.0, 1e-4, -1e-4]
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_op_special_values(name, device):
+    """NaN and Inf propagate as in torch: the kernel matches torch's float32 result."""
+    values = torch.tensor(SPECIAL, device=device)
+    N = len(values)
+    C = values.repeat(N, 1)                  # C[i, j] = SPECIAL[j]
+    X = values[:, None].expand(N, N).contiguous()  # X[i, j] = SPECIAL[i]
+    expr = expression(name)
+    src = f"def epi(accum, X, C):\n    x = X\n    D = {expr}\n    return D\n"
+    A = torch.randn(N, 16, device=device)
+    B = torch.randn(16, N, device=device)
+    D = torch.empty(N, N, device=device)
+    epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, X=X, C=C, D=D))
+    out = epifuse.gemm(A, B, src, X=X, C=C, out_dtype=torch.float32)
+    ref = _torch_float32(name, X, C)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)), (name, _mismatch(out, ref, X, C))
+    inf = torch.isinf(ref)
+    assert torch.equal(out[inf], ref[inf]), (name, _mismatch(out, ref, X, C))
+    finite = torch.isfinite(ref)
+    close = torch.isclose(out[finite], ref[finite], rtol=5e-5, atol=1e-6)
+    assert bool(close.all()), (name, _mismatch(out, ref, X, C))
+
+
+# Where torch's CPU kernels give an answer that is not the mathematical one, epifuse keeps the
+# mathematical one (documented in the op's doc line): (op, x) -> epifuse's result.
+KNOWN_TORCH_CPU_QUIRKS = {("gelu", float("inf")): float("inf")}
+
+
+def _torch_float32(name, X, C):
+    """The op applied by torch in float32 (the epilogue function run on tensors)."""
+    from epifuse import ops  # noqa: F401  (names for the namespace below)
+    namespace = {n: OPS[n] for n in OPS}
+    namespace.update(torch=torch, maximum=OPS["maximum"], minimum=OPS["minimum"])
+    fn_src = f"def f(x, C):\n    return ({expression(name)})\n"
+    local: dict = {}
+    exec(compile(fn_src, "<test>", "exec"), namespace, local)  # test-only: our own string
+    result = local["f"](X, C).float()
+    for (op, x), value in KNOWN_TORCH_CPU_QUIRKS.items():
+        if op == name:
+            result = torch.where(X == x, torch.tensor(value, device=X.device), result)
+    return result
+
+
+def _mismatch(out, ref, X, C):
+    bad = ~(torch.isclose(out, ref, rtol=5e-5, atol=1e-6, equal_nan=True))
+    idx = bad.nonzero()[:5].tolist()
+    return [(X[i, j].item(), C[i, j].item(), out[i, j].item(), ref[i, j].item()) for i, j in idx]
