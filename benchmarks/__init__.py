@@ -6,8 +6,9 @@ Run from the repository root:
     PYTHONPATH=src:. python -m benchmarks                    # S1-S4, fp16 and bf16, all baselines
     PYTHONPATH=src:. python -m benchmarks --dry-run          # CPU check of the workloads, no GPU
 
-Modules: ``workloads`` (the seven epilogues, operand builders, baselines), ``run`` (timing, the
-driver, ``main(argv)`` and ``dry_run()``), ``report`` (table, JSON, PNG).
+Modules: ``workloads`` (the seven epilogues, operand builders, baselines), ``run`` (the driver,
+``main(argv)`` and ``dry_run()``), ``timing`` (do_bench, clocks, versions), ``report`` (table,
+JSON, PNG).
 """
 from .run import dry_run, main
 

@@ -86,8 +86,10 @@ def format_table(rows: list, env: dict | None) -> str:
                          for i, (c, w) in enumerate(zip(cells, widths)))
     out = []
     if env:
-        clk = env.get("clocks_start") or {}
-        out.append(f"{env.get('gpu')}  sm {clk.get('sm_mhz', '?')}/{clk.get('max_sm_mhz', '?')} MHz  "
+        mhz = sorted(r["sm_mhz"] for r in rows if r.get("sm_mhz"))
+        top = (env.get("clocks_start") or {}).get("max_sm_mhz", "?")
+        seen = f"{mhz[0]}-{mhz[-1]}" if mhz else "?"
+        out.append(f"{env.get('gpu')}  SM clock after timing {seen} MHz (max {top})  "
                    f"torch {env.get('torch')}  triton {env.get('triton')}  epifuse {env.get('epifuse')}  "
                    f"{env.get('date')}")
         out.append("ratios = time / cublas time in this run (fp8_scaled: / _scaled_mm with unit scales)")

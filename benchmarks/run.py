@@ -19,18 +19,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from . import report
+from .timing import bench_ms, collect_env, first_call_s, gpu_clocks
 from .workloads import FP8, SHAPES, WORKLOADS, bind_ops
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -112,39 +108,6 @@ def check_outputs(w, outs, refs, M, N) -> dict:
     return errs
 
 
-def bench_ms(fn, warmup: float, rep: float) -> float:
-    """Median ms of fn() by triton.testing.do_bench; CUDA events if triton is missing."""
-    try:
-        from triton.testing import do_bench
-    except ImportError:
-        return _event_bench(fn, warmup, rep)
-    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-
-
-def _event_bench(fn, warmup, rep):
-    def once():
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(), fn(), e.record()
-        return s, e
-    fn(), torch.cuda.synchronize()
-    s, e = once()
-    torch.cuda.synchronize()
-    est = max(s.elapsed_time(e), 1e-3)
-    for _ in range(max(1, int(warmup / est))):
-        fn()
-    pairs = [once() for _ in range(max(5, int(rep / est)))]
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
-
-
-def _first_call_s(fn) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
 def _rotating(fns):
     if len(fns) == 1:
         return fns[0]
@@ -179,9 +142,9 @@ def _epifuse_call(epifuse, w, s, prealloc):
 # ------------------------------------------------------------------------------------ one row
 
 
-def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, l2_bytes):
+def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, env):
     M, N, K = SHAPES[shape]
-    sets = _input_sets(w, M, N, K, dtype, "cuda", cfg.seed, l2_bytes)
+    sets = _input_sets(w, M, N, K, dtype, "cuda", cfg.seed, env["l2_bytes"])
     s0, eager = sets[0], w.eager_fn()
     times, errors, first, errs = {}, {}, {}, {}
 
@@ -201,7 +164,7 @@ def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, l2_bytes):
         try:
             torch._dynamo.reset()
             compiled = torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False)
-            first["inductor"] = _first_call_s(lambda: compiled(s0.A, s0.B, s0.out_dtypes, **s0.operands))
+            first["inductor"] = first_call_s(lambda: compiled(s0.A, s0.B, s0.out_dtypes, **s0.operands))
             bench("inductor", lambda s: (lambda: compiled(s.A, s.B, s.out_dtypes, **s.operands)))
         except Exception as e:  # noqa: BLE001
             errors["inductor"] = _short(e)
@@ -211,7 +174,7 @@ def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, l2_bytes):
         else:
             try:
                 call, bufs = _epifuse_call(epifuse, w, s0, cfg.prealloc)
-                first["epifuse"] = _first_call_s(call)
+                first["epifuse"] = first_call_s(call)
                 bench("epifuse", lambda s: _epifuse_call(epifuse, w, s, cfg.prealloc)[0])
                 result = call()
                 torch.cuda.synchronize()
@@ -219,9 +182,12 @@ def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, l2_bytes):
                 errs = check_outputs(w, outs, w.reference(s0), M, N)
             except Exception as e:  # noqa: BLE001
                 errors.setdefault("epifuse", _short(e))
+    clocks, n_sets = gpu_clocks(env["uuid"] or ""), len(sets)  # the SM clock right after timing
     del sets, s0
     torch.cuda.empty_cache()
-    return make_row(w, shape, dtype, times, errors, first, errs, epifuse_requested="epifuse" in cfg.baselines)
+    row = make_row(w, shape, dtype, times, errors, first, errs, epifuse_requested="epifuse" in cfg.baselines)
+    row.update(sm_mhz=(clocks or {}).get("sm_mhz"), n_input_sets=n_sets)
+    return row
 
 
 def make_row(w, shape, dtype, times, errors, first, errs, epifuse_requested=True):
@@ -244,45 +210,6 @@ def make_row(w, shape, dtype, times, errors, first, errs, epifuse_requested=True
         "target": w.target, "target_met": None if epi is None else epi <= w.target,
         "speedup_vs_inductor": ind / times["epifuse"] if ind and times.get("epifuse") else None,
         "cublaslt_desc": w.cublaslt_desc or None,
-    }
-
-
-# ------------------------------------------------------------------------------- environment
-
-
-def gpu_clocks(uuid: str = ""):
-    """SM clock and max SM clock (MHz) from nvidia-smi, or None where it cannot be had."""
-    cmd = ["nvidia-smi", "--query-gpu=uuid,clocks.sm,clocks.max.sm", "--format=csv,noheader,nounits"]
-    try:
-        text = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    rows = [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.count(",") >= 2]
-    pick = next((r for r in rows if uuid and uuid in r[0]), rows[0] if rows else None)
-    if pick is None:
-        return None
-    mhz = [int(float(x)) if x.replace(".", "", 1).isdigit() else None for x in pick[1:3]]
-    return {"sm_mhz": mhz[0], "max_sm_mhz": mhz[1]}
-
-
-def collect_env(epifuse=None) -> dict:
-    p = torch.cuda.get_device_properties(torch.cuda.current_device())
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    prefixes = ("EPIFUSE_", "TRITON_", "TORCHINDUCTOR_", "CUDA_VISIBLE_DEVICES")
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "gpu": p.name, "capability": f"{p.major}.{p.minor}", "sm_count": p.multi_processor_count,
-        "memory_gib": round(p.total_memory / 2**30, 1), "l2_bytes": getattr(p, "L2_cache_size", None),
-        "uuid": str(getattr(p, "uuid", "") or "") or None, "clocks_start": None, "clocks_end": None,
-        "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version,
-        "epifuse": getattr(epifuse, "__version__", None) if epifuse else None,
-        "python": platform.python_version(), "platform": platform.platform(),
-        "fp16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-        "env_vars": {k: v for k, v in os.environ.items() if k.startswith(prefixes)},
     }
 
 
@@ -329,7 +256,7 @@ def main(argv=None) -> int:
             payload["skipped"].append(label)
             continue
         print(f"[{time.perf_counter() - t0:7.1f}s] {i + 1}/{len(todo)} {label} ...", file=sys.stderr, flush=True)
-        row = run_row(w, shape, dt, cfg, epifuse, epifuse_err, env["l2_bytes"])
+        row = run_row(w, shape, dt, cfg, epifuse, epifuse_err, env)
         payload["rows"].append(row)
         print("          " + report.row_summary(row), file=sys.stderr, flush=True)
         report.write_json(base.with_suffix(".json"), payload)
