@@ -242,9 +242,15 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = Non
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise ShapeError("A and B must be torch tensors.")
     accum_shape, _ = accum_shape_of(A, B)
-    for name, _loc in program.outputs:
-        if name not in tensors:
-            tensors[name] = _allocate_output(program, name, A, accum_shape, out_dtype)
+    missing = [name for name, _ in program.outputs if name not in tensors]
+    if missing:
+        roles = tuple(classify_operand(n, tensors[n], accum_shape, A.device)[0]
+                      for n in program.operands if n in tensors)
+        if len(roles) == len(program.operands):
+            graph, _ = _bound_graph(program, roles, len(accum_shape))
+            nodes = {o.name: o.node for o in graph.outputs}
+            for name in missing:
+                tensors[name] = _allocate_output(program, nodes[name], A, accum_shape, out_dtype)
     epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
                             compute_dtype=compute_dtype, **tensors)
     args = GemmArguments(A, B, epilogue=epi, precision=precision)
@@ -253,17 +259,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = Non
     return outputs[0] if len(outputs) == 1 else outputs
 
 
-def _allocate_output(program: Program, name: str, A, accum_shape, out_dtype):
-    statement = next((s for s in program.statements if s.target == name), None)
-    expr = statement.expr if statement is not None else None
-    if expr is not None and expr.kind == "call" and OPS[expr.value].kind == "reduce":
-        params = dict(expr.params)
-        rank = len(accum_shape)
-        dims = params.get("dim")
-        dims = tuple(range(rank)) if dims is None else tuple(d % rank for d in dims)
-        keep = params.get("keepdim", False)
-        shape = [1 if i in dims else s for i, s in enumerate(accum_shape)] if keep else \
-            [s for i, s in enumerate(accum_shape) if i not in dims]
+def _allocate_output(program: Program, node, A, accum_shape, out_dtype):
+    opdef = OPS.get(node.op)
+    if opdef is not None and opdef.kind == "reduce":
+        axes = AXES[3 - len(accum_shape):]
+        shape = [s for a, s in zip(axes, accum_shape) if a not in node.params["dim"]]
         return torch.empty(shape or (1,), device=A.device, dtype=torch.float32)
     dtype = out_dtype or (A.dtype if A.is_floating_point() else torch.float32)
     return torch.empty(accum_shape, device=A.device, dtype=dtype)

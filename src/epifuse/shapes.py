@@ -92,7 +92,7 @@ def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kin
         if dest.numel() != 1:
             raise ShapeError(f"Output {name} has shape {_shape(dest.shape)} but {kind}(dim=({reduced})) "
                              f"over accum {_shape(accum_shape)} gives one value: pass a one-element tensor.")
-        return {}
+        return {a: 0 for a in AXES if a not in dims}
     if tuple(dest.shape) == kept_shape:
         strides = dict(zip(kept, dest.stride()))
     elif tuple(dest.shape) == keep_shape:
@@ -101,7 +101,9 @@ def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kin
         raise ShapeError(f"Output {name} has shape {_shape(dest.shape)} but {kind}(dim=({reduced})) "
                          f"over accum {_shape(accum_shape)} gives {_shape(kept_shape)}: expected "
                          f"{_shape(kept_shape)} or {_shape(keep_shape)}.")
-    return {a: (strides[a] if dict(zip(acc_axes, accum_shape))[a] > 1 else 0) for a in kept}
+    sizes = dict(zip(acc_axes, accum_shape))
+    return {a: (strides[a] if sizes.get(a, 1) > 1 and a in strides else 0)
+            for a in AXES if a not in dims}
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -16,8 +16,6 @@ from .rules import TRITON, _f, helper_source
 
 REDUCE_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf"), "amax": 0.0}
 _COMBINE = {"sum": "tl.sum", "mean": "tl.sum", "max": "_max_nan", "min": "_min_nan", "amax": "_max_nan"}
-_ATOMIC = {"sum": "tl.atomic_add", "mean": "tl.atomic_add", "max": "tl.atomic_max",
-           "min": "tl.atomic_min", "amax": "tl.atomic_max"}
 
 
 @dataclass(frozen=True)
@@ -30,10 +28,20 @@ class OperandParams:
 
 @dataclass(frozen=True)
 class OutputParams:
+    """How one output is stored.
+
+    reduce: None for a tile store, else the reduction op. mode: "tile"; "atomic" (each
+    program folds its partial into the fp32 destination with an atomic); "partials" (each
+    program writes its partial to a (L, PM, PN) buffer that a finishing step reduces: run-to-run
+    identical, and NaN-exact for max/min). axes: the axes whose strides the kernel takes.
+    """
+
     name: str
-    reduce: str | None  # None for a tile store, else the reduction op
-    axes: tuple         # tile store: ("L", "M", "N"); reduction: the kept axes
-    prefix: str         # y0, y1, ...
+    reduce: str | None
+    mode: str
+    axes: tuple
+    prefix: str
+    dims: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -52,22 +60,29 @@ class Layout:
         for y in self.outputs:
             names.append(f"{y.prefix}_ptr")
             names.extend(f"{y.prefix}_s{a.lower()}" for a in y.axes)
-            if y.reduce == "mean":
+            if y.reduce == "mean" and y.mode == "atomic":
                 names.append(f"{y.prefix}_scale")
         return names
 
 
-def launch_layout(graph: Graph) -> Layout:
+def reduction_mode(op: str, deterministic: bool) -> str:
+    """Sums fold with atomics unless asked to be deterministic; max/min always use partials."""
+    return "atomic" if op in ("sum", "mean") and not deterministic else "partials"
+
+
+def launch_layout(graph: Graph, deterministic: bool = False) -> Layout:
     operands = tuple(OperandParams(o.name, o.kind, tuple(o.axes), f"x{i}")
                      for i, o in enumerate(graph.operands))
     outputs = []
     for j, out in enumerate(graph.outputs):
         opdef = OPS.get(out.node.op)
         if opdef is not None and opdef.kind == "reduce":
-            kept = tuple(a for a in AXES if a not in out.node.params["dim"])
-            outputs.append(OutputParams(out.name, out.node.op, kept, f"y{j}"))
+            dims = tuple(out.node.params["dim"])
+            mode = reduction_mode(out.node.op, deterministic)
+            axes = AXES if mode == "partials" else tuple(a for a in AXES if a not in dims)
+            outputs.append(OutputParams(out.name, out.node.op, mode, axes, f"y{j}", dims))
         else:
-            outputs.append(OutputParams(out.name, None, AXES, f"y{j}"))
+            outputs.append(OutputParams(out.name, None, "tile", AXES, f"y{j}"))
     return Layout(operands, tuple(outputs))
 
 
@@ -122,9 +137,9 @@ _MAINLOOP = '''
 '''
 
 
-def emit_tiled(graph: Graph, target: str, key: str) -> str:
+def emit_tiled(graph: Graph, target: str, key: str, deterministic: bool = False) -> str:
     """The module source of a tiled kernel `epifuse_kernel` for `graph` on `target`."""
-    layout = launch_layout(graph)
+    layout = launch_layout(graph, deterministic)
     body, helpers = _emit_epilogue(graph, layout)
     params = ",\n    ".join(
         ["a_ptr", "b_ptr", "M", "N", "K", "stride_al", "stride_am", "stride_ak",
@@ -166,7 +181,7 @@ def _emit_epilogue(graph: Graph, layout: Layout) -> tuple[str, set[str]]:
             lines.extend(_store_tile(y, names[id(out.node)], out.node))
         else:
             source = out.node.src[0]
-            lines.extend(_store_reduction(y, names[id(source)], source, out.node.params["dim"]))
+            lines.extend(_store_reduction(y, names[id(source)], source))
     return "".join(f"    {line}\n" for line in lines), helpers
 
 
@@ -218,32 +233,35 @@ def _store_tile(y: OutputParams, expr: str, node: Node) -> list[str]:
             f"{value}.to({y.prefix}_ptr.dtype.element_ty), mask=mask)"]
 
 
-def _store_reduction(y: OutputParams, expr: str, node: Node, dims) -> list[str]:
-    """Reduce the tile over its in-tile dims, then fold into the destination atomically."""
+def _store_reduction(y: OutputParams, expr: str, node: Node) -> list[str]:
+    """Reduce the tile over its in-tile dims; fold it in atomically or store it as a partial."""
     tile = _as_full_tile(expr, node)
     if y.reduce == "amax":
         tile = f"tl.abs({tile})"
-    identity = _f(REDUCE_IDENTITY[y.reduce])
-    combine = _COMBINE[y.reduce]
     r = f"r_{y.prefix}"
-    lines = [f"{r} = tl.where(mask, {tile}, {identity})"]
-    reduce_call = (lambda v, axis: f"tl.sum({v}, axis={axis})") if combine == "tl.sum" else \
-        (lambda v, axis: f"tl.reduce({v}, {axis}, {combine})")
-    kept = [a for a in ("M", "N") if a not in dims]
-    if "N" in dims:
-        lines.append(f"{r} = {reduce_call(r, 1)}")   # (BLOCK_M,) or a scalar next
-        if "M" in dims:
+    lines = [f"{r} = tl.where(mask, {tile}, {_f(REDUCE_IDENTITY[y.reduce])})"]
+    combine = _COMBINE[y.reduce]
+
+    def reduce_call(v, axis):
+        return f"tl.sum({v}, axis={axis})" if combine == "tl.sum" else f"tl.reduce({v}, {axis}, {combine})"
+
+    if "N" in y.dims:
+        lines.append(f"{r} = {reduce_call(r, 1)}")   # (BLOCK_M,), or a scalar after the next line
+        if "M" in y.dims:
             lines.append(f"{r} = {reduce_call(r, 0)}")
-    elif "M" in dims:
+    elif "M" in y.dims:
         lines.append(f"{r} = {reduce_call(r, 0)}")   # (BLOCK_N,)
-    if y.reduce == "mean":
-        lines.append(f"{r} = {r} * {y.prefix}_scale")
-    index = {"L": "pid_l", "M": "rm", "N": "rn"}
-    if tuple(kept) == ("M", "N"):
-        index = {"L": "pid_l", "M": "rm[:, None]", "N": "rn[None, :]"}
-    terms = [f"{index[a]} * {y.prefix}_s{a.lower()}" for a in y.axes]
-    offset = " + ".join(terms) if terms else "0"
-    mask = {("M",): ", mask=mask_m", ("N",): ", mask=mask_n",
-            ("M", "N"): ", mask=mask"}.get(tuple(kept), "")
-    lines.append(f"{_ATOMIC[y.reduce]}({y.prefix}_ptr + {offset}, {r}{mask})")
+    kept = tuple(a for a in ("M", "N") if a not in y.dims)
+    both = kept == ("M", "N")
+    index = {"L": "pid_l", "M": "rm[:, None]" if both else "rm", "N": "rn[None, :]" if both else "rn"}
+    mask = {("M",): ", mask=mask_m", ("N",): ", mask=mask_n", ("M", "N"): ", mask=mask"}.get(kept, "")
+    if y.mode == "atomic":
+        if y.reduce == "mean":
+            lines.append(f"{r} = {r} * {y.prefix}_scale")
+        terms = [f"{index[a]} * {y.prefix}_s{a.lower()}" for a in y.axes]
+        lines.append(f"tl.atomic_add({y.prefix}_ptr + {' + '.join(terms) or '0'}, {r}{mask})")
+    else:
+        index.update({a: f"pid_{a.lower()}" for a in ("M", "N") if a in y.dims})
+        terms = [f"{index[a]} * {y.prefix}_s{a.lower()}" for a in AXES]
+        lines.append(f"tl.store({y.prefix}_ptr + {' + '.join(terms)}, {r}{mask})")
     return lines

@@ -15,7 +15,9 @@ import triton
 from ...ops import OPS
 from ...runtime.cache import load_kernel_module
 from ..base import Kernel, Status, supported, unsupported
-from .codegen import REDUCE_IDENTITY, emit_tiled, launch_layout
+from ...ir import AXES
+from ...shapes import output_strides
+from .codegen import emit_tiled, launch_layout
 from .rules import missing_rules
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -93,8 +95,6 @@ class TritonTiled(Kernel):
         for name, dest in args.outputs.items():
             if dest.dtype not in OUTPUT_DTYPES:
                 return unsupported(f"output {name} has dtype {dest.dtype}; this kernel stores fp32, fp16, bf16")
-        if args.deterministic and args.reductions:
-            return unsupported("deterministic reductions are not implemented in this kernel yet")
         for label, t in self._tensors(args):
             if _max_offset(t, range(t.dim() - 2, t.dim()) if t.dim() >= 2 else range(t.dim())) >= INT32_LIMIT:
                 return unsupported(f"{label} spans 2**31 elements or more within one matrix")
@@ -119,52 +119,103 @@ class TritonTiled(Kernel):
         """The generated kernel module and its launch layout, built once per graph and target."""
         interpret = uses_interpreter(args.A.device)
         target = "interpret" if interpret else "cuda"
-        built = self._built.get((args.key, target))
+        cache_key = (args.key, target, args.deterministic)
+        built = self._built.get(cache_key)
         if built is None:
-            source = emit_tiled(args.graph, target, args.key)
-            module = load_kernel_module(f"tiled_{args.key}_{target}", source, interpret)
-            built = self._built[(args.key, target)] = (module, launch_layout(args.graph))
+            source = emit_tiled(args.graph, target, args.key, args.deterministic)
+            stem = f"tiled_{args.key}_{target}" + ("_det" if args.deterministic else "")
+            module = load_kernel_module(stem, source, interpret)
+            built = self._built[cache_key] = (module, launch_layout(args.graph, args.deterministic))
         return built
 
-    def _launch_args(self, args, layout):
-        cfg = self.config if not uses_interpreter(args.A.device) else INTERPRETER_CONFIG
+    def _config(self, args) -> TileConfig:
+        return INTERPRETER_CONFIG if uses_interpreter(args.A.device) else self.config
+
+    def _launch_args(self, args, layout, buffers):
+        cfg = self._config(args)
         values: list = [args.A, args.B, args.M, args.N, args.K, *args.a_strides, *args.b_strides]
         for o in layout.operands:
             value = args.operands[o.name]
             if o.kind == "number":
                 values.append(float(value))
             else:
-                strides = args.strides[o.name]
                 values.append(value)
-                values.extend(strides[a] for a in o.axes)
+                values.extend(args.strides[o.name][a] for a in o.axes)
         for y in layout.outputs:
-            strides = args.strides[y.name]
-            values.append(args.outputs[y.name])
+            tensor, strides = buffers[y.name]
+            values.append(tensor)
             values.extend(strides[a] for a in y.axes)
-            if y.reduce == "mean":
+            if y.reduce == "mean" and y.mode == "atomic":
                 values.append(1.0 / max(args.reduced_count(y.name), 1))
-        upcast = uses_interpreter(args.A.device)
         precision = "ieee" if args.precision == "highest" else "tf32"
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                    GROUP_M=cfg.group_m, UPCAST=upcast, PRECISION=precision,
+                    GROUP_M=cfg.group_m, UPCAST=uses_interpreter(args.A.device), PRECISION=precision,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         grid = (triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n), args.L)
         return values, meta, grid
 
+    def _reduction_buffers(self, args, layout):
+        """Where each output is written by the kernel, and what to do after it (reductions)."""
+        cfg = self._config(args)
+        buffers, finish = {}, []
+        for y in layout.outputs:
+            dest = args.outputs[y.name]
+            if y.mode == "tile" or (y.mode == "atomic" and dest.dtype == torch.float32):
+                buffers[y.name] = (dest, args.strides[y.name])
+            elif y.mode == "atomic":
+                work = torch.empty(dest.shape, device=dest.device, dtype=torch.float32)
+                strides = output_strides(y.name, work, args.accum_shape, work.device, y.dims, y.reduce)
+                buffers[y.name] = (work, strides)
+                finish.append((y, work))
+            else:
+                sizes = {"L": args.L,
+                         "M": triton.cdiv(args.M, cfg.block_m) if "M" in y.dims else args.M,
+                         "N": triton.cdiv(args.N, cfg.block_n) if "N" in y.dims else args.N}
+                work = torch.empty((sizes["L"], sizes["M"], sizes["N"]), device=dest.device,
+                                   dtype=torch.float32)
+                buffers[y.name] = (work, dict(zip(AXES, work.stride())))
+                finish.append((y, work))
+        return buffers, finish
+
     def compile(self, args) -> None:
         module, layout = self._module(args)
         if not uses_interpreter(args.A.device):
-            values, meta, grid = self._launch_args(args, layout)
+            buffers, _ = self._reduction_buffers(args, layout)
+            values, meta, grid = self._launch_args(args, layout, buffers)
             module.epifuse_kernel.warmup(*values, grid=grid, **meta)
 
     def run(self, args) -> None:
         module, layout = self._module(args)
-        values, meta, grid = self._launch_args(args, layout)
-        if args.reductions and not args.accumulate:
-            if not uses_interpreter(args.A.device):
-                module.epifuse_kernel.warmup(*values, grid=grid, **meta)  # fail before touching outputs
-            for name, kind in args.reductions.items():
-                args.outputs[name].fill_(REDUCE_IDENTITY[kind])
-        if args.M == 0 or args.N == 0 or args.L == 0:
-            return
-        module.epifuse_kernel[grid](*values, **meta)
+        buffers, finish = self._reduction_buffers(args, layout)
+        values, meta, grid = self._launch_args(args, layout, buffers)
+        if args.reductions and not uses_interpreter(args.A.device):
+            module.epifuse_kernel.warmup(*values, grid=grid, **meta)  # fail before touching outputs
+        for y in layout.outputs:
+            if y.mode == "atomic":
+                buffer = buffers[y.name][0]
+                if args.accumulate and buffer is not args.outputs[y.name]:
+                    buffer.copy_(args.outputs[y.name])
+                elif not args.accumulate:
+                    buffer.fill_(0.0)
+        if args.M > 0 and args.N > 0 and args.L > 0:
+            module.epifuse_kernel[grid](*values, **meta)
+        for y, work in finish:
+            _finish_reduction(args, y, work)
+
+
+def _finish_reduction(args, y, work: torch.Tensor) -> None:
+    dest = args.outputs[y.name]
+    if y.mode == "partials":
+        dims = tuple(AXES.index(a) for a in AXES if a in y.dims)
+        fold = {"sum": torch.sum, "mean": torch.sum, "max": torch.amax, "min": torch.amin,
+                "amax": torch.amax}[y.reduce]
+        result = fold(work, dim=dims)
+        if y.reduce == "mean":
+            result = result / max(args.reduced_count(y.name), 1)
+        result = result.reshape(dest.shape)
+        if args.accumulate:
+            combine = {"max": torch.maximum, "amax": torch.maximum, "min": torch.minimum}.get(y.reduce, torch.add)
+            result = combine(dest.to(torch.float32), result)
+    else:
+        result = work
+    dest.copy_(result)

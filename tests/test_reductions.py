@@ -1,0 +1,255 @@
+"""Reductions in epilogues: every kind x axis x destination shape, batches, ragged tiles, NaN,
+accumulate, deterministic mode, and the fused-loss / statistics examples.
+
+Sums are checked against float64 by relative error; max/min/amax exactly (the fp32 values
+they pick are exact in both).
+"""
+import math
+
+import pytest
+import torch
+
+import epifuse
+from epifuse.ops import clamp, log, sigmoid, sum
+from helpers import integer_tensor, reference_outputs, rel_error
+
+M, N, K, L = 100, 72, 50, 2
+KINDS = ["sum", "mean", "max", "min", "amax"]
+
+# (rank, dim source, destination shapes that must be accepted)
+AXIS_CASES = [
+    (2, "dim=1", [(M,), (M, 1)]),
+    (2, "dim=-1", [(M,)]),
+    (2, "dim=0", [(N,), (1, N)]),
+    (2, "", [(1,), (1, 1), ()]),
+    (2, "dim=(0, 1)", [(1,)]),
+    (3, "dim=2", [(L, M), (L, M, 1)]),
+    (3, "dim=1", [(L, N), (L, 1, N)]),
+    (3, "dim=(1, 2)", [(L,), (L, 1, 1)]),
+    (3, "", [(1,)]),
+    (3, "dim=0", [(M, N), (1, M, N)]),
+    (3, "dim=(0, 2)", [(M,), (1, M, 1)]),
+]
+
+
+def _gemm_inputs(rank, device, dtype=torch.float16):
+    """Integer-valued A and B: accum is exact, so max/min/amax can be compared exactly."""
+    shape_a, shape_b = ((L, M, K), (L, K, N)) if rank == 3 else ((M, K), (K, N))
+    return (integer_tensor(*shape_a, device=device, dtype=dtype),
+            integer_tensor(*shape_b, low=-1, high=2, device=device, dtype=dtype))
+
+
+def _check(args, kind):
+    for name, ref in reference_outputs(args).items():
+        out = args.outputs[name]
+        if kind in ("max", "min", "amax"):
+            expected = ref.to(out.dtype).double()
+            assert torch.allclose(out.double(), expected, rtol=0, atol=0, equal_nan=True), name
+        else:
+            assert rel_error(out, ref) < 1e-5, (name, rel_error(out, ref))
+
+
+def _run(A, B, src, deterministic=False, accumulate=False, **tensors):
+    epi = epifuse.EpilogueArguments(src, deterministic=deterministic, accumulate=accumulate, **tensors)
+    args = epifuse.GemmArguments(A, B, epilogue=epi)
+    kernel = epifuse.get_kernels(args)[0]
+    assert kernel.name == "triton_tiled", epifuse.kernel_statuses(args)
+    kernel.run(args)
+    return args
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rank,dim,shapes", AXIS_CASES, ids=lambda v: str(v).replace(" ", ""))
+def test_reduction_kind_axis_destination(kind, rank, dim, shapes, device):
+    A, B = _gemm_inputs(rank, device)
+    C = integer_tensor(*((L, M, N) if rank == 3 else (M, N)), device=device, dtype=torch.float32)
+    call = f"{kind}(x, {dim})" if dim else f"{kind}(x)"
+    src = f"def epi(accum, C):\n    x = accum * 2.0 + C\n    r = {call}\n    return r\n"
+    for shape in shapes:
+        r = torch.full(shape, float("nan"), device=device)  # no user pre-fill needed
+        _check(_run(A, B, src, C=C, r=r), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_method_spelling_and_keepdim(kind, device):
+    A, B = _gemm_inputs(2, device)
+    r = torch.empty(M, 1, device=device)
+    src = f"def epi(accum):\n    r = accum.{kind}(dim=1, keepdim=True)\n    return r\n"
+    _check(_run(A, B, src, r=r), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deterministic_mode_is_bitwise_repeatable(kind, device):
+    A, B = _gemm_inputs(2, device)
+    src = f"def epi(accum):\n    r = {kind}(accum * accum, dim=0)\n    s = {kind}(accum)\n    return r, s\n"
+    results = []
+    for _ in range(2):
+        r, s = torch.empty(N, device=device), torch.empty(1, device=device)
+        args = _run(A, B, src, deterministic=True, r=r, s=s)
+        _check(args, kind)
+        results.append((r.clone(), s.clone()))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nan_propagates(kind, device):
+    A, B = _gemm_inputs(2, device)
+    C = integer_tensor(M, N, device=device, dtype=torch.float32)
+    C[3, 5] = float("nan")
+    src = f"def epi(accum, C):\n    r = {kind}(accum + C, dim=1)\n    c = {kind}(accum + C, dim=0)\n    return r, c\n"
+    r, c = torch.empty(M, device=device), torch.empty(N, device=device)
+    args = _run(A, B, src, C=C, r=r, c=c)
+    assert torch.isnan(r[3]) and torch.isnan(c[5])
+    assert not torch.isnan(r[torch.arange(M, device=device) != 3]).any()
+    _check(args, kind) if kind != "mean" else None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_lanes_never_contribute(kind, device):
+    """All-negative values: a padding zero would win max; all-positive: it would win min."""
+    A, B = _gemm_inputs(2, device)
+    for sign in (1.0, -1.0):  # noqa: B007
+        src = (f"def epi(accum, s):\n    x = s * (abs(accum) + 1.0)\n"
+               f"    r = {kind}(x, dim=1)\n    c = {kind}(x, dim=0)\n    t = {kind}(x)\n    return r, c, t\n")
+        r, c, t = torch.empty(M, device=device), torch.empty(N, device=device), torch.empty(1, device=device)
+        _check(_run(A, B, src, s=sign, r=r, c=c, t=t), kind)
+
+
+def test_accumulate_folds_into_existing(device):
+    A, B = _gemm_inputs(2, device)
+    src = "def epi(accum):\n    r = sum(accum, dim=1)\n    m = max(accum, dim=0)\n    return r, m\n"
+    r0, m0 = torch.randn(M, device=device), torch.randn(N, device=device) + 5.0
+    r, m = r0.clone(), m0.clone()
+    args = _run(A, B, src, accumulate=True, r=r, m=m)
+    refs = reference_outputs(args)
+    assert rel_error(r, refs["r"] + r0.double()) < 1e-5
+    assert torch.equal(m.double(), torch.maximum(refs["m"], m0.double()).float().double())
+
+
+def test_sum_into_half_destination_accumulates_in_fp32(device):
+    A, B = _random_inputs(device)
+    r = torch.empty(M, device=device, dtype=torch.float16)
+    args = _run(A, B, "def epi(accum):\n    r = sum(accum + 100.0, dim=1)\n    return r\n", r=r)
+    assert rel_error(r, reference_outputs(args)["r"]) < 1e-3
+
+
+def test_integer_valued_sums_are_exact(device):
+    A = integer_tensor(M, K, device=device)
+    B = integer_tensor(K, N, low=-1, high=2, device=device)
+    r, c, t = torch.empty(M, device=device), torch.empty(N, device=device), torch.empty(1, device=device)
+    src = "def epi(accum):\n    r = sum(accum, dim=1)\n    c = sum(accum, dim=0)\n    t = sum(accum)\n    return r, c, t\n"
+    args = _run(A, B, src, r=r, c=c, t=t)
+    for name, ref in reference_outputs(args).items():
+        assert torch.equal(args.outputs[name].double(), ref), name
+
+
+def bce_loss(accum, bias, C):
+    f = accum + bias
+    loss = sum((1 - C) * (-f) + log(clamp(sigmoid(f), 0.001, 0.999)))
+    return loss
+
+
+@pytest.mark.parametrize("bias_shape", [(N,), (M, 1)])
+def test_bce_loss_without_D(bias_shape, device):
+    A, B = _random_inputs(device)
+    bias = torch.randn(*bias_shape, device=device)
+    C = torch.randint(0, 2, (M, N), device=device).float()
+    loss = epifuse.gemm(A, B, bce_loss, bias=bias, C=C)
+    acc = A.double() @ B.double()
+    expected = bce_loss(acc, bias.double(), C.double())
+    assert loss.shape == (1,) and rel_error(loss, expected.reshape(1)) < 1e-5
+
+
+def test_rms_norm_statistics(device):
+    def rowsumsq(accum, alpha):
+        D = accum * alpha
+        r = sum(D * D, dim=1)
+        return D, r
+
+    A, B = _random_inputs(device)
+    D, r = epifuse.gemm(A, B, rowsumsq, alpha=0.5)
+    acc = A.double() @ B.double() * 0.5
+    assert rel_error(r, (acc * acc).sum(1)) < 1e-5 and rel_error(D, acc) < 1e-3
+
+
+def test_cutlass_evt_mixed_dag(device):
+    src = """
+def evt(accum, alpha, beta, C, aux, col_bias, row_bias):
+    F = alpha * accum + (beta * C + aux)
+    F_max = max(F, dim=1)
+    E = relu(F + 1) + col_bias + row_bias
+    E_max = max(E, dim=0)
+    D = E + F
+    return D, F, F_max, E_max
+"""
+    A, B = _random_inputs(device)
+    tensors = dict(alpha=1.5, beta=0.5, C=torch.randn(M, N, device=device),
+                   aux=torch.randn(M, N, device=device), col_bias=torch.randn(M, 1, device=device),
+                   row_bias=torch.randn(N, device=device),
+                   D=torch.empty(M, N, device=device), F=torch.empty(M, N, device=device),
+                   F_max=torch.empty(M, device=device), E_max=torch.empty(N, device=device))
+    args = _run(A, B, src, **tensors)
+    for name, ref in reference_outputs(args).items():
+        assert rel_error(args.outputs[name], ref) < 1e-5, name
+
+
+def test_bias_gradient_and_fp8_amax(device):
+    src = """
+def epi(accum, bias):
+    D = gelu(accum + bias)
+    db = sum(D, dim=0)
+    scale = amax(D)
+    return D, db, scale
+"""
+    A, B = _random_inputs(device)
+    args = _run(A, B, src, bias=torch.randn(N, device=device), D=torch.empty(M, N, device=device),
+                db=torch.empty(1, N, device=device), scale=torch.empty(1, device=device))
+    refs = reference_outputs(args)
+    assert rel_error(args.outputs["db"], refs["db"]) < 1e-5
+    assert rel_error(args.outputs["scale"], refs["scale"]) < 1e-6
+
+
+def test_shared_values_and_reuse(device):
+    src = """
+def epi(accum, C):
+    z = accum * C
+    w = z + z
+    D = w * accum
+    G = D - z
+    s = sum(D, dim=1)
+    return D, G, s
+"""
+    A, B = _gemm_inputs(2, device)
+    tensors = dict(C=torch.randn(M, N, device=device), D=torch.empty(M, N, device=device),
+                   G=torch.empty(M, N, device=device), s=torch.empty(M, device=device))
+    args = _run(A, B, src, **tensors)
+    nodes = args.graph.nodes()
+    z = [n for n in nodes if n.op == "mul" and {s.op for s in n.src} == {"accum", "input"}]
+    assert len(z) == 1                                   # accum * C computed once
+    adds = [n for n in nodes if n.op == "add"]
+    assert len(adds) == 1 and adds[0].src[0] is adds[0].src[1] is z[0]   # z + z shares z
+    for name, ref in reference_outputs(args).items():
+        assert rel_error(args.outputs[name], ref) < 1e-5, name
+
+
+def test_reduction_destination_shape_mismatch_names_both(device):
+    A, B = _gemm_inputs(2, device)
+    src = "def epi(accum):\n    r = sum(accum, dim=1)\n    return r\n"
+    with pytest.raises(epifuse.EpilogueError, match=r"Output r has shape \(72,\) but sum\(dim=\(1\)\)"):
+        epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, r=torch.empty(N, device=device)))
+
+
+def test_reduced_value_used_later_is_rejected(device):
+    src = "def epi(accum):\n    m = max(accum, dim=1)\n    D = accum - m\n    return D\n"
+    with pytest.raises(epifuse.EpilogueError, match="can only be returned as an output"):
+        epifuse.gemm(*_gemm_inputs(2, device), src)
+
+
+def test_dim_out_of_range(device):
+    with pytest.raises(epifuse.EpilogueError, match="out of range"):
+        epifuse.gemm(*_gemm_inputs(2, device), "def epi(accum):\n    r = sum(accum, dim=2)\n    return r\n")
+
+
+def _random_inputs(device):
+    return (torch.randn(M, K, device=device, dtype=torch.float16),
+            torch.randn(K, N, device=device, dtype=torch.float16) / math.sqrt(K))
