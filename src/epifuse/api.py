@@ -24,7 +24,7 @@ from .frontend import Program, parse
 from .ir import AXES, Graph, Operand
 from .ops import OPS
 from .passes import canonical_hash, optimize
-from .shapes import accum_shape_of, classify_operand, output_strides, overlaps
+from .shapes import accum_shape_of, classify_operand, output_strides, overlaps, span
 
 IDENTITY_EPILOGUE = "def identity(accum):\n    D = accum\n    return D\n"
 
@@ -141,6 +141,9 @@ class GemmArguments:
                 out_.name, dest, self.accum_shape, A.device,
                 out_.node.params["dim"] if kind else None, kind)
         self._check_aliasing()
+        tensors = [A, B, *self.outputs.values(),
+                   *(v for v in self.operands.values() if isinstance(v, torch.Tensor))]
+        self.largest_span = max(span(t) for t in tensors)
 
     def _check_accumulator(self) -> None:
         A, B = self.A, self.B
@@ -206,10 +209,13 @@ _CHOSEN: dict[tuple, Any] = {}
 
 
 def _choose_kernel(args: GemmArguments):
+    """The best supported kernel, remembered per everything its support depends on."""
     key = (args.key, args.A.device.type, args.A.dtype, args.B.dtype, args.M > 64, args.deterministic,
-           tuple(sorted((n, t.dtype) for n, t in args.outputs.items())))
+           args.compute_dtype, args.accumulator_type, args.precision,
+           tuple((n, t.dtype) for n, t in args.outputs.items()),
+           args.largest_span >= 2**31)
     kernel = _CHOSEN.get(key)
-    if kernel is None or not kernel.supports(args).ok:
+    if kernel is None:
         kernels = get_kernels(args)
         if not kernels:
             raise UnsupportedError("No kernel supports these arguments.")

@@ -106,6 +106,11 @@ def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kin
             for a in AXES if a not in dims}
 
 
+def span(t: torch.Tensor) -> int:
+    """How many elements apart the first and last element of `t` lie, plus one."""
+    return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0) + 1
+
+
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors share any byte of memory (by the spans their strides reach)."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
@@ -113,11 +118,6 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
 
-    def span(t):
-        start = t.data_ptr()
-        extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
-        return start, start + extent * t.element_size()
-
-    a0, a1 = span(a)
-    b0, b1 = span(b)
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    a1, b1 = a0 + span(a) * a.element_size(), b0 + span(b) * b.element_size()
     return a0 < b1 and b0 < a1

@@ -23,6 +23,7 @@ from .rules import missing_rules
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INT32_LIMIT = 2**31
+_MISSING = missing_rules()
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,6 @@ def uses_interpreter(device: torch.device) -> bool:
     return device.type == "cpu" or interpreter_requested()
 
 
-def _max_offset(t: torch.Tensor, dims) -> int:
-    return sum((t.shape[d] - 1) * abs(t.stride(d)) for d in dims if t.shape[d] > 0)
-
-
 class TritonTiled(Kernel):
     name = "triton_tiled"
 
@@ -88,32 +85,21 @@ class TritonTiled(Kernel):
             return unsupported(f"accumulator type {args.accumulator_type} is not float32")
         if args.compute_dtype != torch.float32:
             return unsupported(f"compute dtype {args.compute_dtype}: this kernel computes in float32")
-        missing = missing_rules()
         for node in args.graph.nodes():
-            if node.op in missing and OPS[node.op].kind != "reduce":
-                return unsupported(f"op {node.op} has no Triton lowering: {missing[node.op]}")
+            if node.op in _MISSING and OPS[node.op].kind != "reduce":
+                return unsupported(f"op {node.op} has no Triton lowering: {_MISSING[node.op]}")
         for name, dest in args.outputs.items():
             if dest.dtype not in OUTPUT_DTYPES:
                 return unsupported(f"output {name} has dtype {dest.dtype}; this kernel stores fp32, fp16, bf16")
-        for label, t in self._tensors(args):
-            if _max_offset(t, range(t.dim() - 2, t.dim()) if t.dim() >= 2 else range(t.dim())) >= INT32_LIMIT:
-                return unsupported(f"{label} spans 2**31 elements or more within one matrix")
+        if args.largest_span >= INT32_LIMIT:
+            return unsupported("a tensor spans 2**31 elements or more; this kernel indexes in int32")
         if device.type == "cuda" and self.config.block_m > 64 and args.M <= 64:
             return supported(f"tiled {self.config} (M={args.M} is small for this tile)")
         return supported(f"tiled {self.config}")
 
-    @staticmethod
-    def _tensors(args):
-        yield "A", args.A
-        yield "B", args.B
-        for name, value in args.operands.items():
-            if isinstance(value, torch.Tensor):
-                yield f"operand {name}", value
-        for name, value in args.outputs.items():
-            yield f"output {name}", value
-
     # ---- build and launch -------------------------------------------------------------------
     _built: dict = {}
+    _warmed: set = set()
 
     def _module(self, args):
         """The generated kernel module and its launch layout, built once per graph and target."""
@@ -189,7 +175,11 @@ class TritonTiled(Kernel):
         buffers, finish = self._reduction_buffers(args, layout)
         values, meta, grid = self._launch_args(args, layout, buffers)
         if args.reductions and not uses_interpreter(args.A.device):
-            module.epifuse_kernel.warmup(*values, grid=grid, **meta)  # fail before touching outputs
+            signature = (args.key, args.deterministic, args.A.dtype, self.config)
+            if signature not in self._warmed:
+                # Compile before the outputs are initialized, so a failure leaves them untouched.
+                module.epifuse_kernel.warmup(*values, grid=grid, **meta)
+                self._warmed.add(signature)
         for y in layout.outputs:
             if y.mode == "atomic":
                 buffer = buffers[y.name][0]
