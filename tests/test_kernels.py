@@ -192,7 +192,7 @@ def test_repeated_run_reuses_parse_bind_and_codegen(device, monkeypatch):
 
     monkeypatch.setattr(frontend, "_parse_source", counting("parse", frontend._parse_source))
     monkeypatch.setattr(api, "bind", counting("bind", api.bind))
-    monkeypatch.setattr(tiled, "emit_tiled", counting("emit", tiled.emit_tiled))
+    monkeypatch.setattr(tiled, "emit_kernel", counting("emit", tiled.emit_kernel))
     epifuse.gemm(A, B, src, beta=2.0)
     assert calls == {"parse": 0, "bind": 0, "emit": 0}
 

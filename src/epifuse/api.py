@@ -12,6 +12,7 @@ touched, and raised as an EpilogueError subclass that names the problem.
 """
 from __future__ import annotations
 
+import difflib
 import math
 import threading
 from typing import Any, Callable
@@ -47,11 +48,19 @@ class EpilogueArguments:
         self.compute_dtype = compute_dtype
         program = self.program
         expected = list(program.operands) + [name for name, _ in program.outputs]
+        places = dict(zip(program.params, program.param_locs))
+        places.update(program.outputs)
+        unexpected = [n for n in tensors if n not in expected]
         for name in expected:
             if name not in tensors:
+                role = "an operand" if name in program.operands else "an output tensor"
+                hint = f"Pass {name}=... ({role})."
+                close = difflib.get_close_matches(name, unexpected, n=1, cutoff=0.6)
+                if close:
+                    hint += f" The keyword {close[0]!r} you passed looks like a misspelling of it."
                 raise EpilogueArgumentError(
                     f"Argument {name} is not provided in the kwargs of the EpilogueArguments "
-                    "constructor", hint=f"Pass {name}=... (an {'output tensor' if name not in program.operands else 'operand'}).")
+                    "constructor", places.get(name), hint)
         for name in tensors:
             if name not in expected:
                 raise EpilogueArgumentError(f"Unexpected keyword argument '{name}'",

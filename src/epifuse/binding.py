@@ -37,11 +37,26 @@ def bind(program: Program, operands: dict[str, Operand], rank: int) -> Graph:
 
 
 def _evaluate(expr: Expr, env: dict[str, Node], rank: int, locs: dict) -> Node:
-    if expr.kind == "name":
-        return env[expr.value]
-    if expr.kind == "const":
-        return const(expr.value)
-    srcs = [_evaluate(a, env, rank, locs) for a in expr.args]
+    """Build the node of `expr`, sources first, without recursion (expressions may be long)."""
+    done: dict[int, Node] = {}
+    stack: list[tuple[Expr, bool]] = [(expr, False)]
+    while stack:
+        current, expanded = stack.pop()
+        if id(current) in done:
+            continue
+        if current.kind == "name":
+            done[id(current)] = env[current.value]
+        elif current.kind == "const":
+            done[id(current)] = const(current.value)
+        elif not expanded:
+            stack.append((current, True))
+            stack.extend((a, False) for a in current.args if id(a) not in done)
+        else:
+            done[id(current)] = _call_node(current, [done[id(a)] for a in current.args], rank, locs)
+    return done[id(expr)]
+
+
+def _call_node(expr: Expr, srcs: list[Node], rank: int, locs: dict) -> Node:
     opdef = OPS[expr.value]
     for s in srcs:
         if s.op in OPS and OPS[s.op].kind == "reduce":

@@ -25,6 +25,7 @@ from .ops import OPS, dtype_from_name, lookup, spellings
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_SOURCE_CHARS = 100_000
+_TOO_DEEP_HINT = "Split the long expression into several assignments."
 MODULE_PREFIXES = {
     ("torch",), ("F",), ("nn", "functional"), ("torch", "nn", "functional"), ("functional",),
     ("torch", "special"), ("epifuse",), ("ops",), ("epifuse", "ops"),
@@ -59,6 +60,7 @@ class Program:
 
     name: str
     params: tuple[str, ...]
+    param_locs: tuple[Location, ...]
     statements: tuple[Statement, ...]
     outputs: tuple[tuple[str, Location], ...]
     source: str
@@ -116,24 +118,36 @@ def _parse_source(source: str, filename: str, line_offset: int, from_string: boo
     if len(source) > MAX_SOURCE_CHARS:
         raise EpilogueSyntaxError(f"The epilogue source is {len(source)} characters long; "
                                   f"the limit is {MAX_SOURCE_CHARS}.")
-    text = textwrap.dedent(source)
+    # Comment-only lines (editors put them at column 0) would stop dedent; blank them instead,
+    # which keeps line numbers.
+    text = textwrap.dedent("\n".join("" if line.lstrip().startswith("#") else line
+                                      for line in source.splitlines()))
+    lines = text.splitlines()
     try:
         module = ast.parse(text, filename=filename)
     except SyntaxError as exc:
-        loc = Location(filename, (exc.lineno or 1) + line_offset, max((exc.offset or 1) - 1, 0),
-                       exc.text or "")
+        line = exc.lineno or 1
+        loc = Location(filename, line + line_offset, max((exc.offset or 1) - 1, 0),
+                       lines[line - 1] if 0 < line <= len(lines) else "")
         raise EpilogueSyntaxError(f"The epilogue is not valid Python: {exc.msg}", loc) from None
     except (RecursionError, MemoryError):
-        raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.") from None
+        raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.",
+                                  hint=_TOO_DEEP_HINT) from None
     defs = [n for n in module.body if isinstance(n, ast.FunctionDef)]
     others = [n for n in module.body if not isinstance(n, ast.FunctionDef)]
     if len(defs) != 1 or (from_string and others):
+        culprit = (others or defs[1:] or [None])[0]
+        loc = None
+        if culprit is not None:
+            loc = Location(filename, culprit.lineno + line_offset, culprit.col_offset,
+                           lines[culprit.lineno - 1] if culprit.lineno <= len(lines) else "")
         raise EpilogueSyntaxError("The epilogue must be exactly one function definition "
-                                  "(`def epi(accum, ...): ... return D`), and nothing else.")
+                                  "(`def epi(accum, ...): ... return D`), and nothing else.", loc)
     try:
-        return _Visitor(text.splitlines(), filename, line_offset, from_string).program(defs[0], text)
+        return _Visitor(lines, filename, line_offset, from_string).program(defs[0], text)
     except RecursionError:
-        raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.") from None
+        raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.",
+                                  hint=_TOO_DEEP_HINT) from None
 
 
 class _Visitor:
@@ -170,6 +184,9 @@ class _Visitor:
         params = tuple(a.arg for a in args.args)
         for a in args.args:
             self.check_identifier(a.arg, a)
+            if a.arg in self.defined:
+                self.fail(a, f"Variable '{a.arg}' cannot be defined twice.",
+                          hint="Each parameter of the epilogue needs its own name.")
             self.defined[a.arg] = self.loc(a)
         if "accum" not in params:
             self.fail(fn, "accum must be an input to the epilogue function",
@@ -192,7 +209,8 @@ class _Visitor:
         if outputs is None:
             self.fail(fn, "The epilogue returns nothing.",
                       hint="End it with `return D` (or `return D, F`): each returned name is an output.")
-        return Program(fn.name, params, tuple(statements), outputs, source, self.filename)
+        param_locs = tuple(self.defined[p] for p in params)
+        return Program(fn.name, params, param_locs, tuple(statements), outputs, source, self.filename)
 
     def statement(self, stmt: ast.stmt) -> Statement:
         if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):

@@ -10,6 +10,15 @@ import torch.nn.functional as F
 
 from .registry import Cost, OpDef, register
 
+# Derivative rules (`vjp=`) follow torch's own formulas (tools/autograd/derivatives.yaml), so
+# gradients match torch's at ties and edges too (relu at 0, clamp at its bounds, maximum of
+# equal values). They are written with the ops below on Sym values: see registry.Sym.
+_LN2 = 0.6931471805599453
+_TWO_OVER_SQRT_PI = 1.1283791670955126
+_SQRT_2_OVER_PI = 0.7978845608028654
+_SQRT_HALF = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
 _DTYPES = {
     "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
     "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
@@ -21,8 +30,16 @@ def dtype_from_name(name: str) -> torch.dtype | None:
     return _DTYPES.get(name)
 
 
-def _round_through(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    return x.to(_DTYPES[dtype]).to(x.dtype)
+def _round_through(x: torch.Tensor, dtype="float32") -> torch.Tensor:
+    target = dtype if isinstance(dtype, torch.dtype) else _DTYPES[dtype]
+    return x.to(target).to(x.dtype)
+
+
+def _clamp(x, min=None, max=None):
+    if isinstance(min, torch.Tensor) or isinstance(max, torch.Tensor):
+        result = x if min is None else torch.maximum(x, torch.as_tensor(min, dtype=x.dtype))
+        return result if max is None else torch.minimum(result, torch.as_tensor(max, dtype=x.dtype))
+    return torch.clamp(x, min, max)
 
 
 def _as_float(x: torch.Tensor) -> torch.Tensor:
@@ -41,24 +58,82 @@ def _multiply_add(a, b, c):
     return a * b + c
 
 
-def _unary(name, ref, doc, flops=1, special=0, aliases=()):
-    return register(OpDef(name, 1, ref, doc=doc, aliases=aliases, cost=Cost(flops, special)))
+def _unary(name, ref, doc, flops=1, special=0, aliases=(), vjp=None):
+    return register(OpDef(name, 1, ref, doc=doc, aliases=aliases, cost=Cost(flops, special), vjp=vjp))
 
 
-def _binary(name, ref, doc, aliases=(), commutative=False, identity=None, kind="elementwise"):
+def _binary(name, ref, doc, aliases=(), commutative=False, identity=None, kind="elementwise",
+            vjp=None):
+    if kind in ("compare", "logical"):
+        vjp = _no_gradient
     return register(OpDef(name, 2, ref, doc=doc, aliases=aliases, kind=kind,
-                          commutative=commutative, identity=identity))
+                          commutative=commutative, identity=identity, vjp=vjp))
 
 
-add = _binary("add", torch.add, "a + b", commutative=True, identity=0.0)
-sub = _binary("sub", torch.sub, "a - b", aliases=("subtract",), identity=0.0)
-mul = _binary("mul", torch.mul, "a * b", aliases=("multiply",), commutative=True, identity=1.0)
-div = _binary("div", torch.div, "a / b (true division)", aliases=("divide", "true_divide"), identity=1.0)
-pow = _binary("pow", torch.pow, "a ** b; pow(negative, non-integer) is NaN", aliases=("float_power",))
+def _no_gradient(g, *inputs_and_result, **params):
+    """Comparisons and logic: a boolean result carries no gradient to its inputs."""
+    return (None,) * (len(inputs_and_result) - 1)
+
+
+def _pow_vjp(g, a, b, y):
+    da = where(eq(b, 0.0), 0.0, g * b * pow(a, b - 1.0))
+    db = where(logical_and(eq(a, 0.0), b >= 0.0), 0.0, g * y * log(a))
+    return da, db
+
+
+def _extremum_vjp(keep_a_when):
+    """maximum/minimum: the chosen input gets g, ties split it (torch's rule); NaN passes g."""
+    def vjp(g, a, b, y):
+        half = where(eq(a, b), g * 0.5, g)
+        lose_a, lose_b = (a < b, a > b) if keep_a_when == "greater" else (a > b, a < b)
+        return where(lose_a, 0.0, half), where(lose_b, 0.0, half)
+    return vjp
+
+
+def _gelu_vjp(g, x, y, approximate="none"):
+    if approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+        t = tanh(inner)
+        right = 0.5 * x * (1.0 - t * t) * (_SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x))
+        return (g * (0.5 * (1.0 + t) + right),)
+    cdf = 0.5 * (1.0 + erf(x * _SQRT_HALF))
+    pdf = exp(-0.5 * x * x) * _INV_SQRT_2PI
+    return (g * (cdf + x * pdf),)
+
+
+def _clamp_vjp(g, x, y, min=None, max=None):
+    if min is None and max is None:
+        return (g,)
+    inside = (x >= min) if max is None else (x <= max) if min is None else (x >= min) & (x <= max)
+    return (where(inside, g, 0.0),)
+
+
+def _silu_vjp(g, x, y):
+    s = sigmoid(x)
+    return (g * s * (1.0 + x * (1.0 - s)),)
+
+
+def _mish_vjp(g, x, y):
+    t = tanh(softplus(x))
+    return (g * (t + x * sigmoid(x) * (1.0 - t * t)),)
+
+
+add = _binary("add", torch.add, "a + b", commutative=True, identity=-0.0,
+    vjp=lambda g, a, b, y: (g, g))  # x + -0.0 == x, even x = -0.0
+sub = _binary("sub", torch.sub, "a - b", aliases=("subtract",), identity=0.0,
+    vjp=lambda g, a, b, y: (g, -g))
+mul = _binary("mul", torch.mul, "a * b", aliases=("multiply",), commutative=True, identity=1.0,
+    vjp=lambda g, a, b, y: (g * b, g * a))
+div = _binary("div", torch.div, "a / b (true division)", aliases=("divide", "true_divide"), identity=1.0,
+    vjp=lambda g, a, b, y: (g / b, -g * a / (b * b)))
+pow = _binary("pow", torch.pow, "a ** b; pow(negative, non-integer) is NaN", aliases=("float_power",),
+    vjp=_pow_vjp)
 minimum = _binary("minimum", torch.minimum, "elementwise minimum; NaN if either is NaN",
-                  commutative=True)
+                  commutative=True,
+    vjp=_extremum_vjp("less"))
 maximum = _binary("maximum", torch.maximum, "elementwise maximum; NaN if either is NaN",
-                  commutative=True)
+                  commutative=True,
+    vjp=_extremum_vjp("greater"))
 
 lt = _binary("lt", torch.lt, "a < b", aliases=("less",), kind="compare")
 le = _binary("le", torch.le, "a <= b", aliases=("less_equal",), kind="compare")
@@ -71,58 +146,93 @@ logical_and = _binary("logical_and", torch.logical_and, "a & b on conditions", k
 logical_or = _binary("logical_or", torch.logical_or, "a | b on conditions", kind="logical",
                      commutative=True)
 logical_not = register(OpDef("logical_not", 1, torch.logical_not, kind="logical",
-                             doc="~a on a condition"))
+                             doc="~a on a condition",
+    vjp=_no_gradient))
 
-neg = _unary("neg", torch.neg, "-x", aliases=("negative",))
-abs = _unary("abs", torch.abs, "|x|", aliases=("absolute",))
-sqrt = _unary("sqrt", lambda x: torch.sqrt(_as_float(x)), "square root", special=1)
-rsqrt = _unary("rsqrt", lambda x: torch.rsqrt(_as_float(x)), "1 / sqrt(x)", special=1)
-square = _unary("square", torch.square, "x * x")
-reciprocal = _unary("reciprocal", lambda x: torch.reciprocal(_as_float(x)), "1 / x")
-sign = _unary("sign", torch.sign, "-1, 0 or 1 (0 for NaN, as torch)")
-exp = _unary("exp", lambda x: torch.exp(_as_float(x)), "e ** x", special=1)
-exp2 = _unary("exp2", lambda x: torch.exp2(_as_float(x)), "2 ** x", special=1)
-expm1 = _unary("expm1", lambda x: torch.expm1(_as_float(x)), "exp(x) - 1", special=1)
-log = _unary("log", lambda x: torch.log(_as_float(x)), "natural logarithm", special=1)
-log2 = _unary("log2", lambda x: torch.log2(_as_float(x)), "base-2 logarithm", special=1)
-log1p = _unary("log1p", lambda x: torch.log1p(_as_float(x)), "log(1 + x)", special=1)
-sin = _unary("sin", lambda x: torch.sin(_as_float(x)), "sine", special=1)
-cos = _unary("cos", lambda x: torch.cos(_as_float(x)), "cosine", special=1)
-tan = _unary("tan", lambda x: torch.tan(_as_float(x)), "tangent", special=2)
-erf = _unary("erf", lambda x: torch.erf(_as_float(x)), "error function", special=1)
-tanh = _unary("tanh", lambda x: torch.tanh(_as_float(x)), "hyperbolic tangent", special=1)
+neg = _unary("neg", torch.neg, "-x", aliases=("negative",),
+    vjp=lambda g, x, y: (-g,))
+abs = _unary("abs", torch.abs, "|x|", aliases=("absolute",),
+    vjp=lambda g, x, y: (g * sign(x),))
+sqrt = _unary("sqrt", lambda x: torch.sqrt(_as_float(x)), "square root", special=1,
+    vjp=lambda g, x, y: (g / (2.0 * y),))
+rsqrt = _unary("rsqrt", lambda x: torch.rsqrt(_as_float(x)), "1 / sqrt(x)", special=1,
+    vjp=lambda g, x, y: (-0.5 * g * (y * y * y),))
+square = _unary("square", torch.square, "x * x",
+    vjp=lambda g, x, y: (g * 2.0 * x,))
+reciprocal = _unary("reciprocal", lambda x: torch.reciprocal(_as_float(x)), "1 / x",
+    vjp=lambda g, x, y: (-g * (y * y),))
+sign = _unary("sign", torch.sign, "-1, 0 or 1 (0 for NaN, as torch)",
+    vjp=lambda g, x, y: (None,))
+exp = _unary("exp", lambda x: torch.exp(_as_float(x)), "e ** x", special=1,
+    vjp=lambda g, x, y: (g * y,))
+exp2 = _unary("exp2", lambda x: torch.exp2(_as_float(x)), "2 ** x", special=1,
+    vjp=lambda g, x, y: (g * y * _LN2,))
+expm1 = _unary("expm1", lambda x: torch.expm1(_as_float(x)), "exp(x) - 1", special=1,
+    vjp=lambda g, x, y: (g * (y + 1.0),))
+log = _unary("log", lambda x: torch.log(_as_float(x)), "natural logarithm", special=1,
+    vjp=lambda g, x, y: (g / x,))
+log2 = _unary("log2", lambda x: torch.log2(_as_float(x)), "base-2 logarithm", special=1,
+    vjp=lambda g, x, y: (g / (x * _LN2),))
+log1p = _unary("log1p", lambda x: torch.log1p(_as_float(x)), "log(1 + x)", special=1,
+    vjp=lambda g, x, y: (g / (x + 1.0),))
+sin = _unary("sin", lambda x: torch.sin(_as_float(x)), "sine", special=1,
+    vjp=lambda g, x, y: (g * cos(x),))
+cos = _unary("cos", lambda x: torch.cos(_as_float(x)), "cosine", special=1,
+    vjp=lambda g, x, y: (-g * sin(x),))
+tan = _unary("tan", lambda x: torch.tan(_as_float(x)), "tangent", special=2,
+    vjp=lambda g, x, y: (g * (1.0 + y * y),))
+erf = _unary("erf", lambda x: torch.erf(_as_float(x)), "error function", special=1,
+    vjp=lambda g, x, y: (g * _TWO_OVER_SQRT_PI * exp(-(x * x)),))
+tanh = _unary("tanh", lambda x: torch.tanh(_as_float(x)), "hyperbolic tangent", special=1,
+    vjp=lambda g, x, y: (g * (1.0 - y * y),))
 sigmoid = _unary("sigmoid", lambda x: torch.sigmoid(_as_float(x)), "1 / (1 + exp(-x))",
-                 special=1, aliases=("expit",))
-relu = _unary("relu", torch.relu, "max(x, 0); NaN stays NaN")
-relu6 = _unary("relu6", lambda x: F.relu6(_as_float(x)), "min(max(x, 0), 6)", flops=2)
+                 special=1, aliases=("expit",),
+    vjp=lambda g, x, y: (g * (1.0 - y) * y,))
+relu = _unary("relu", torch.relu, "max(x, 0); NaN stays NaN",
+    vjp=lambda g, x, y: (where(y <= 0.0, 0.0, g),))
+relu6 = _unary("relu6", lambda x: F.relu6(_as_float(x)), "min(max(x, 0), 6)", flops=2,
+    vjp=lambda g, x, y: (where((x <= 0.0) | (x >= 6.0), 0.0, g),))
 silu = _unary("silu", lambda x: F.silu(_as_float(x)), "x * sigmoid(x)", special=1, flops=3,
-              aliases=("swish",))
-hardswish = _unary("hardswish", lambda x: F.hardswish(_as_float(x)), "x * relu6(x + 3) / 6", flops=4)
-hardsigmoid = _unary("hardsigmoid", lambda x: F.hardsigmoid(_as_float(x)), "relu6(x + 3) / 6", flops=3)
-mish = _unary("mish", lambda x: F.mish(_as_float(x)), "x * tanh(softplus(x))", special=3, flops=4)
+              aliases=("swish",),
+    vjp=_silu_vjp)
+hardswish = _unary("hardswish", lambda x: F.hardswish(_as_float(x)), "x * relu6(x + 3) / 6", flops=4,
+    vjp=lambda g, x, y: (where(x < -3.0, 0.0, where(x <= 3.0, g * (x / 3.0 + 0.5), g)),))
+hardsigmoid = _unary("hardsigmoid", lambda x: F.hardsigmoid(_as_float(x)), "relu6(x + 3) / 6", flops=3,
+    vjp=lambda g, x, y: (where((x > -3.0) & (x < 3.0), g / 6.0, 0.0),))
+mish = _unary("mish", lambda x: F.mish(_as_float(x)), "x * tanh(softplus(x))", special=3, flops=4,
+    vjp=_mish_vjp)
 
-where = register(OpDef("where", 3, torch.where, doc="cond ? a : b", cost=Cost(1)))
-multiply_add = register(OpDef("multiply_add", 3, _multiply_add, doc="a * b + c", cost=Cost(2)))
-prelu = register(OpDef("prelu", 2, _prelu, doc="x if x >= 0 else weight * x (weight an operand)"))
-clamp = register(OpDef("clamp", 1, lambda x, min=None, max=None: torch.clamp(x, min, max),
+where = register(OpDef("where", 3, torch.where, doc="cond ? a : b", cost=Cost(1),
+    vjp=lambda g, c, a, b, y: (None, where(c, g, 0.0), where(c, 0.0, g))))
+multiply_add = register(OpDef("multiply_add", 3, _multiply_add, doc="a * b + c", cost=Cost(2),
+    vjp=lambda g, a, b, c, y: (g * b, g * a, g)))
+prelu = register(OpDef("prelu", 2, _prelu, doc="x if x >= 0 else weight * x (weight an operand)",
+    vjp=lambda g, x, w, y: (where(x >= 0.0, g, g * w), where(x >= 0.0, 0.0, g * x))))
+clamp = register(OpDef("clamp", 1, _clamp,
                        params=(("min", None), ("max", None)), aliases=("clip",),
-                       doc="min(max(x, min), max); NaN stays NaN", cost=Cost(2)))
+                       doc="min(max(x, min), max); NaN stays NaN", cost=Cost(2),
+    vjp=_clamp_vjp))
 leaky_relu = register(OpDef("leaky_relu", 1, lambda x, negative_slope=0.01:
                             F.leaky_relu(_as_float(x), negative_slope),
-                            params=(("negative_slope", 0.01),), doc="x if x > 0 else slope * x"))
+                            params=(("negative_slope", 0.01),), doc="x if x > 0 else slope * x",
+    vjp=lambda g, x, y, negative_slope=0.01: (where(x > 0.0, g, g * negative_slope),)))
 elu = register(OpDef("elu", 1, lambda x, alpha=1.0: F.elu(_as_float(x), alpha),
                      params=(("alpha", 1.0),), doc="x if x > 0 else alpha * (exp(x) - 1)",
-                     cost=Cost(3, 1)))
+                     cost=Cost(3, 1),
+    vjp=lambda g, x, y, alpha=1.0: (where(x <= 0.0, g * alpha * exp(x), g),)))
 gelu = register(OpDef("gelu", 1, _gelu, params=(("approximate", "none"),),
                       doc='GELU; approximate="none" (erf) or "tanh"; gelu(+inf) = +inf '
-                          "(torch's CPU kernel gives NaN there)", cost=Cost(6, 1)))
+                          "(torch's CPU kernel gives NaN there)", cost=Cost(6, 1),
+    vjp=_gelu_vjp))
 softplus = register(OpDef("softplus", 1, lambda x, beta=1.0, threshold=20.0:
                           F.softplus(_as_float(x), beta, threshold),
                           params=(("beta", 1.0), ("threshold", 20.0)),
                           doc="log(1 + exp(beta * x)) / beta; x where beta * x > threshold",
-                          cost=Cost(4, 2)))
+                          cost=Cost(4, 2),
+    vjp=lambda g, x, y, beta=1.0, threshold=20.0: (where(x * beta > threshold, g, g * sigmoid(x * beta)),)))
 to = register(OpDef("to", 1, _round_through, params=(("dtype", "float32"),), kind="cast",
-                    doc="round through a narrower type (x.to(torch.float16)); math stays in the compute dtype"))
+                    doc="round through a narrower type (x.to(torch.float16)); math stays in the compute dtype",
+    vjp=lambda g, x, y, dtype="float32": (g,)))
 
 
 __all__ = [n for n, v in list(globals().items()) if isinstance(v, OpDef)]

@@ -1,17 +1,21 @@
 """Algebraic rewrites that keep torch's results (NaN and Inf included) while doing less work."""
 from __future__ import annotations
 
+import math
+
 from ..ir import Graph, Node, op
 from ..ops import OPS
 from ..rewrite import rewrite
 
 
 def _is_const(node: Node, value: float) -> bool:
-    return node.op == "const" and node.arg == value
+    """A literal equal to value, sign of zero included."""
+    return (node.op == "const" and node.arg == value
+            and math.copysign(1.0, node.arg) == math.copysign(1.0, value))
 
 
 def drop_identity_element(node: Node) -> Node | None:
-    """x * 1 -> x, x + 0 -> x, x - 0 -> x, x / 1 -> x (and 1 * x, 0 + x when commutative)."""
+    """x * 1 -> x, x + (-0.0) -> x, x - 0 -> x, x / 1 -> x (x + 0.0 stays: -0.0 + 0.0 is +0.0)."""
     opdef = OPS.get(node.op)
     if opdef is None or opdef.identity is None or opdef.kind != "elementwise" or len(node.src) != 2:
         return None

@@ -1,7 +1,9 @@
 """Emit the Triton source of a tiled GEMM whose epilogue is a Graph.
 
 `launch_layout(graph)` fixes the kernel's parameters (the emitter and the launcher both read
-it, so they cannot drift apart); `emit_tiled(graph, target)` returns the module source. Every
+it, so they cannot drift apart); `emit_kernel(graph, shape, target, key)` returns the module
+source of a "tiled" kernel (one program per tile, pointer loads) or a "persistent" one (one
+program per SM looping over tiles, TMA descriptor loads); both end in the same epilogue. Every
 identifier in the source is made here (v0, x1_ptr, y0_sm, ...): nothing the user wrote is
 pasted in except numbers that were parsed as numbers.
 """
@@ -104,7 +106,7 @@ def _min_nan(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 '''
 
-_MAINLOOP = '''
+_TILED_MAINLOOP = '''
     pid = tl.program_id(0)
     pid_l = tl.program_id(1).to(tl.int64)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -120,13 +122,18 @@ _MAINLOOP = '''
     rk = tl.arange(0, BLOCK_K)
     mask_m = rm < M
     mask_n = rn < N
-    a_ptrs = a_ptr + pid_l * stride_al + rm[:, None] * stride_am + rk[None, :] * stride_ak
-    b_ptrs = b_ptr + pid_l * stride_bl + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+    # Rows and columns past the edge are wrapped, not masked: they are never stored.
+    a_ptrs = a_ptr + pid_l * stride_al + (rm % M)[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + pid_l * stride_bl + rk[:, None] * stride_bk + (rn % N)[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -136,24 +143,99 @@ _MAINLOOP = '''
     mask = mask_m[:, None] & mask_n[None, :]
 '''
 
+_PERSISTENT_MAINLOOP = '''
+    start_pid = tl.program_id(0)
+    if A_BATCHED:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[L, M, K], strides=[stride_al, stride_am, 1],
+                                           block_shape=[1, BLOCK_M, BLOCK_K])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+    if B_KMAJOR:
+        if B_BATCHED:
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[L, N, K], strides=[stride_bl, stride_bn, 1],
+                                               block_shape=[1, BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_bn, 1],
+                                               block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        if B_BATCHED:
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[L, K, N], strides=[stride_bl, stride_bk, 1],
+                                               block_shape=[1, BLOCK_K, BLOCK_N])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                               block_shape=[BLOCK_K, BLOCK_N])
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_batch = num_pid_m * num_pid_n
+    num_pid_in_group = GROUP_M * num_pid_n
+    for tile_id in tl.range(start_pid, L * tiles_per_batch, NUM_SMS, flatten=FLATTEN):
+        pid_l = (tile_id // tiles_per_batch).to(tl.int64)
+        tile = tile_id % tiles_per_batch
+        group_id = tile // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
+        pid_n = (tile % num_pid_in_group) // group_size_m
+        offs_m = pid_m * BLOCK_M
+        offs_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            offs_k = ki * BLOCK_K
+            if A_BATCHED:
+                a = a_desc.load([pid_l, offs_m, offs_k]).reshape(BLOCK_M, BLOCK_K)
+            else:
+                a = a_desc.load([offs_m, offs_k])
+            if B_KMAJOR:
+                if B_BATCHED:
+                    b = b_desc.load([pid_l, offs_n, offs_k]).reshape(BLOCK_N, BLOCK_K).T
+                else:
+                    b = b_desc.load([offs_n, offs_k]).T
+            else:
+                if B_BATCHED:
+                    b = b_desc.load([pid_l, offs_k, offs_n]).reshape(BLOCK_K, BLOCK_N)
+                else:
+                    b = b_desc.load([offs_k, offs_n])
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        rm = offs_m + tl.arange(0, BLOCK_M)
+        rn = offs_n + tl.arange(0, BLOCK_N)
+        mask_m = rm < M
+        mask_n = rn < N
+        mask = mask_m[:, None] & mask_n[None, :]
+'''
 
-def emit_tiled(graph: Graph, target: str, key: str, deterministic: bool = False) -> str:
-    """The module source of a tiled kernel `epifuse_kernel` for `graph` on `target`."""
+_GEMM_PARAMS = ["a_ptr", "b_ptr", "M", "N", "K", "stride_al", "stride_am", "stride_ak",
+                "stride_bl", "stride_bk", "stride_bn"]
+_COMMON_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UPCAST", "PRECISION"]
+KERNEL_SHAPES = {
+    "tiled": (_GEMM_PARAMS, _COMMON_META + ["EVEN_K"], _TILED_MAINLOOP, 4),
+    "persistent": (_GEMM_PARAMS + ["L"], _COMMON_META + ["A_BATCHED", "B_BATCHED", "B_KMAJOR",
+                                                          "NUM_SMS", "FLATTEN"],
+                   _PERSISTENT_MAINLOOP, 8),
+}
+
+
+def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: bool = False) -> str:
+    """The module source of `epifuse_kernel` ("tiled" or "persistent") for `graph` on `target`."""
+    gemm_params, meta, mainloop, indent = KERNEL_SHAPES[shape]
     layout = launch_layout(graph, deterministic)
-    body, helpers = _emit_epilogue(graph, layout)
-    params = ",\n    ".join(
-        ["a_ptr", "b_ptr", "M", "N", "K", "stride_al", "stride_am", "stride_ak",
-         "stride_bl", "stride_bk", "stride_bn", *layout.param_names(),
-         "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
-         "GROUP_M: tl.constexpr", "UPCAST: tl.constexpr", "PRECISION: tl.constexpr"])
+    lines, helpers = _emit_epilogue(graph, layout)
+    body = "".join(" " * indent + line + "\n" for line in lines)
+    params = ",\n    ".join([*gemm_params, *layout.param_names(), *(f"{m}: tl.constexpr" for m in meta)])
     libdevice = "from triton.language.extra import libdevice\n" if target == "cuda" else ""
     return (_HEADER.format(key=key, target=target, libdevice=libdevice)
             + helper_source(helpers, target)
             + f"\n\n@triton.jit\ndef epifuse_kernel(\n    {params},\n):"
-            + _MAINLOOP + body)
+            + mainloop + body)
 
 
-def _emit_epilogue(graph: Graph, layout: Layout) -> tuple[str, set[str]]:
+def _emit_epilogue(graph: Graph, layout: Layout) -> tuple[list[str], set[str]]:
+    """The epilogue's lines, unindented. They read acc, rm, rn, mask_m, mask_n, mask, pid_l,
+    pid_m and pid_n, which both main loops define."""
     lines: list[str] = []
     helpers: set[str] = set()
     names: dict[int, str] = {}
@@ -182,7 +264,7 @@ def _emit_epilogue(graph: Graph, layout: Layout) -> tuple[str, set[str]]:
         else:
             source = out.node.src[0]
             lines.extend(_store_reduction(y, names[id(source)], source))
-    return "".join(f"    {line}\n" for line in lines), helpers
+    return lines, helpers
 
 
 def _coerce(expr: str, src: Node, user: Node, position: int) -> str:

@@ -177,13 +177,16 @@ def _tan(x):
     "_pow": {"any": '''
 @triton.jit
 def _pow(a, b):
+    # Conditions are combined with where, not & and |: b may be a scalar here.
     r = tl.exp2(b * tl.log2(tl.abs(a)))
     b_int = tl.floor(b) == b
-    b_odd = b_int & (tl.floor(b * 0.5) * 2.0 != b)
-    negative = (a < 0) | ((a == 0) & (tl.div_rn(1.0, a) < 0))
-    r = tl.where(negative & b_odd, -r, r)
-    r = tl.where((a < 0) & (a > -_INF) & (b_int == 0), _NAN, r)
-    return tl.where((b == 0) | (a == 1.0) | ((a == -1.0) & (tl.abs(b) == _INF)), 1.0, r)
+    b_odd = tl.where(b_int, tl.floor(b * 0.5) * 2.0 != b, False)
+    negative = tl.where(a < 0, True, tl.where(a == 0, tl.div_rn(1.0, a) < 0, False))
+    r = tl.where(tl.where(negative, b_odd, False), -r, r)
+    nan_case = tl.where(a < 0, tl.where(a > -_INF, b_int == 0, False), False)
+    r = tl.where(nan_case, _NAN, r)
+    one = tl.where(b == 0, True, tl.where(a == 1.0, True, tl.where(a == -1.0, tl.abs(b) == _INF, False)))
+    return tl.where(one, 1.0, r)
 ''', "cuda": '''
 @triton.jit
 def _pow(a, b):

@@ -17,7 +17,7 @@ from ...runtime.cache import load_kernel_module
 from ..base import Kernel, Status, supported, unsupported
 from ...ir import AXES
 from ...shapes import output_strides
-from .codegen import emit_tiled, launch_layout
+from .codegen import emit_kernel, launch_layout
 from .rules import missing_rules
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -98,21 +98,27 @@ class TritonTiled(Kernel):
         return supported(f"tiled {self.config}")
 
     # ---- build and launch -------------------------------------------------------------------
-    _built: dict = {}
+    shape = "tiled"
+    _modules: dict = {}
+    _layouts: dict = {}
     _warmed: set = set()
 
     def _module(self, args):
-        """The generated kernel module and its launch layout, built once per graph and target."""
+        """The generated kernel module (one per canonical graph and target) and the launch
+        layout, which holds the user's names and so is kept per bound graph."""
         interpret = uses_interpreter(args.A.device)
         target = "interpret" if interpret else "cuda"
-        cache_key = (args.key, target, args.deterministic)
-        built = self._built.get(cache_key)
-        if built is None:
-            source = emit_tiled(args.graph, target, args.key, args.deterministic)
-            stem = f"tiled_{args.key}_{target}" + ("_det" if args.deterministic else "")
-            module = load_kernel_module(stem, source, interpret)
-            built = self._built[cache_key] = (module, launch_layout(args.graph, args.deterministic))
-        return built
+        cache_key = (self.shape, args.key, target, args.deterministic)
+        module = self._modules.get(cache_key)
+        if module is None:
+            source = emit_kernel(args.graph, self.shape, target, args.key, args.deterministic)
+            stem = f"{self.shape}_{args.key}_{target}" + ("_det" if args.deterministic else "")
+            module = self._modules[cache_key] = load_kernel_module(stem, source, interpret)
+        entry = self._layouts.get((id(args.graph), args.deterministic))
+        if entry is None or entry[0] is not args.graph:
+            entry = (args.graph, launch_layout(args.graph, args.deterministic))
+            self._layouts[(id(args.graph), args.deterministic)] = entry
+        return module, entry[1]
 
     def _config(self, args) -> TileConfig:
         return INTERPRETER_CONFIG if uses_interpreter(args.A.device) else self.config
@@ -136,6 +142,7 @@ class TritonTiled(Kernel):
         precision = "ieee" if args.precision == "highest" else "tf32"
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                     GROUP_M=cfg.group_m, UPCAST=uses_interpreter(args.A.device), PRECISION=precision,
+                    EVEN_K=args.K % cfg.block_k == 0,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         grid = (triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n), args.L)
         return values, meta, grid
