@@ -15,22 +15,24 @@ M, N, K = 100, 72, 50
 
 
 def run_checked(A, B, source, exact=True, tol=1e-6, **tensors):
-    """Run the first (Triton) kernel; compare every output with the float64 reference."""
+    """Run every Triton kernel that takes these arguments (the persistent TMA one where the
+    layout allows, the tiled one always); compare every output with the float64 reference."""
     epi = epifuse.EpilogueArguments(source, **tensors)
     args = epifuse.GemmArguments(A, B, epilogue=epi, precision="highest")
-    kernel = epifuse.get_kernels(args)[0]
-    assert kernel.name == "triton_tiled", epifuse.kernel_statuses(args)
-    for dest in args.outputs.values():
-        dest.fill_(float("nan"))  # poison: every element must be written
-    kernel.run(args)
+    kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+    assert any(k.name == "triton_tiled" for k in kernels), epifuse.kernel_statuses(args)
     refs = reference_outputs(args)
-    for name, ref in refs.items():
-        out = args.outputs[name]
-        expected = ref.to(out.dtype)
-        if exact:
-            assert torch.equal(out, expected), (name, (out.double() - ref).abs().max())
-        else:
-            assert rel_error(out, ref) < tol, (name, rel_error(out, ref))
+    for kernel in kernels:
+        for dest in args.outputs.values():
+            dest.fill_(float("nan"))  # poison: every element must be written
+        kernel.run(args)
+        for name, ref in refs.items():
+            out = args.outputs[name]
+            expected = ref.to(out.dtype)
+            if exact:
+                assert torch.equal(out, expected), (kernel, name, (out.double() - ref).abs().max())
+            else:
+                assert rel_error(out, ref) < tol, (kernel, name, rel_error(out, ref))
     return args
 
 
@@ -216,3 +218,36 @@ def test_sigmoid_gelu_mix_relative_error(device):
            "    D = gelu(f, approximate='tanh') * sigmoid(f) + F.silu(f)\n    return D\n")
     run_checked(A, B, src, exact=False, tol=1e-5, bias=bias, D=D)
     assert sigmoid is not None and relu is not None
+
+
+def test_persistent_kernel_takes_aligned_layouts_and_says_why_not(device):
+    """TMA needs a contiguous K in A, B contiguous along N or K, and 16-byte alignment."""
+    src = "def epi(accum, C):\n    D = accum + C\n    return D\n"
+
+    def statuses(A, B):
+        C = ints(A.shape[0], B.shape[1], device=device, dtype=torch.float32)
+        D = torch.empty(A.shape[0], B.shape[1], device=device)
+        args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, C=C, D=D))
+        return {k.name: s for k, s in epifuse.kernel_statuses(args)}
+
+    aligned = statuses(ints(64, 48, device=device), ints(48, 40, device=device))
+    assert aligned["triton_persistent"].ok
+    k_major_b = statuses(ints(64, 48, device=device), ints(40, 48, device=device).t())
+    assert k_major_b["triton_persistent"].ok
+    ragged_k = statuses(ints(64, 50, device=device), ints(50, 40, device=device))
+    assert not ragged_k["triton_persistent"].ok and "16 bytes" in ragged_k["triton_persistent"].reason
+    column_major_a = statuses(ints(48, 64, device=device).t(), ints(48, 40, device=device))
+    assert "A's last dimension" in column_major_a["triton_persistent"].reason
+    assert column_major_a["triton_tiled"].ok
+
+
+@pytest.mark.parametrize("batched_a,batched_b,k_major", [(True, True, False), (True, False, True),
+                                                          (False, True, True), (True, True, True)])
+def test_persistent_batched_layouts(batched_a, batched_b, k_major, device):
+    L_, M_, N_, K_ = 2, 70, 40, 32
+    A = ints(*((L_,) if batched_a else ()), M_, K_, device=device)
+    B = ints(*((L_,) if batched_b else ()), N_, K_, device=device).transpose(-1, -2) if k_major else \
+        ints(*((L_,) if batched_b else ()), K_, N_, device=device)
+    D = torch.empty(L_ if (batched_a or batched_b) else 1, M_, N_, device=device)
+    args = run_checked(A, B, "def epi(accum):\n    D = accum * 3.0\n    return D\n", D=D)
+    assert epifuse.get_kernels(args)[0].name == "triton_persistent"

@@ -67,7 +67,7 @@ def test_op_against_reference(name, device):
     args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(source_for(name), C=C, D=D),
                                  precision="highest")
     kernel = epifuse.get_kernels(args)[0]
-    assert kernel.name == "triton_tiled"
+    assert kernel.name.startswith("triton_")
     D.fill_(float("nan"))
     kernel.run(args)
     ref = reference_outputs(args)["D"]

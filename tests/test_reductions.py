@@ -53,7 +53,7 @@ def _run(A, B, src, deterministic=False, accumulate=False, **tensors):
     epi = epifuse.EpilogueArguments(src, deterministic=deterministic, accumulate=accumulate, **tensors)
     args = epifuse.GemmArguments(A, B, epilogue=epi)
     kernel = epifuse.get_kernels(args)[0]
-    assert kernel.name == "triton_tiled", epifuse.kernel_statuses(args)
+    assert kernel.name.startswith("triton_"), epifuse.kernel_statuses(args)
     kernel.run(args)
     return args
 

@@ -205,9 +205,14 @@ def get_kernels(args: GemmArguments, cc: int | None = None) -> list:
 def kernel_statuses(args: GemmArguments, cc: int | None = None) -> list:
     """(kernel, Status) for every kernel class and config, supported or not, best first."""
     from .backends.reference import ReferenceKernel
-    from .backends.triton.tiled import CUDA_CONFIGS, INTERPRETER_CONFIG, TritonTiled, uses_interpreter
-    configs = (INTERPRETER_CONFIG,) if uses_interpreter(args.A.device) else CUDA_CONFIGS
-    candidates = [TritonTiled(c) for c in configs]
+    from .backends.triton import persistent, tiled
+    if tiled.uses_interpreter(args.A.device):
+        candidates = [persistent.TritonPersistent(persistent.INTERPRETER_CONFIG),
+                      tiled.TritonTiled(tiled.INTERPRETER_CONFIG)]
+    else:
+        wide = persistent.FP32_CONFIGS if args.A.dtype == torch.float32 else persistent.CUDA_CONFIGS
+        candidates = [*(persistent.TritonPersistent(c) for c in wide),
+                      *(tiled.TritonTiled(c) for c in tiled.CUDA_CONFIGS)]
     result = [(k, k.supports(args, cc)) for k in candidates]
     reference = ReferenceKernel()
     result.append((reference, reference.supports(args)))
@@ -219,17 +224,18 @@ _CHOSEN: dict[tuple, Any] = {}
 
 def _choose_kernel(args: GemmArguments):
     """The best supported kernel, remembered per everything its support depends on."""
-    key = (args.key, args.A.device.type, args.A.dtype, args.B.dtype, args.M > 64, args.deterministic,
+    from .runtime.tune import shape_bucket
+    key = (args.key, args.A.device, args.A.dtype, args.B.dtype, shape_bucket(args), args.deterministic,
            args.compute_dtype, args.accumulator_type, args.precision,
            tuple((n, t.dtype) for n, t in args.outputs.items()),
            args.largest_span >= 2**31)
     kernel = _CHOSEN.get(key)
     if kernel is None:
+        from .runtime.tune import choose
         kernels = get_kernels(args)
         if not kernels:
             raise UnsupportedError("No kernel supports these arguments.")
-        kernel = kernels[0]
-        _CHOSEN[key] = kernel
+        kernel = _CHOSEN[key] = choose(args, kernels)
     return kernel
 
 

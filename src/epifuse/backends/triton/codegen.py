@@ -171,7 +171,8 @@ _PERSISTENT_MAINLOOP = '''
     tiles_per_batch = num_pid_m * num_pid_n
     num_pid_in_group = GROUP_M * num_pid_n
     for tile_id in tl.range(start_pid, L * tiles_per_batch, NUM_SMS, flatten=FLATTEN):
-        pid_l = (tile_id // tiles_per_batch).to(tl.int64)
+        batch = tile_id // tiles_per_batch
+        pid_l = batch.to(tl.int64)
         tile = tile_id % tiles_per_batch
         group_id = tile // num_pid_in_group
         first_pid_m = group_id * GROUP_M
@@ -184,17 +185,17 @@ _PERSISTENT_MAINLOOP = '''
         for ki in range(k_tiles):
             offs_k = ki * BLOCK_K
             if A_BATCHED:
-                a = a_desc.load([pid_l, offs_m, offs_k]).reshape(BLOCK_M, BLOCK_K)
+                a = a_desc.load([batch, offs_m, offs_k]).reshape(BLOCK_M, BLOCK_K)
             else:
                 a = a_desc.load([offs_m, offs_k])
             if B_KMAJOR:
                 if B_BATCHED:
-                    b = b_desc.load([pid_l, offs_n, offs_k]).reshape(BLOCK_N, BLOCK_K).T
+                    b = b_desc.load([batch, offs_n, offs_k]).reshape(BLOCK_N, BLOCK_K).T
                 else:
                     b = b_desc.load([offs_n, offs_k]).T
             else:
                 if B_BATCHED:
-                    b = b_desc.load([pid_l, offs_k, offs_n]).reshape(BLOCK_K, BLOCK_N)
+                    b = b_desc.load([batch, offs_k, offs_n]).reshape(BLOCK_K, BLOCK_N)
                 else:
                     b = b_desc.load([offs_k, offs_n])
             if UPCAST:

@@ -34,19 +34,18 @@ class TileConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    flatten: bool = False  # persistent kernels: fuse the tile and K loops for pipelining
 
     def __str__(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k} group {self.group_m}, "
-                f"{self.num_warps} warps, {self.num_stages} stages")
+                f"{self.num_warps} warps, {self.num_stages} stages" + (", flat" if self.flatten else ""))
 
 
 INTERPRETER_CONFIG = TileConfig(32, 32, 32, group_m=2, num_warps=1, num_stages=1)
 CUDA_CONFIGS = (
     TileConfig(128, 128, 64, 8, 8, 3),
     TileConfig(128, 256, 64, 8, 8, 3),
-    TileConfig(128, 64, 64, 8, 4, 4),
     TileConfig(64, 128, 64, 8, 4, 4),
-    TileConfig(64, 64, 64, 8, 4, 4),
 )
 
 
@@ -69,6 +68,11 @@ class TritonTiled(Kernel):
 
     # ---- support ---------------------------------------------------------------------------
     def supports(self, args, cc: int | None = None) -> Status:
+        refusal = self._common_support(args, cc)
+        return refusal if refusal is not None else supported(f"{self.shape} {self.config}")
+
+    def _common_support(self, args, cc: int | None) -> Status | None:
+        """The reason no Triton GEMM kernel can take `args`, or None."""
         device = args.A.device
         if device.type == "cpu" and not interpreter_requested():
             return unsupported("CPU tensors run Triton kernels only under its interpreter "
@@ -93,9 +97,7 @@ class TritonTiled(Kernel):
                 return unsupported(f"output {name} has dtype {dest.dtype}; this kernel stores fp32, fp16, bf16")
         if args.largest_span >= INT32_LIMIT:
             return unsupported("a tensor spans 2**31 elements or more; this kernel indexes in int32")
-        if device.type == "cuda" and self.config.block_m > 64 and args.M <= 64:
-            return supported(f"tiled {self.config} (M={args.M} is small for this tile)")
-        return supported(f"tiled {self.config}")
+        return None
 
     # ---- build and launch -------------------------------------------------------------------
     shape = "tiled"
@@ -123,9 +125,17 @@ class TritonTiled(Kernel):
     def _config(self, args) -> TileConfig:
         return INTERPRETER_CONFIG if uses_interpreter(args.A.device) else self.config
 
+    def _gemm_values(self, args) -> list:
+        return [args.A, args.B, args.M, args.N, args.K, *args.a_strides, *args.b_strides]
+
+    def _shape_meta(self, args, cfg) -> tuple[dict, tuple]:
+        """The kernel-shape-specific constexprs and the launch grid."""
+        meta = dict(EVEN_K=args.K % cfg.block_k == 0)
+        return meta, (triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n), args.L)
+
     def _launch_args(self, args, layout, buffers):
         cfg = self._config(args)
-        values: list = [args.A, args.B, args.M, args.N, args.K, *args.a_strides, *args.b_strides]
+        values: list = self._gemm_values(args)
         for o in layout.operands:
             value = args.operands[o.name]
             if o.kind == "number":
@@ -142,9 +152,9 @@ class TritonTiled(Kernel):
         precision = "ieee" if args.precision == "highest" else "tf32"
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                     GROUP_M=cfg.group_m, UPCAST=uses_interpreter(args.A.device), PRECISION=precision,
-                    EVEN_K=args.K % cfg.block_k == 0,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        grid = (triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n), args.L)
+        shape_meta, grid = self._shape_meta(args, cfg)
+        meta.update(shape_meta)
         return values, meta, grid
 
     def _reduction_buffers(self, args, layout):

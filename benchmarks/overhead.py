@@ -1,0 +1,66 @@
+"""Host overhead of a fused GEMM call: kernel.run(args), epifuse.gemm, and CUDA graph replay.
+
+The GEMM is tiny (256x256x256) so the GPU drains launches faster than the host issues them;
+the time per call over many back-to-back calls is then the host's cost. Run on a GPU:
+    PYTHONPATH=src:. python -m benchmarks.overhead
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+import epifuse
+
+
+def _per_call_us(fn, calls: int = 2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def measure() -> dict:
+    dev = "cuda"
+    A = torch.randn(256, 256, device=dev, dtype=torch.float16)
+    B = torch.randn(256, 256, device=dev, dtype=torch.float16)
+    bias = torch.randn(256, device=dev, dtype=torch.float16)
+    D = torch.empty(256, 256, device=dev, dtype=torch.float16)
+    src = "def epi(accum, bias, alpha):\n    D = relu(accum * alpha + bias)\n    return D\n"
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, bias=bias, alpha=2.0, D=D))
+    kernel = epifuse.get_kernels(args)[0]
+    kernel.compile(args)
+    result = {"kernel": repr(kernel)}
+    result["kernel_run_us"] = _per_call_us(lambda: kernel.run(args))
+    result["build_args_and_run_us"] = _per_call_us(lambda: kernel.run(epifuse.GemmArguments(
+        A, B, epilogue=epifuse.EpilogueArguments(src, bias=bias, alpha=2.0, D=D))))
+    result["epifuse_gemm_us"] = _per_call_us(lambda: epifuse.gemm(A, B, src, bias=bias, alpha=2.0, D=D))
+    result["torch_matmul_us"] = _per_call_us(lambda: torch.matmul(A, B, out=D))
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        kernel.run(args)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            kernel.run(args)
+    result["cuda_graph_replay_us"] = _per_call_us(graph.replay)
+    expected = torch.relu((A.float() @ B.float()) * 2.0 + bias.float())
+    D.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    result["graph_replay_rel_err"] = float((D.float() - expected).norm() / expected.norm())
+    return result
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        sys.exit(2)
+    out = measure()
+    print(json.dumps(out, indent=1))

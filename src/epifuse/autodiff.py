@@ -1,0 +1,241 @@
+"""Reverse-mode differentiation of an epilogue Graph, from each op's derivative rule.
+
+`derive(graph, wrt, seeded, rank)` returns the backward of a bound epilogue as another Graph:
+its inputs are the forward's operands, one gradient per forward output that receives one
+(`seeded`), and, where rules read them, the value of a max/min/amax reduction and the element
+count of a mean; its outputs are the gradient of accum and of each operand in `wrt`. A
+broadcast operand's gradient is the sum over the axes it is broadcast along (a row bias gets a
+sum over M), so the backward is one elementwise pass plus the reductions it implies: exactly
+what the fused kernels already run. `graph_source` prints a Graph as an epilogue function,
+which is how the backward reaches the kernels (parse, bind, optimize, cache: the same road as a
+user's epilogue), with accum standing for either the GEMM (recompute) or a saved tensor.
+
+Nothing is written per epilogue: a rule per op (`OpDef.vjp`, built from ops on `Sym` values)
+is all autodiff reads.
+
+>>> import torch
+>>> from epifuse.binding import bind
+>>> from epifuse.frontend import parse
+>>> from epifuse.ir import Operand
+>>> program = parse("def epi(accum, bias):\\n    D = relu(accum + bias)\\n    return D\\n")
+>>> graph = bind(program, {"bias": Operand("bias", "tensor", ("N",))}, 2)
+>>> backward = derive(graph, wrt=("accum", "bias"), seeded=("D",), rank=2)
+>>> [o.node.op for o in backward.graph.outputs]
+['where', 'sum']
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from .errors import EpilogueError, InternalError
+from .frontend import IDENTIFIER
+from .ir import AXES, Graph, Node, Operand, Output, op
+from .ops import OPS
+from .ops.registry import Sym
+
+EXTREMES = ("max", "min", "amax")
+
+
+@dataclass(frozen=True)
+class Backward:
+    """The backward of one epilogue for one choice of `wrt` and `seeded`.
+
+    graph     outputs: gradients, in `wrt` order, of those that are not identically zero;
+              operands: what the gradient needs (see `sources`)
+    sources   operand name -> where its value comes from: ("operand", name) a forward operand;
+              ("grad", output name) the gradient of a forward output; ("value", output name)
+              the forward value of a max/min/amax reduction; ("count", output name) the number
+              of elements a mean folds
+    grads     wrt name -> output name in `graph`, or None where the gradient is zero
+    """
+
+    graph: Graph
+    sources: dict
+    grads: dict
+
+
+def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -> Backward:
+    """The backward of `graph` w.r.t. `wrt` ("accum" and/or operand names) given gradients of
+    the outputs named in `seeded`, for an accum of rank `rank` (2 or 3)."""
+    axes = AXES[3 - rank:]
+    operands = {o.name: o for o in graph.operands}
+    for name in wrt:
+        if name != "accum" and (name not in operands or operands[name].kind != "tensor"):
+            raise InternalError(f"cannot differentiate w.r.t. {name!r}: not a tensor operand",
+                                str(graph))
+    names = _Names({"accum", *operands, *(o.name for o in graph.outputs)})
+    sources: dict[str, tuple] = {}
+    extra: dict[str, Operand] = {}
+
+    def new_input(prefix: str, kind: str, in_axes, source) -> Sym:
+        name = names.fresh(prefix)
+        extra[name] = Operand(name, kind, tuple(in_axes))
+        sources[name] = source
+        return Sym(Node("input", (), extra[name]))
+
+    wrt_ids = set()
+    for name in wrt:
+        wrt_ids.add(id(_leaf(name, operands)))
+    nodes = graph.nodes()
+    needs: set[int] = set()
+    for node in nodes:
+        if id(node) in wrt_ids or (node.dtype == "float" and any(id(s) in needs for s in node.src)):
+            needs.add(id(node))
+
+    grads: dict[int, Sym] = {}
+    reduce_inputs: dict[int, tuple[Sym, Sym]] = {}
+    outputs = {o.name: o for o in graph.outputs}
+    for name in seeded:
+        out = outputs[name]
+        reduced = _is_reduce(out.node)
+        kept = tuple(a for a in axes if not reduced or a not in out.node.params["dim"])
+        seed = new_input(f"grad_{name}", "tensor", kept, ("grad", name))
+        _accumulate(grads, out.node, seed)
+        if reduced and id(out.node) not in reduce_inputs:
+            value = new_input(f"{name}_value", "tensor", kept, ("value", name))
+            count = new_input(f"{name}_count", "number", (), ("count", name))
+            reduce_inputs[id(out.node)] = (value, count)
+
+    for node in reversed(nodes):
+        g = grads.get(id(node))
+        if g is None or id(node) not in needs or not node.src:
+            continue
+        opdef = OPS[node.op]
+        if opdef.vjp is None:
+            raise EpilogueError(f"The op {node.op} has no derivative rule, so this epilogue cannot "
+                                "be differentiated.", hint="Detach its inputs, or add `vjp=` to "
+                                f"the op's OpDef in epifuse/ops.")
+        params = {**dict(opdef.params), **node.params}
+        if opdef.kind == "reduce":
+            value, count = reduce_inputs[id(node)]
+            contributions = opdef.vjp(g, Sym(node.src[0]), value, **params, count=count)
+        else:
+            contributions = opdef.vjp(g, *(Sym(s) for s in node.src), Sym(node), **params)
+        if len(contributions) != len(node.src):
+            raise InternalError(f"the vjp of {node.op} returned {len(contributions)} gradients "
+                                f"for {len(node.src)} inputs")
+        for src, contribution in zip(node.src, contributions):
+            if contribution is not None and id(src) in needs:
+                _accumulate(grads, src, Sym.lift(contribution))
+
+    results, grad_names = [], {}
+    for name in wrt:
+        g = grads.get(id(_leaf(name, operands)))
+        if g is None:
+            grad_names[name] = None
+            continue
+        out_name = names.fresh(f"grad_{name}")
+        grad_names[name] = out_name
+        node = g.node
+        if name != "accum":
+            dims = tuple(a for a in axes if a not in operands[name].axes)
+            node = op("sum", node, dim=dims) if dims else node
+        results.append(Output(out_name, node))
+
+    backward = Graph(tuple(results), ())
+    used = {n.arg.name for n in backward.nodes() if n.op == "input"}
+    all_inputs = [*graph.operands, *extra.values()]
+    kept_inputs = tuple(o for o in all_inputs if o.name in used)
+    for o in graph.operands:
+        sources.setdefault(o.name, ("operand", o.name))
+    return Backward(Graph(tuple(results), kept_inputs),
+                    {o.name: sources[o.name] for o in kept_inputs}, grad_names)
+
+
+def restrict(graph: Graph, names: Sequence[str]) -> Graph:
+    """The forward graph computing only the outputs `names` (operands it no longer reads dropped)."""
+    outputs = tuple(o for o in graph.outputs if o.name in names)
+    used = {n.arg.name for n in Graph(outputs, ()).nodes() if n.op == "input"}
+    return Graph(outputs, tuple(o for o in graph.operands if o.name in used), graph.names, graph.locs)
+
+
+def _leaf(name: str, operands: dict) -> Node:
+    return Node("accum") if name == "accum" else Node("input", (), operands[name])
+
+
+def _is_reduce(node: Node) -> bool:
+    return node.op in OPS and OPS[node.op].kind == "reduce"
+
+
+def _accumulate(grads: dict, node: Node, contribution: Sym) -> None:
+    previous = grads.get(id(node))
+    grads[id(node)] = contribution if previous is None else previous + contribution
+
+
+class _Names:
+    """Fresh identifiers that collide with nothing the user named."""
+
+    def __init__(self, taken):
+        self.taken = set(taken)
+
+    def fresh(self, prefix: str) -> str:
+        prefix = prefix if IDENTIFIER.match(prefix) and not prefix.startswith("__") else "v"
+        name, i = prefix, 0
+        while name in self.taken:
+            i += 1
+            name = f"{prefix}_{i}"
+        self.taken.add(name)
+        return name
+
+
+# ---- printing a Graph as an epilogue ------------------------------------------------------------
+
+def graph_source(graph: Graph, rank: int, name: str = "epilogue", accum: str = "accum") -> str:
+    """`graph` as the source of an epilogue function that parses and binds back to it.
+
+    `accum` names what the graph's accum leaf reads: "accum" (the GEMM of the call), or an
+    operand name, so the graph runs over a tensor saved earlier (the function still takes
+    `accum`, unused). Operands keep their names, so the same keyword arguments bind; numbers
+    print exactly (repr round-trips a float); reductions print their dims for this `rank`.
+    """
+    axes = AXES[3 - rank:]
+    params = ["accum"] + ([accum] if accum != "accum" else []) + [o.name for o in graph.operands
+                                                                   if o.name != accum]
+    names = _Names({*params, *(o.name for o in graph.outputs)})
+    text: dict[int, str] = {}
+    lines = []
+    for node in graph.nodes():
+        if node.op == "accum":
+            text[id(node)] = accum
+        elif node.op == "const":
+            text[id(node)] = _literal(node.arg)
+        elif node.op == "input":
+            text[id(node)] = node.arg.name
+        else:
+            args = [text[id(s)] for s in node.src]
+            for key, value in sorted(node.params.items()):
+                if key == "dim":
+                    value = tuple(axes.index(a) for a in value)
+                if value is not None:
+                    args.append(f"{key}={_literal(value)}")
+            var = names.fresh("t")
+            lines.append(f"    {var} = {node.op}({', '.join(args)})")
+            text[id(node)] = var
+    for out in graph.outputs:
+        lines.append(f"    {out.name} = {text[id(out.node)]}")
+    returned = ", ".join(o.name for o in graph.outputs)
+    return f"def {name}({', '.join(params)}):\n" + "\n".join(lines) + f"\n    return {returned}\n"
+
+
+def _literal(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, str):
+        if not IDENTIFIER.match(value):
+            raise InternalError(f"cannot print the parameter {value!r}")
+        return repr(value)
+    if isinstance(value, tuple):
+        return "(" + "".join(f"{_literal(v)}, " for v in value) + ")"
+    if isinstance(value, int):
+        return repr(value)
+    value = float(value)
+    if math.isnan(value):
+        return "(1e999 - 1e999)"
+    if math.isinf(value):
+        return "1e999" if value > 0 else "-1e999"
+    return repr(value)
+
+
+__all__ = ["Backward", "derive", "restrict", "graph_source", "EXTREMES"]

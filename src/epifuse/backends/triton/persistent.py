@@ -1,0 +1,103 @@
+"""TritonPersistent: one program per SM looping over output tiles, A and B through TMA.
+
+For Hopper (compute capability 9.0), and for tests under Triton's interpreter, which runs
+device-side tensor descriptors too. TMA needs the innermost dimension of A contiguous, B
+contiguous along N or along K (a transposed weight), 16-byte aligned base pointers and
+leading strides; anything else is left to TritonTiled, and `supports` says why.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from ..base import Status, supported, unsupported
+from .tiled import TileConfig, TritonTiled, uses_interpreter
+
+INTERPRETER_CONFIG = TileConfig(32, 32, 32, group_m=2, num_warps=1, num_stages=1)
+INTERPRETER_PROGRAMS = 3  # fewer programs than tiles, so the persistent loop is exercised
+CUDA_CONFIGS = (
+    TileConfig(128, 256, 64, 8, 8, 3, flatten=True),
+    TileConfig(128, 128, 64, 8, 8, 4, flatten=True),
+    TileConfig(128, 128, 64, 8, 4, 4, flatten=False),
+)
+FP32_CONFIGS = (TileConfig(128, 128, 32, 8, 8, 3, flatten=True),)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _install_allocator() -> None:
+    """Device-side descriptors need scratch memory, which Triton asks this allocator for."""
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+
+
+def _operand_a(args) -> torch.Tensor:
+    """A as the kernel sees it: batched only when it really varies along L."""
+    A = args.A
+    return A[0] if A.dim() == 3 and A.shape[0] == 1 else A
+
+
+def _operand_b(args) -> torch.Tensor:
+    B = args.B
+    return B[0] if B.dim() == 3 and B.shape[0] == 1 else B
+
+
+class TritonPersistent(TritonTiled):
+    name = "triton_persistent"
+    shape = "persistent"
+
+    def __repr__(self) -> str:
+        return f"<triton_persistent {self.config}>"
+
+    def supports(self, args, cc: int | None = None) -> Status:
+        refusal = self._common_support(args, cc)
+        if refusal is not None:
+            return refusal
+        device = args.A.device
+        if not uses_interpreter(device):
+            major = (cc // 10) if cc is not None else torch.cuda.get_device_capability(device)[0]
+            if major < 9:
+                return unsupported(f"TMA needs compute capability 9.0 (Hopper); this GPU is {major}.x")
+        A, B = _operand_a(args), _operand_b(args)
+        size = A.element_size()
+        if A.stride(-1) != 1:
+            return unsupported("A's last dimension is not contiguous (TMA needs stride 1 along K)")
+        if B.stride(-1) != 1 and B.stride(-2) != 1:
+            return unsupported("B is contiguous along neither N nor K (TMA needs one of them)")
+        leading = [A.stride(0), *([A.stride(1)] if A.dim() == 3 else [])]
+        leading += [s for s in B.stride() if s != 1]
+        for t, label in ((A, "A"), (B, "B")):
+            if t.data_ptr() % 16:
+                return unsupported(f"{label} is not 16-byte aligned (TMA needs aligned base pointers)")
+        if any((s * size) % 16 for s in leading):
+            return unsupported("a leading stride of A or B is not a multiple of 16 bytes (TMA needs it)")
+        if args.A.dtype == torch.float32 and self.config.block_k > 32 and not uses_interpreter(device):
+            return unsupported("fp32 inputs use 32-deep K tiles in this kernel")
+        return supported(f"persistent TMA {self.config}")
+
+    def _config(self, args) -> TileConfig:
+        return INTERPRETER_CONFIG if uses_interpreter(args.A.device) else self.config
+
+    def _gemm_values(self, args) -> list:
+        A, B = _operand_a(args), _operand_b(args)
+        stride_al = A.stride(0) if A.dim() == 3 else 0
+        stride_bl = B.stride(0) if B.dim() == 3 else 0
+        return [A, B, args.M, args.N, args.K, stride_al, A.stride(-2), A.stride(-1),
+                stride_bl, B.stride(-2), B.stride(-1), args.L]
+
+    def _shape_meta(self, args, cfg) -> tuple[dict, tuple]:
+        A, B = _operand_a(args), _operand_b(args)
+        tiles = args.L * triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n)
+        if uses_interpreter(args.A.device):
+            programs = INTERPRETER_PROGRAMS
+        else:
+            _install_allocator()
+            programs = _sm_count(args.A.device.index or 0)
+        meta = dict(A_BATCHED=A.dim() == 3, B_BATCHED=B.dim() == 3, B_KMAJOR=B.stride(-1) != 1,
+                    NUM_SMS=programs, FLATTEN=cfg.flatten)
+        return meta, (max(1, min(programs, tiles)),)

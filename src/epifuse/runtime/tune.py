@@ -1,0 +1,126 @@
+"""Pick the fastest kernel for a problem once, and remember the choice on disk.
+
+`choose(args, kernels)` times every supported generated kernel on scratch outputs (so tuning
+never touches the user's tensors, and `accumulate=True` or in-place outputs stay correct),
+keeps the winner in memory and in <cache>/tuning.json, keyed by the graph's canonical hash, a
+power-of-two bucket of the shape, the dtypes, the GPU and the library versions. The file is
+rewritten atomically; an unreadable or malformed file is ignored and rebuilt. Under Triton's
+interpreter, or with EPIFUSE_TUNE=0, the first supported kernel is taken untimed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+
+import torch
+import triton
+
+from .cache import cache_dir
+
+_LOCK = threading.Lock()
+_MEMORY: dict[str, str] = {}
+
+
+def _bucket(n: int) -> int:
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+def shape_bucket(args) -> str:
+    return f"L{_bucket(args.L)} M{_bucket(args.M)} N{_bucket(args.N)} K{_bucket(args.K)}"
+
+
+def tuning_key(args) -> str:
+    from .. import __version__
+    device = args.A.device
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    outputs = ",".join(f"{n}:{t.dtype}" for n, t in args.outputs.items())
+    return "|".join([
+        args.key, shape_bucket(args),
+        f"{args.A.dtype}x{args.B.dtype}", outputs, f"{args.precision} det={args.deterministic}",
+        gpu, f"torch {torch.__version__}", f"triton {triton.__version__}", f"epifuse {__version__}"])
+
+
+def _path():
+    return cache_dir().parent / "tuning.json"
+
+
+def _load() -> dict:
+    try:
+        with open(_path()) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) and all(isinstance(v, str) for v in data.values()) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _store(key: str, choice: str) -> None:
+    path = _path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _load()
+        data[key] = choice
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=0, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-tune next time
+
+
+def _scratch_args(args):
+    """The same problem writing into fresh outputs."""
+    from ..api import EpilogueArguments, GemmArguments
+    epi = args.epilogue
+    outputs = {name: torch.empty_like(t) for name, t in epi.outputs.items()}
+    scratch = EpilogueArguments(epi.program, accumulate=False, deterministic=epi.deterministic,
+                                compute_dtype=epi.compute_dtype, **epi.operands, **outputs)
+    return GemmArguments(args.A, args.B, epilogue=scratch, accumulator_type=args.accumulator_type,
+                         precision=args.precision)
+
+
+def choose(args, kernels: list):
+    """The fastest of `kernels` (all supporting args) for this problem; tunes on first use."""
+    generated = [k for k in kernels if k.name != "reference"]
+    if len(generated) <= 1 or args.A.device.type != "cuda" or os.environ.get("EPIFUSE_TUNE") == "0":
+        return kernels[0]
+    key = tuning_key(args)
+    with _LOCK:
+        if key not in _MEMORY:
+            remembered = _load().get(key)
+            if remembered is not None:
+                _MEMORY[key] = remembered
+    by_name = {repr(k): k for k in generated}
+    remembered = _MEMORY.get(key)
+    if remembered in by_name:
+        return by_name[remembered]
+    best = _time_all(args, generated)
+    with _LOCK:
+        _MEMORY[key] = repr(best)
+    _store(key, repr(best))
+    return best
+
+
+def _time_all(args, kernels):
+    from triton.testing import do_bench
+    scratch = _scratch_args(args)
+    quiet = bool(os.environ.get("EPIFUSE_QUIET"))
+    timings = []
+    for i, kernel in enumerate(kernels):
+        if not quiet:
+            print(f"\repifuse: tuning {i + 1}/{len(kernels)} {kernel!r:60s}", end="", file=sys.stderr, flush=True)
+        try:
+            kernel.run(scratch)
+            ms = do_bench(lambda: kernel.run(scratch), warmup=3, rep=15, return_mode="median")
+        except Exception:  # a config that fails to compile or launch is simply not chosen
+            continue
+        timings.append((ms, i, kernel))
+    if not timings:
+        return kernels[0]
+    ms, _, best = min(timings)
+    if not quiet:
+        print(f"\repifuse: chose {best!r} ({ms * 1e3:.1f} us) of {len(timings)} for "
+              f"{args.M}x{args.N}x{args.K}", file=sys.stderr)
+    return best
