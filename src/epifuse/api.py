@@ -259,6 +259,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = Non
     >>> epifuse.gemm(A, B, epi, bias=torch.full((5,), -1.0))[0]
     tensor([2., 2., 2., 2., 2.])
     """
+    if _through_torch_ops(A, B, tensors):
+        from .torch_ops import gemm as gemm_op  # autograd and torch.compile: the custom ops
+        return gemm_op(A, B, epilogue, out_dtype=out_dtype, accumulate=accumulate,
+                       deterministic=deterministic, compute_dtype=compute_dtype,
+                       precision=precision, **tensors)
     program = parse(epilogue if epilogue is not None else IDENTITY_EPILOGUE)
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise ShapeError("A and B must be torch tensors.")
@@ -278,6 +283,14 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = Non
     _choose_kernel(args).run(args)
     outputs = tuple(epi.outputs[name] for name, _ in program.outputs)
     return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _through_torch_ops(A, B, tensors: dict) -> bool:
+    """Inputs that require grad, or tracing by torch.compile: go through epifuse.torch_ops."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (A, B, *tensors.values()))
 
 
 def _allocate_output(program: Program, node, A, accum_shape, out_dtype):

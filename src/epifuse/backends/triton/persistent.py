@@ -81,7 +81,9 @@ class TritonPersistent(TritonTiled):
         return supported(f"persistent TMA {self.config}")
 
     def _config(self, args) -> TileConfig:
-        return INTERPRETER_CONFIG if uses_interpreter(args.A.device) else self.config
+        if uses_interpreter(args.A.device):
+            return INTERPRETER_CONFIG
+        return self._fallback.get((args.key, self.config), self.config)
 
     def _gemm_values(self, args) -> list:
         A, B = _operand_a(args), _operand_b(args)

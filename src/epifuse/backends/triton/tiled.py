@@ -104,6 +104,7 @@ class TritonTiled(Kernel):
     _modules: dict = {}
     _layouts: dict = {}
     _warmed: set = set()
+    _fallback: dict = {}
 
     def _module(self, args):
         """The generated kernel module (one per canonical graph and target) and the launch
@@ -123,7 +124,11 @@ class TritonTiled(Kernel):
         return module, entry[1]
 
     def _config(self, args) -> TileConfig:
-        return INTERPRETER_CONFIG if uses_interpreter(args.A.device) else self.config
+        """The config this launch uses: the interpreter's small tiles, a smaller fallback after
+        an out-of-resources failure, or this kernel's own."""
+        if uses_interpreter(args.A.device):
+            return INTERPRETER_CONFIG
+        return self._fallback.get((args.key, self.config), self.config)
 
     def _gemm_values(self, args) -> list:
         return [args.A, args.B, args.M, args.N, args.K, *args.a_strides, *args.b_strides]
@@ -180,34 +185,79 @@ class TritonTiled(Kernel):
                 finish.append((y, work))
         return buffers, finish
 
-    def compile(self, args) -> None:
-        module, layout = self._module(args)
-        if not uses_interpreter(args.A.device):
-            buffers, _ = self._reduction_buffers(args, layout)
+    def _plan(self, args):
+        """Everything a launch needs, built once per (args, kernel) and kept on args."""
+        plans = args.__dict__.setdefault("_plans", {})
+        plan = plans.get(self)
+        if plan is None:
+            module, layout = self._module(args)
+            buffers, finish = self._reduction_buffers(args, layout)
             values, meta, grid = self._launch_args(args, layout, buffers)
-            module.epifuse_kernel.warmup(*values, grid=grid, **meta)
+            plan = plans[self] = _Plan(module.epifuse_kernel, layout, buffers, finish, values, meta, grid)
+        return plan
+
+    def compile(self, args) -> None:
+        if not uses_interpreter(args.A.device):
+            self._launch(args, self._plan(args), launch=False)
 
     def run(self, args) -> None:
-        module, layout = self._module(args)
-        buffers, finish = self._reduction_buffers(args, layout)
-        values, meta, grid = self._launch_args(args, layout, buffers)
+        plan = self._plan(args)
         if args.reductions and not uses_interpreter(args.A.device):
             signature = (args.key, args.deterministic, args.A.dtype, self.config)
             if signature not in self._warmed:
                 # Compile before the outputs are initialized, so a failure leaves them untouched.
-                module.epifuse_kernel.warmup(*values, grid=grid, **meta)
+                plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
                 self._warmed.add(signature)
-        for y in layout.outputs:
+        for y in plan.layout.outputs:
             if y.mode == "atomic":
-                buffer = buffers[y.name][0]
+                buffer = plan.buffers[y.name][0]
                 if args.accumulate and buffer is not args.outputs[y.name]:
                     buffer.copy_(args.outputs[y.name])
                 elif not args.accumulate:
                     buffer.fill_(0.0)
         if args.M > 0 and args.N > 0 and args.L > 0:
-            module.epifuse_kernel[grid](*values, **meta)
-        for y, work in finish:
+            self._launch(args, plan)
+        for y, work in plan.finish:
             _finish_reduction(args, y, work)
+
+    def _launch(self, args, plan, launch: bool = True) -> None:
+        """Launch; if this config needs more shared memory than the GPU has (known only once
+        compiled), fall back to a smaller one. The failure happens before the kernel starts,
+        so nothing has been written."""
+        while True:
+            try:
+                if launch:
+                    plan.kernel[plan.grid](*plan.values, **plan.meta)
+                else:
+                    plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
+                return
+            except triton.runtime.errors.OutOfResources:
+                smaller = _smaller(self._config(args))
+                if smaller is None:
+                    raise
+                self._fallback[(args.key, self.config)] = smaller
+                args._plans.pop(self, None)
+                plan = self._plan(args)
+
+
+class _Plan:
+    __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid")
+
+    def __init__(self, kernel, layout, buffers, finish, values, meta, grid):
+        self.kernel, self.layout, self.buffers, self.finish = kernel, layout, buffers, finish
+        self.values, self.meta, self.grid = values, meta, grid
+
+
+def _smaller(cfg: TileConfig) -> TileConfig | None:
+    """The next config down: fewer pipeline stages, then narrower tiles."""
+    from dataclasses import replace
+    if cfg.num_stages > 2:
+        return replace(cfg, num_stages=cfg.num_stages - 1)
+    if cfg.block_n > 64:
+        return replace(cfg, block_n=cfg.block_n // 2)
+    if cfg.block_m > 64:
+        return replace(cfg, block_m=cfg.block_m // 2)
+    return None
 
 
 def _finish_reduction(args, y, work: torch.Tensor) -> None:

@@ -1,0 +1,77 @@
+"""Where does a fused epilogue's time go? Time each kernel config on a set of epilogues of
+rising cost at one shape, with the compiler's register, spill and shared-memory report.
+
+    PYTHONPATH=src:. python -m benchmarks.probe [--shape 16384 4096 1024]
+
+Differences between rows with the same config isolate one epilogue ingredient (a row load,
+the tanh, a second output); `identity` is the main loop alone plus a store.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+from triton.testing import do_bench
+
+import epifuse
+
+EPILOGUES = {
+    "identity": "def e(accum):\n    D = accum\n    return D\n",
+    "row_bias": "def e(accum, bias):\n    D = accum + bias\n    return D\n",
+    "sigmoid": "def e(accum, bias):\n    D = sigmoid(accum + bias)\n    return D\n",
+    "tanh": "def e(accum, bias):\n    D = tanh(accum + bias)\n    return D\n",
+    "bias_gelu": "def e(accum, bias):\n    D = gelu(accum + bias, approximate='tanh')\n    return D\n",
+    "tile_C": "def e(accum, C):\n    D = accum * 1.5 + C * 0.5\n    return D\n",
+    "two_outputs": "def e(accum, C):\n    F = accum * 1.5 + C * 2.0\n    D = relu(F)\n    return D, F\n",
+    "row_sum": "def e(accum):\n    D = accum * 0.5\n    r = sum(D * D, dim=1)\n    return D, r\n",
+}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", type=int, nargs=3, default=(16384, 4096, 1024))
+    parser.add_argument("--epilogues", default=",".join(EPILOGUES))
+    parser.add_argument("--out", default=None)
+    ns = parser.parse_args(argv)
+    M, N, K = ns.shape
+    dev = "cuda"
+    A = torch.randn(M, K, device=dev, dtype=torch.float16)
+    B = torch.randn(K, N, device=dev, dtype=torch.float16) / math.sqrt(K)
+    operands = {"bias": torch.randn(N, device=dev, dtype=torch.float16),
+                "C": torch.randn(M, N, device=dev, dtype=torch.float16)}
+    cublas = do_bench(lambda: A @ B, return_mode="median")
+    rows = []
+    print(f"cublas {cublas * 1e3:.1f} us at {M}x{N}x{K}")
+    for name in ns.epilogues.split(","):
+        src = EPILOGUES[name]
+        program = epifuse.frontend.parse(src)
+        tensors = {k: operands[k] for k in program.operands}
+        for out, _ in program.outputs:
+            tensors[out] = torch.empty(M, dtype=torch.float32, device=dev) if out == "r" else \
+                torch.empty(M, N, dtype=torch.float16, device=dev)
+        args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors))
+        for kernel in epifuse.get_kernels(args):
+            if kernel.name == "reference":
+                continue
+            try:
+                kernel.run(args)
+                ms = do_bench(lambda: kernel.run(args), return_mode="median")
+                plan = args._plans[kernel]
+                compiled = plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
+                info = dict(regs=compiled.n_regs, spills=compiled.n_spills,
+                            smem=compiled.metadata.shared)
+            except Exception as exc:  # report and go on
+                ms, info = float("nan"), {"error": type(exc).__name__}
+            row = dict(epilogue=name, kernel=repr(kernel), us=ms * 1e3, ratio=ms / cublas, **info)
+            rows.append(row)
+            print(f"{name:12s} {row['ratio']:5.2f}  {ms * 1e3:7.1f} us  {info}  {kernel!r}", flush=True)
+    if ns.out:
+        with open(ns.out, "w") as f:
+            json.dump({"cublas_us": cublas * 1e3, "shape": [M, N, K],
+                       "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

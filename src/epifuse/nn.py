@@ -1,0 +1,223 @@
+"""epifuse.nn: `FusedLinear`, an `nn.Linear` whose activation (or any epilogue) runs fused.
+
+    layer = FusedLinear(1024, 4096, epilogue="gelu")          # y = gelu(x @ W.T + b), one kernel
+    layer = FusedLinear(1024, 4096, epilogue=my_epilogue)     # a function or a string epilogue
+    model = fuse_linear_activations(model)                    # Linear + ReLU/GELU/... pairs
+
+Parameters and `state_dict` are exactly nn.Linear's (`weight` (out, in), `bias` (out,)), so a
+checkpoint loads into either. The epilogue's accum is `x @ W.T`; when the layer has a bias and
+the epilogue takes no `bias` parameter, accum is `x @ W.T + bias` (the bias add is fused too);
+an epilogue with a `bias` parameter receives the bias and uses it as it likes. Other operands of
+the epilogue are passed to `forward` by name (`layer(x, C=residual)`); tensors shaped like the
+output are flattened with it. Gradients, torch.compile, CUDA graphs and autocast (fp16/bf16:
+x and W are cast, the output has the autocast dtype, the epilogue computes in fp32) work as for
+`nn.Linear`; float64 layers compute their epilogue in float64. See docs/autograd.md for
+what the backward fuses.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from . import torch_ops
+from .autodiff import _Names
+from .frontend import Expr, Program, Statement, parse
+
+# Named epilogues: the expression applied to `x` (accum plus bias).
+ACTIVATIONS = {
+    "identity": "x", "relu": "relu(x)", "gelu": "gelu(x)", "gelu_tanh": "gelu(x, approximate='tanh')",
+    "silu": "silu(x)", "sigmoid": "sigmoid(x)", "tanh": "tanh(x)", "relu6": "relu6(x)",
+    "mish": "mish(x)", "hardswish": "hardswish(x)", "hardsigmoid": "hardsigmoid(x)",
+    "softplus": "softplus(x)", "elu": "elu(x)", "leaky_relu": "leaky_relu(x)",
+    "relu_squared": "square(relu(x))",
+}
+
+
+def activation_source(expression: str, bias: bool, name: str = "fused_linear") -> str:
+    """The epilogue source applying `expression` (in `x`) to accum (+ bias)."""
+    params = "accum, bias" if bias else "accum"
+    pre = "accum + bias" if bias else "accum"
+    return f"def {name}({params}):\n    x = {pre}\n    D = {expression}\n    return D\n"
+
+
+def _activation_expression(module: nn.Module) -> str | None:
+    """The epilogue expression of a torch activation module, or None if it has none."""
+    simple = {nn.ReLU: "relu(x)", nn.SiLU: "silu(x)", nn.Sigmoid: "sigmoid(x)", nn.Tanh: "tanh(x)",
+              nn.ReLU6: "relu6(x)", nn.Mish: "mish(x)", nn.Hardswish: "hardswish(x)",
+              nn.Hardsigmoid: "hardsigmoid(x)", nn.Identity: "x"}
+    if type(module) in simple:
+        return simple[type(module)]
+    if type(module) is nn.GELU:
+        return "gelu(x)" if module.approximate == "none" else "gelu(x, approximate='tanh')"
+    if type(module) is nn.LeakyReLU:
+        return f"leaky_relu(x, {float(module.negative_slope)!r})"
+    if type(module) is nn.ELU:
+        return f"elu(x, {float(module.alpha)!r})"
+    if type(module) is nn.Softplus:
+        return f"softplus(x, {float(module.beta)!r}, {float(module.threshold)!r})"
+    return None
+
+
+def _program(epilogue, bias: bool) -> tuple[Program, str | None, str]:
+    """(program, the operand that receives the bias, a label for repr)."""
+    if epilogue is None:
+        epilogue = "identity"
+    if isinstance(epilogue, str) and epilogue in ACTIVATIONS:
+        return parse(activation_source(ACTIVATIONS[epilogue], bias, f"fused_linear_{epilogue}")), \
+            ("bias" if bias else None), epilogue
+    if isinstance(epilogue, str) and not epilogue.lstrip().startswith("def"):
+        raise ValueError(f"Unknown activation {epilogue!r}: use one of {', '.join(ACTIVATIONS)}, "
+                         "a function or a string holding one `def`.")
+    program = parse(epilogue)
+    label = program.name
+    if not bias:
+        return program, None, label
+    if "bias" in program.params:
+        return program, "bias", label
+    program = _add_bias(program)
+    return program, program.params[-1], label
+
+
+def _add_bias(program: Program) -> Program:
+    """The same epilogue with accum meaning accum + bias (a new last parameter)."""
+    taken = {*program.params, *(s.target for s in program.statements)}
+    names = _Names(taken)
+    bias, pre = names.fresh("bias"), names.fresh("accum_plus_bias")
+    loc = program.statements[0].loc if program.statements else program.outputs[0][1]
+
+    def swap(e: Expr) -> Expr:
+        if e.kind == "name" and e.value == "accum":
+            return dataclasses.replace(e, value=pre)
+        if e.kind == "call":
+            return dataclasses.replace(e, args=tuple(swap(a) for a in e.args))
+        return e
+
+    first = Statement(pre, Expr("call", "add", (Expr("name", "accum", loc=loc),
+                                                Expr("name", bias, loc=loc)), loc=loc), loc)
+    statements = (first,) + tuple(dataclasses.replace(s, expr=swap(s.expr))
+                                  for s in program.statements)
+    extra = {"param_locs": program.param_locs + (loc,)} if hasattr(program, "param_locs") else {}
+    return dataclasses.replace(program, params=program.params + (bias,), statements=statements, **extra)
+
+
+class FusedLinear(nn.Module):
+    """`nn.Linear` with a fused epilogue.
+
+    >>> import torch
+    >>> layer = FusedLinear(4, 3, epilogue="relu")
+    >>> y = layer(torch.randn(2, 4))
+    >>> bool((y >= 0).all()), tuple(y.shape)
+    (True, (2, 3))
+    >>> sorted(layer.state_dict()) == sorted(torch.nn.Linear(4, 3).state_dict())
+    True
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 epilogue: Callable | str | None = None, *, recompute: bool = False,
+                 device=None, dtype=None):
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty((out_features, in_features), **factory))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self.recompute = recompute
+        self._set_epilogue(epilogue)
+        self.reset_parameters()
+
+    def _set_epilogue(self, epilogue) -> None:
+        program, bias_name, label = _program(epilogue, self.bias is not None)
+        self.epilogue_name = label
+        self._program, self._bias_name = program, bias_name
+        torch_ops.register_epilogue(program)
+        torch_ops.register_epilogue(program, save_accum=True)
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's initialization."""
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in = self.in_features
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, epilogue=None, recompute: bool = False) -> "FusedLinear":
+        """A FusedLinear sharing `linear`'s parameters (no copy)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.weight = linear.weight
+        layer.bias = linear.bias
+        layer.recompute = recompute
+        layer._set_epilogue(epilogue)
+        return layer
+
+    def forward(self, x: Tensor, **operands):
+        weight, bias = self.weight, self.bias
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            x, weight = x.to(dtype), weight.to(dtype)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        for name, value in list(operands.items()):
+            if isinstance(value, Tensor) and value.dim() == len(lead) + 1 and value.dim() > 2 \
+                    and value.shape[:-1] == lead:
+                operands[name] = value.reshape(-1, value.shape[-1])
+        if self._bias_name is not None:
+            operands[self._bias_name] = bias
+        compute = torch.float64 if x2.dtype == torch.float64 else torch.float32
+        outs = torch_ops.gemm(x2, weight.t(), self._program, recompute=self.recompute,
+                              compute_dtype=compute, **operands)
+        single = not isinstance(outs, tuple)
+        outs = (outs,) if single else outs
+        rows = x2.shape[0]
+        outs = tuple(o.reshape(*lead, o.shape[-1]) if o.dim() == 2 and o.shape[0] == rows else o
+                     for o in outs)
+        return outs[0] if single else outs
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, epilogue={self.epilogue_name}")
+
+
+def fuse_linear_activations(module: nn.Module, inplace: bool = False,
+                            recompute: bool = False) -> nn.Module:
+    """Replace each `Linear` followed by a supported activation inside any `nn.Sequential` of
+    `module` (nested ones included) by a FusedLinear, and the activation by `nn.Identity`.
+
+    Positions are kept, so `state_dict` keys do not change and checkpoints load either way. The
+    FusedLinear shares the Linear's parameters. Without `inplace`, `module` is deep-copied first.
+
+    >>> mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    >>> fused = fuse_linear_activations(mlp)
+    >>> [type(m).__name__ for m in fused]
+    ['FusedLinear', 'Identity', 'Linear']
+    >>> fused.load_state_dict(mlp.state_dict())
+    <All keys matched successfully>
+    """
+    if not inplace:
+        module = copy.deepcopy(module)
+    for child in [m for m in module.modules() if isinstance(m, nn.Sequential)]:
+        names = list(child._modules)
+        for first, second in zip(names, names[1:]):
+            linear, act = child._modules[first], child._modules[second]
+            if type(linear) is not nn.Linear:
+                continue
+            expression = _activation_expression(act)
+            if expression is None or type(act) is nn.Identity:
+                continue
+            source = activation_source(expression, linear.bias is not None)
+            child._modules[first] = FusedLinear.from_linear(linear, source, recompute)
+            child._modules[second] = nn.Identity()
+    return module
+
+
+__all__ = ["FusedLinear", "fuse_linear_activations", "ACTIVATIONS", "activation_source"]

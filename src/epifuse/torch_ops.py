@@ -1,0 +1,462 @@
+"""epifuse GEMMs as PyTorch operators: torch.library custom ops, fake impls, autograd.
+
+Two operators, generic over epilogues (an epilogue is registered once, in a table, and the ops
+take its integer id):
+
+    epifuse::gemm(int epilogue, Tensor A, Tensor B, Tensor[] tensors, float[] numbers,
+                  str kinds, str out_dtypes, ScalarType compute_dtype, bool deterministic,
+                  str precision) -> Tensor[]                        allocates its outputs
+    epifuse::gemm_out(int epilogue, Tensor A, Tensor B, Tensor[] tensors, float[] numbers,
+                      str kinds, Tensor(a!)[] outputs, ScalarType compute_dtype,
+                      bool accumulate, bool deterministic, str precision) -> ()
+
+`kinds` has one letter per operand of the epilogue, in order: "t" takes the next of `tensors`,
+"n" the next of `numbers` (a plain tensor list, so autograd sees every tensor operand).
+`out_dtypes` names one dtype per output ("bfloat16,float32"; empty: the defaults of
+`epifuse.gemm`). The fake impls give every output's shape and dtype from the epilogue and the
+input shapes alone, so FakeTensorMode and torch.compile(fullgraph=True) trace without running
+anything. The launch path allocates its outputs with torch (a CUDA graph's private pool when
+capturing) and never synchronizes with the host, so captured calls replay correctly.
+
+Autograd (`epifuse::gemm` only; see docs/autograd.md): the backward is derived from the graph
+(`epifuse.autodiff`) and is itself an epilogue run by the same kernels, followed by two torch
+matmuls for dA and dB. By default the forward also stores accum (the epilogue gets one extra
+output, dropped before the caller sees it) and the backward reads it; `recompute=True` keeps
+no accum and the backward kernel recomputes A @ B instead.
+
+>>> import torch, epifuse
+>>> from epifuse import torch_ops
+>>> A = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+>>> B = torch.randn(3, 5, dtype=torch.float64)
+>>> bias = torch.randn(5, dtype=torch.float64, requires_grad=True)
+>>> D = torch_ops.gemm(A, B, "def e(accum, bias):\\n    D = relu(accum + bias)\\n    return D\\n",
+...                    bias=bias, compute_dtype=torch.float64)
+>>> D.sum().backward()
+>>> torch.allclose(bias.grad, ((A @ B + bias) > 0).double().sum(0).detach())
+True
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .api import _bound_graph, _choose_kernel, EpilogueArguments, GemmArguments, IDENTITY_EPILOGUE
+from .autodiff import EXTREMES, _Names, derive, graph_source, restrict
+from .errors import EpilogueArgumentError
+from .frontend import Expr, Program, Statement, parse
+from .ir import AXES
+from .ops import OPS
+from .shapes import accum_shape_of, classify_operand
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8,
+    torch.float8_e4m3fn, torch.float8_e5m2)}
+
+
+# ---- the epilogue table -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered epilogue. `saves_accum`: its last output is accum itself, added by epifuse
+    so the backward can read it; callers see the first `visible` outputs."""
+
+    program: Program
+    saves_accum: bool
+    visible: int
+    user: Program
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.program.outputs)
+
+
+_TABLE: list[Entry] = []
+_IDS: dict[tuple, int] = {}
+_LOCK = threading.Lock()
+
+
+def register_epilogue(epilogue: Callable | str | Program | None, save_accum: bool = False) -> int:
+    """The id of `epilogue` (parsed once; the same epilogue always gets the same id).
+
+    With `save_accum`, the id of a variant that also returns accum as its last output.
+    """
+    program = epilogue if isinstance(epilogue, Program) else parse(
+        epilogue if epilogue is not None else IDENTITY_EPILOGUE)
+    key = (program, save_accum)
+    eid = _IDS.get(key)
+    if eid is not None:
+        return eid
+    visible = len(program.outputs)
+    entry = Entry(_with_accum_output(program) if save_accum else program, save_accum, visible,
+                  program)
+    with _LOCK:
+        if key not in _IDS:
+            _TABLE.append(entry)
+            _IDS[key] = len(_TABLE) - 1
+        return _IDS[key]
+
+
+def entry(eid: int) -> Entry:
+    return _TABLE[eid]
+
+
+def _with_accum_output(program: Program) -> Program:
+    taken = {*program.params, *(s.target for s in program.statements)}
+    name = _Names(taken).fresh("saved_accum")
+    loc = program.outputs[-1][1]
+    statement = Statement(name, Expr("name", "accum", loc=loc), loc)
+    return dataclasses.replace(program, statements=program.statements + (statement,),
+                               outputs=program.outputs + ((name, loc),))
+
+
+@torch.compiler.assume_constant_result
+def _describe(epilogue, save_accum: bool) -> tuple:
+    """(id, operand names, output names, visible count): a constant for torch.compile, which
+    runs this once while tracing instead of tracing the parser."""
+    eid = register_epilogue(epilogue, save_accum)
+    e = _TABLE[eid]
+    return eid, e.program.operands, e.output_names, e.visible
+
+
+# ---- planning: roles, bound graph, output shapes (shared by the real and the fake impls) -----
+
+def pack(names, values: dict) -> tuple[list, list, str]:
+    """Operands by name -> (tensors, numbers, kinds) as the ops take them."""
+    tensors, numbers, kinds = [], [], ""
+    for name in names:
+        value = values[name]
+        if isinstance(value, Tensor):
+            tensors.append(value)
+            kinds += "t"
+        else:
+            numbers.append(float(value))
+            kinds += "n"
+    return tensors, numbers, kinds
+
+
+def unpack(names, tensors, numbers, kinds: str) -> dict:
+    if len(kinds) != len(names) or kinds.count("t") != len(tensors) or kinds.count("n") != len(numbers):
+        raise EpilogueArgumentError(f"epifuse::gemm got operands {kinds!r} ({len(tensors)} tensors, "
+                                    f"{len(numbers)} numbers) for {', '.join(names) or 'no operands'}.")
+    t, n = iter(tensors), iter(numbers)
+    return {name: next(t) if kind == "t" else next(n) for name, kind in zip(names, kinds)}
+
+
+def _plan(program: Program, A: Tensor, B: Tensor, values: dict):
+    accum_shape, _ = accum_shape_of(A, B)
+    roles = tuple(classify_operand(name, values[name], accum_shape, A.device)[0]
+                  for name in program.operands)
+    graph, _ = _bound_graph(program, roles, len(accum_shape))
+    return program, graph, tuple(accum_shape), values, roles
+
+
+def _output_specs(e: Entry, graph, accum_shape, A: Tensor, out_dtypes: str, compute_dtype) -> list:
+    """(shape, dtype) of each output: tiles are accum-shaped (A's dtype by default), reductions
+    drop their dims (float32 by default; float64 when computing in float64).
+
+    out_dtypes: "" (defaults), "tiles=float16" (the caller's tile outputs), or one name per
+    output, comma-separated ("" for a default).
+    """
+    tiles = out_dtypes.removeprefix("tiles=") if out_dtypes.startswith("tiles=") else ""
+    named = out_dtypes.split(",") if out_dtypes and not tiles else [""] * len(graph.outputs)
+    if len(named) != len(graph.outputs):
+        raise EpilogueArgumentError(f"out_dtypes {out_dtypes!r} names {len(named)} dtypes for "
+                                    f"{len(graph.outputs)} outputs.")
+    axes = AXES[3 - len(accum_shape):]
+    specs = []
+    for out, dtype_name in zip(graph.outputs, named):
+        if out.node.op in OPS and OPS[out.node.op].kind == "reduce":
+            dims = out.node.params["dim"]
+            shape = tuple(s for a, s in zip(axes, accum_shape) if a not in dims) or (1,)
+            default = torch.float64 if compute_dtype == torch.float64 else torch.float32
+        else:
+            shape = accum_shape
+            default = A.dtype if A.is_floating_point() else torch.float32
+            if tiles and len(specs) < e.visible:
+                default = _DTYPES[tiles]
+        specs.append((shape, _DTYPES[dtype_name] if dtype_name else default))
+    return specs
+
+
+def _run(program, A, B, values, outputs, compute_dtype, deterministic, precision, accumulate):
+    with torch.autocast(A.device.type, enabled=False):  # the epilogue owns its dtypes
+        epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
+                                compute_dtype=compute_dtype, **values, **outputs)
+        args = GemmArguments(A, B, epilogue=epi, precision=precision)
+        _choose_kernel(args).run(args)
+
+
+# ---- the operators ----------------------------------------------------------------------------
+
+@torch.library.custom_op("epifuse::gemm", mutates_args=())
+def _gemm(epilogue: int, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: list[float],
+          kinds: str, out_dtypes: str, compute_dtype: torch.dtype, deterministic: bool,
+          precision: str) -> list[Tensor]:
+    e = _TABLE[epilogue]
+    values = unpack(e.program.operands, tensors, numbers, kinds)
+    program, graph, accum_shape, values, _ = _plan(e.program, A, B, values)
+    outs = [torch.empty(shape, dtype=dtype, device=A.device)
+            for shape, dtype in _output_specs(e, graph, accum_shape, A, out_dtypes, compute_dtype)]
+    names = [o.name for o in graph.outputs]
+    _run(program, A, B, values, dict(zip(names, outs)), compute_dtype, deterministic, precision, False)
+    return outs
+
+
+@_gemm.register_fake
+def _gemm_fake(epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype, deterministic,
+               precision):
+    e = _TABLE[epilogue]
+    _, graph, accum_shape, _, _ = _plan(e.program, A, B, unpack(e.program.operands, tensors,
+                                                               numbers, kinds))
+    return [A.new_empty(shape, dtype=dtype)
+            for shape, dtype in _output_specs(e, graph, accum_shape, A, out_dtypes, compute_dtype)]
+
+
+@torch.library.custom_op("epifuse::gemm_out", mutates_args=("outputs",))
+def _gemm_out(epilogue: int, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: list[float],
+              kinds: str, outputs: list[Tensor], compute_dtype: torch.dtype, accumulate: bool,
+              deterministic: bool, precision: str) -> None:
+    program = _TABLE[epilogue].program
+    values = unpack(program.operands, tensors, numbers, kinds)
+    named = dict(zip(_TABLE[epilogue].output_names, outputs))
+    _run(program, A, B, values, named, compute_dtype, deterministic, precision, accumulate)
+
+
+@_gemm_out.register_fake
+def _gemm_out_fake(epilogue, A, B, tensors, numbers, kinds, outputs, compute_dtype, accumulate,
+                   deterministic, precision):
+    program = _TABLE[epilogue].program
+    _plan(program, A, B, unpack(program.operands, tensors, numbers, kinds))
+    return None
+
+
+# ---- autograd -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _BackwardPlan:
+    """The registered backward epilogue of one forward (and, for max/min/amax outputs whose
+    rule reads the reduced value, the epilogue that recomputes those values first)."""
+
+    eid: int
+    sources: dict
+    grads: dict
+    out_dtypes: tuple            # per backward output: "accum" | ("operand", name) | "reduce"
+    saved_name: str | None       # the operand that reads the saved accum (None: recompute)
+    pre_eid: int | None
+    pre_outputs: tuple
+
+
+_PLANS: dict[tuple, _BackwardPlan] = {}
+
+
+def _backward_plan(eid, roles, rank, wrt, seeded) -> _BackwardPlan:
+    key = (eid, roles, rank, wrt, seeded)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    e = _TABLE[eid]
+    user = e.user
+    graph, _ = _bound_graph(user, roles, rank)
+    backward = derive(graph, wrt, seeded, rank)
+    taken = {"accum", *user.params, *backward.sources, *(o.name for o in backward.graph.outputs)}
+    saved = _Names(taken).fresh("saved_accum") if e.saves_accum else None
+    source = graph_source(backward.graph, rank, f"{user.name}_backward", accum=saved or "accum")
+    kinds = []
+    for out in backward.graph.outputs:
+        wrt_name = next(n for n, o in backward.grads.items() if o == out.name)
+        if wrt_name == "accum":
+            kinds.append("accum")
+        elif out.node.op == "sum":
+            kinds.append("reduce")
+        else:
+            kinds.append(("operand", wrt_name))
+    extremes = tuple(n for kind, n in backward.sources.values() if kind == "value")
+    pre_eid = None
+    if extremes:
+        pre = restrict(graph, extremes)
+        pre_source = graph_source(pre, rank, f"{user.name}_extremes", accum=saved or "accum")
+        pre_eid = register_epilogue(pre_source)
+    plan = _BackwardPlan(register_epilogue(source), backward.sources, backward.grads,
+                         tuple(kinds), saved, pre_eid, extremes)
+    _PLANS[key] = plan
+    return plan
+
+
+def _setup_context(ctx, inputs, output):
+    eid, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype, deterministic, precision = inputs
+    e = _TABLE[eid]
+    ctx.eid, ctx.numbers, ctx.kinds = eid, list(numbers), kinds
+    ctx.options = (compute_dtype, deterministic, precision)
+    ctx.needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in tensors))
+    saved = [A, B, *tensors]
+    if e.saves_accum:
+        saved.append(output[-1])
+    ctx.save_for_backward(*saved)
+
+
+def _backward(ctx, grads):
+    e = _TABLE[ctx.eid]
+    A, B, *tensors = ctx.saved_tensors
+    accum = tensors.pop() if e.saves_accum else None
+    user = e.user
+    values = unpack(user.operands, tensors, ctx.numbers, ctx.kinds)
+    _, graph, accum_shape, values, roles = _plan(user, A, B, values)
+    rank = len(accum_shape)
+    need_a, need_b, need_ops = ctx.needs
+    tensor_names = [name for name, kind in zip(user.operands, ctx.kinds) if kind == "t"]
+    wrt = (("accum",) if need_a or need_b else ()) + tuple(
+        name for name, need in zip(tensor_names, need_ops) if need)
+    seeded = tuple(name for name, g in zip(e.output_names[:e.visible], grads) if g is not None)
+    result_ops = [None] * len(tensors)
+    # The structure must mirror the inputs': an empty float list reads as an empty tensor list.
+    no_numbers = [] if not ctx.numbers else None
+    nothing = (None, None, None, result_ops, no_numbers) + (None,) * 5
+    if not wrt or not seeded:
+        return nothing
+    plan = _backward_plan(ctx.eid, roles, rank, wrt, seeded)
+    compute_dtype, deterministic, precision = ctx.options
+    if accum is not None:
+        gemm_a, gemm_b = accum[..., :0], accum[..., :0, :]   # K = 0: accum comes from `saved`
+    else:
+        gemm_a, gemm_b = A, B
+    by_output = dict(zip(e.output_names, grads))
+    reductions = {o.name: o.node.params["dim"] for o in graph.outputs
+                  if o.node.op in OPS and OPS[o.node.op].kind == "reduce"}
+    axes = AXES[3 - rank:]
+
+    def keepdim(t: Tensor, dims) -> Tensor:
+        return t.reshape([1 if a in dims else s for a, s in zip(axes, accum_shape)])
+
+    extreme_values = {}
+    if plan.pre_eid is not None:
+        pre_program = _TABLE[plan.pre_eid].program
+        pre_values = _operand_values(pre_program, values, {plan.saved_name: accum})
+        pre_out = _call(plan.pre_eid, gemm_a, gemm_b, pre_program, pre_values, "", ctx.options)
+        for name, value in zip(plan.pre_outputs, pre_out):
+            extreme_values[name] = keepdim(value, reductions[name])
+    special = {plan.saved_name: accum} if plan.saved_name else {}
+    for name, (kind, out_name) in plan.sources.items():
+        if kind == "grad":
+            g = by_output[out_name]
+            special[name] = keepdim(g, reductions[out_name]) if out_name in reductions else g
+        elif kind == "value":
+            special[name] = extreme_values[out_name]
+        elif kind == "count":
+            dims = reductions[out_name]
+            special[name] = float(math.prod(s for a, s in zip(axes, accum_shape) if a in dims))
+    program = _TABLE[plan.eid].program
+    dtypes = []
+    saved_dtype = accum.dtype if accum is not None else (
+        A.dtype if A.is_floating_point() else compute_dtype)
+    reduce_dtype = "float64" if compute_dtype == torch.float64 else "float32"
+    for kind in plan.out_dtypes:
+        if kind == "accum":
+            dtypes.append(_name(saved_dtype))
+        elif kind == "reduce":
+            dtypes.append(reduce_dtype)
+        else:
+            t = values[kind[1]]
+            dtypes.append(_name(t.dtype if t.is_floating_point() else compute_dtype))
+    outs = _call(plan.eid, gemm_a, gemm_b, program, _operand_values(program, values, special),
+                 ",".join(dtypes), ctx.options)
+    results = dict(zip((o for o in plan.grads.values() if o is not None), outs))
+    grad_a = grad_b = None
+    if "accum" in wrt:
+        d_accum = results.get(plan.grads["accum"])
+        if d_accum is None:
+            d_accum = torch.zeros(accum_shape, dtype=saved_dtype, device=A.device)
+        if need_a:
+            grad_a = torch.matmul(d_accum, B.mT.to(d_accum.dtype)).sum_to_size(A.shape).to(A.dtype)
+        if need_b:
+            grad_b = torch.matmul(A.mT.to(d_accum.dtype), d_accum).sum_to_size(B.shape).to(B.dtype)
+    for i, (name, need) in enumerate(zip(tensor_names, need_ops)):
+        if not need:
+            continue
+        t = values[name]
+        out_name = plan.grads[name]
+        if out_name is None:
+            result_ops[i] = torch.zeros_like(t)
+        else:
+            result_ops[i] = results[out_name].reshape(t.shape).to(t.dtype)
+    return (None, grad_a, grad_b, result_ops, no_numbers) + (None,) * 5
+
+
+def _operand_values(program: Program, values: dict, special: dict) -> dict:
+    return {name: special[name] if name in special else values[name] for name in program.operands}
+
+
+def _call(eid, A, B, program, values, out_dtypes, options):
+    compute_dtype, deterministic, precision = options
+    tensors, numbers, kinds = pack(program.operands, values)
+    return torch.ops.epifuse.gemm(eid, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype,
+                                  deterministic, precision)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+torch.library.register_autograd("epifuse::gemm", _backward, setup_context=_setup_context)
+
+
+# ---- the Python entry points --------------------------------------------------------------------
+
+def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
+         out_dtype: torch.dtype | None = None, accumulate: bool = False,
+         deterministic: bool = False, compute_dtype: torch.dtype = torch.float32,
+         precision: str = "default", recompute: bool = False, **tensors):
+    """`epifuse.gemm` through the custom ops: differentiable and traceable by torch.compile.
+
+    Outputs not passed are allocated (tile outputs in `out_dtype`, default A's dtype);
+    outputs passed are written in place (no autograd through them, as torch's out=).
+    `recompute=True`: the backward recomputes A @ B instead of reading a saved accum.
+    """
+    wants_grad = torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in (A, B, *tensors.values()))
+    save = wants_grad and not recompute
+    eid, operand_names, output_names, visible = _describe(epilogue, save)
+    _check_kwargs(operand_names, output_names[:visible], tensors)
+    given = [name for name in output_names[:visible] if name in tensors]
+    operands, numbers, kinds = pack(operand_names, tensors)
+    if given:
+        if wants_grad:
+            raise EpilogueArgumentError(
+                f"Outputs given as tensors ({', '.join(given)}) are written in place, and autograd "
+                "does not flow through them (as with torch's out=), but an input requires grad.",
+                hint="Leave the outputs out to get differentiable ones, or call under torch.no_grad().")
+        if len(given) != visible:
+            raise EpilogueArgumentError("Pass either every output tensor or none of them.",
+                                        hint=f"The epilogue's outputs are: {', '.join(output_names[:visible])}.")
+        eid, operand_names, output_names, visible = _describe(epilogue, False)
+        outs = [tensors[n] for n in output_names]
+        torch.ops.epifuse.gemm_out(eid, A, B, operands, numbers, kinds, outs, compute_dtype,
+                                   accumulate, deterministic, precision)
+    else:
+        if accumulate:
+            raise EpilogueArgumentError("accumulate=True needs the output tensors to fold into.",
+                                        hint="Pass them as keyword arguments (D=..., r=...).")
+        dtypes = f"tiles={_name(out_dtype)}" if out_dtype is not None else ""
+        outs = torch.ops.epifuse.gemm(eid, A, B, operands, numbers, kinds, dtypes, compute_dtype,
+                                      deterministic, precision)[:visible]
+    outs = tuple(outs)
+    return outs[0] if len(outs) == 1 else outs
+
+
+def _check_kwargs(operand_names, output_names, tensors) -> None:
+    for name in operand_names:
+        if name not in tensors:
+            raise EpilogueArgumentError(
+                f"Argument {name} is not provided in the kwargs of the EpilogueArguments constructor",
+                hint=f"Pass {name}=... (an operand).")
+    for name in tensors:
+        if name not in operand_names and name not in output_names:
+            raise EpilogueArgumentError(f"Unexpected keyword argument '{name}'")
+
+
+__all__ = ["gemm", "register_epilogue", "entry", "Entry"]
