@@ -286,11 +286,13 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = Non
 
 
 def _through_torch_ops(A, B, tensors: dict) -> bool:
-    """Inputs that require grad, or tracing by torch.compile: go through epifuse.torch_ops."""
+    """Inputs that require grad, tensor subclasses (FakeTensor, ...) or tracing by torch.compile
+    go through epifuse.torch_ops (custom ops with fake impls and a derived backward)."""
     if torch.compiler.is_compiling():
         return True
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (A, B, *tensors.values()))
+    values = [t for t in (A, B, *tensors.values()) if isinstance(t, torch.Tensor)]
+    return any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in values) or (
+        torch.is_grad_enabled() and any(t.requires_grad for t in values))
 
 
 def _allocate_output(program: Program, node, A, accum_shape, out_dtype):

@@ -58,11 +58,12 @@ class Backward:
 
 def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -> Backward:
     """The backward of `graph` w.r.t. `wrt` ("accum" and/or operand names) given gradients of
-    the outputs named in `seeded`, for an accum of rank `rank` (2 or 3)."""
+    the outputs named in `seeded`, for an accum of rank `rank` (2 or 3). An operand the graph
+    no longer reads (optimized away) has a zero gradient."""
     axes = AXES[3 - rank:]
     operands = {o.name: o for o in graph.operands}
     for name in wrt:
-        if name != "accum" and (name not in operands or operands[name].kind != "tensor"):
+        if name in operands and operands[name].kind != "tensor":
             raise InternalError(f"cannot differentiate w.r.t. {name!r}: not a tensor operand",
                                 str(graph))
     names = _Names({"accum", *operands, *(o.name for o in graph.outputs)})
@@ -75,9 +76,7 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
         sources[name] = source
         return Sym(Node("input", (), extra[name]))
 
-    wrt_ids = set()
-    for name in wrt:
-        wrt_ids.add(id(_leaf(name, operands)))
+    wrt_ids = {id(_leaf(name, operands)) for name in wrt if name == "accum" or name in operands}
     nodes = graph.nodes()
     needs: set[int] = set()
     for node in nodes:
@@ -122,7 +121,7 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
 
     results, grad_names = [], {}
     for name in wrt:
-        g = grads.get(id(_leaf(name, operands)))
+        g = grads.get(id(_leaf(name, operands))) if name == "accum" or name in operands else None
         if g is None:
             grad_names[name] = None
             continue

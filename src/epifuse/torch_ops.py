@@ -243,7 +243,7 @@ class _BackwardPlan:
     """The registered backward epilogue of one forward (and, for max/min/amax outputs whose
     rule reads the reduced value, the epilogue that recomputes those values first)."""
 
-    eid: int
+    eid: int | None
     sources: dict
     grads: dict
     out_dtypes: tuple            # per backward output: "accum" | ("operand", name) | "reduce"
@@ -282,7 +282,8 @@ def _backward_plan(eid, roles, rank, wrt, seeded) -> _BackwardPlan:
         pre = restrict(graph, extremes)
         pre_source = graph_source(pre, rank, f"{user.name}_extremes", accum=saved or "accum")
         pre_eid = register_epilogue(pre_source)
-    plan = _BackwardPlan(register_epilogue(source), backward.sources, backward.grads,
+    eid_b = register_epilogue(source) if backward.graph.outputs else None  # None: all zero
+    plan = _BackwardPlan(eid_b, backward.sources, backward.grads,
                          tuple(kinds), saved, pre_eid, extremes)
     _PLANS[key] = plan
     return plan
@@ -307,7 +308,6 @@ def _backward(ctx, grads):
     user = e.user
     values = unpack(user.operands, tensors, ctx.numbers, ctx.kinds)
     _, graph, accum_shape, values, roles = _plan(user, A, B, values)
-    rank = len(accum_shape)
     need_a, need_b, need_ops = ctx.needs
     tensor_names = [name for name, kind in zip(user.operands, ctx.kinds) if kind == "t"]
     wrt = (("accum",) if need_a or need_b else ()) + tuple(
@@ -316,79 +316,91 @@ def _backward(ctx, grads):
     result_ops = [None] * len(tensors)
     # The structure must mirror the inputs': an empty float list reads as an empty tensor list.
     no_numbers = [] if not ctx.numbers else None
-    nothing = (None, None, None, result_ops, no_numbers) + (None,) * 5
     if not wrt or not seeded:
-        return nothing
-    plan = _backward_plan(ctx.eid, roles, rank, wrt, seeded)
-    compute_dtype, deterministic, precision = ctx.options
-    if accum is not None:
-        gemm_a, gemm_b = accum[..., :0], accum[..., :0, :]   # K = 0: accum comes from `saved`
-    else:
-        gemm_a, gemm_b = A, B
-    by_output = dict(zip(e.output_names, grads))
-    reductions = {o.name: o.node.params["dim"] for o in graph.outputs
-                  if o.node.op in OPS and OPS[o.node.op].kind == "reduce"}
-    axes = AXES[3 - rank:]
-
-    def keepdim(t: Tensor, dims) -> Tensor:
-        return t.reshape([1 if a in dims else s for a, s in zip(axes, accum_shape)])
-
-    extreme_values = {}
-    if plan.pre_eid is not None:
-        pre_program = _TABLE[plan.pre_eid].program
-        pre_values = _operand_values(pre_program, values, {plan.saved_name: accum})
-        pre_out = _call(plan.pre_eid, gemm_a, gemm_b, pre_program, pre_values, "", ctx.options)
-        for name, value in zip(plan.pre_outputs, pre_out):
-            extreme_values[name] = keepdim(value, reductions[name])
-    special = {plan.saved_name: accum} if plan.saved_name else {}
-    for name, (kind, out_name) in plan.sources.items():
-        if kind == "grad":
-            g = by_output[out_name]
-            special[name] = keepdim(g, reductions[out_name]) if out_name in reductions else g
-        elif kind == "value":
-            special[name] = extreme_values[out_name]
-        elif kind == "count":
-            dims = reductions[out_name]
-            special[name] = float(math.prod(s for a, s in zip(axes, accum_shape) if a in dims))
-    program = _TABLE[plan.eid].program
-    dtypes = []
-    saved_dtype = accum.dtype if accum is not None else (
-        A.dtype if A.is_floating_point() else compute_dtype)
-    reduce_dtype = "float64" if compute_dtype == torch.float64 else "float32"
-    for kind in plan.out_dtypes:
-        if kind == "accum":
-            dtypes.append(_name(saved_dtype))
-        elif kind == "reduce":
-            dtypes.append(reduce_dtype)
-        else:
-            t = values[kind[1]]
-            dtypes.append(_name(t.dtype if t.is_floating_point() else compute_dtype))
-    outs = _call(plan.eid, gemm_a, gemm_b, program, _operand_values(program, values, special),
-                 ",".join(dtypes), ctx.options)
-    results = dict(zip((o for o in plan.grads.values() if o is not None), outs))
+        return (None, None, None, result_ops, no_numbers) + (None,) * 5
+    plan = _backward_plan(ctx.eid, roles, len(accum_shape), wrt, seeded)
+    step = _Step(ctx.options, graph, accum_shape, values, accum, A, B)
+    results = step.run(plan, dict(zip(e.output_names, grads)))
     grad_a = grad_b = None
     if "accum" in wrt:
         d_accum = results.get(plan.grads["accum"])
         if d_accum is None:
-            d_accum = torch.zeros(accum_shape, dtype=saved_dtype, device=A.device)
+            d_accum = torch.zeros(accum_shape, dtype=step.accum_dtype, device=A.device)
         if need_a:
             grad_a = torch.matmul(d_accum, B.mT.to(d_accum.dtype)).sum_to_size(A.shape).to(A.dtype)
         if need_b:
             grad_b = torch.matmul(A.mT.to(d_accum.dtype), d_accum).sum_to_size(B.shape).to(B.dtype)
     for i, (name, need) in enumerate(zip(tensor_names, need_ops)):
-        if not need:
-            continue
-        t = values[name]
-        out_name = plan.grads[name]
-        if out_name is None:
-            result_ops[i] = torch.zeros_like(t)
-        else:
-            result_ops[i] = results[out_name].reshape(t.shape).to(t.dtype)
+        if need:
+            t, out_name = values[name], plan.grads[name]
+            grad = results[out_name].reshape(t.shape) if out_name is not None else torch.zeros_like(t)
+            result_ops[i] = grad.to(t.dtype)
     return (None, grad_a, grad_b, result_ops, no_numbers) + (None,) * 5
 
 
-def _operand_values(program: Program, values: dict, special: dict) -> dict:
-    return {name: special[name] if name in special else values[name] for name in program.operands}
+class _Step:
+    """One backward call: runs the backward epilogue (after the extremes it reads, if any)."""
+
+    def __init__(self, options, graph, accum_shape, values, accum, A, B):
+        self.options, self.values, self.accum = options, values, accum
+        self.accum_shape = accum_shape
+        self.axes = AXES[3 - len(accum_shape):]
+        self.reductions = {o.name: o.node.params["dim"] for o in graph.outputs
+                           if o.node.op in OPS and OPS[o.node.op].kind == "reduce"}
+        if accum is not None:
+            self.A, self.B = accum[..., :0], accum[..., :0, :]  # K = 0: accum is an operand
+            self.accum_dtype = accum.dtype
+        else:
+            self.A, self.B = A, B                                # the kernel recomputes A @ B
+            self.accum_dtype = A.dtype if A.is_floating_point() else options[0]
+
+    def keepdim(self, t: Tensor, dims) -> Tensor:
+        return t.reshape([1 if a in dims else s for a, s in zip(self.axes, self.accum_shape)])
+
+    def run(self, plan: _BackwardPlan, grads: dict) -> dict:
+        """{backward output name: tensor}."""
+        if plan.eid is None:
+            return {}
+        special = {plan.saved_name: self.accum} if plan.saved_name else {}
+        extremes = self.extremes(plan, special) if plan.pre_eid is not None else {}
+        for name, (kind, out_name) in plan.sources.items():
+            if kind == "grad":
+                g = grads[out_name]
+                special[name] = self.keepdim(g, self.reductions[out_name]) \
+                    if out_name in self.reductions else g
+            elif kind == "value":
+                special[name] = extremes[out_name]
+            elif kind == "count":
+                dims = self.reductions[out_name]
+                special[name] = float(math.prod(s for a, s in zip(self.axes, self.accum_shape)
+                                                if a in dims))
+        outs = self.call(plan.eid, special, ",".join(self.dtypes(plan)))
+        return dict(zip((o for o in plan.grads.values() if o is not None), outs))
+
+    def extremes(self, plan: _BackwardPlan, special: dict) -> dict:
+        """The max/min/amax values the rules compare against, recomputed like the backward
+        recomputes their inputs (so equality picks the same elements)."""
+        outs = self.call(plan.pre_eid, special, "")
+        return {name: self.keepdim(value, self.reductions[name])
+                for name, value in zip(plan.pre_outputs, outs)}
+
+    def dtypes(self, plan: _BackwardPlan) -> list[str]:
+        compute = self.options[0]
+        names = []
+        for kind in plan.out_dtypes:
+            if kind == "accum":
+                names.append(_name(self.accum_dtype))
+            elif kind == "reduce":
+                names.append("float64" if compute == torch.float64 else "float32")
+            else:
+                t = self.values[kind[1]]
+                names.append(_name(t.dtype if t.is_floating_point() else compute))
+        return names
+
+    def call(self, eid: int, special: dict, out_dtypes: str) -> list:
+        program = _TABLE[eid].program
+        values = {n: special[n] if n in special else self.values[n] for n in program.operands}
+        return _call(eid, self.A, self.B, program, values, out_dtypes, self.options)
 
 
 def _call(eid, A, B, program, values, out_dtypes, options):

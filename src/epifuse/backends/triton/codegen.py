@@ -66,6 +66,11 @@ class Layout:
                 names.append(f"{y.prefix}_scale")
         return names
 
+    def tma_candidates(self) -> list[str]:
+        """Prefixes of the tile operands and tile outputs a TMA descriptor could move."""
+        return ([o.prefix for o in self.operands if {"M", "N"} <= set(o.axes)]
+                + [y.prefix for y in self.outputs if y.mode == "tile"])
+
 
 def reduction_mode(op: str, deterministic: bool) -> str:
     """Sums fold with atomics unless asked to be deterministic; max/min always use partials."""
@@ -170,7 +175,8 @@ _PERSISTENT_MAINLOOP = '''
     k_tiles = tl.cdiv(K, BLOCK_K)
     tiles_per_batch = num_pid_m * num_pid_n
     num_pid_in_group = GROUP_M * num_pid_n
-    for tile_id in tl.range(start_pid, L * tiles_per_batch, NUM_SMS, flatten=FLATTEN):
+    for tile_id in tl.range(start_pid, L * tiles_per_batch, NUM_SMS, flatten=FLATTEN,
+                            warp_specialize=WARP_SPECIALIZE):
         batch = tile_id // tiles_per_batch
         pid_l = batch.to(tl.int64)
         tile = tile_id % tiles_per_batch
@@ -203,19 +209,35 @@ _PERSISTENT_MAINLOOP = '''
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         rm = offs_m + tl.arange(0, BLOCK_M)
-        rn = offs_n + tl.arange(0, BLOCK_N)
         mask_m = rm < M
+        acc_lo, acc_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, EPI_N)), (0, 2, 1)))
+'''
+
+# The persistent kernel runs its epilogue on two (BLOCK_M, EPI_N) halves of the tile in turn:
+# half the registers live at once, and half the shared memory for TMA stores.
+_PERSISTENT_SUBTILE = '''
+        acc_e = acc_{half}
+        offs_en = offs_n + {half_index} * EPI_N
+        pid_en = pid_n * 2 + {half_index}
+        rn = offs_en + tl.arange(0, EPI_N)
         mask_n = rn < N
         mask = mask_m[:, None] & mask_n[None, :]
+'''
+
+_TILED_EPILOGUE_START = '''
+    acc_e = acc
+    offs_en = pid_n * BLOCK_N
+    pid_en = pid_n
 '''
 
 _GEMM_PARAMS = ["a_ptr", "b_ptr", "M", "N", "K", "stride_al", "stride_am", "stride_ak",
                 "stride_bl", "stride_bk", "stride_bn"]
 _COMMON_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UPCAST", "PRECISION"]
+_COMMON_META.append("EPI_N")
 KERNEL_SHAPES = {
     "tiled": (_GEMM_PARAMS, _COMMON_META + ["EVEN_K"], _TILED_MAINLOOP, 4),
     "persistent": (_GEMM_PARAMS + ["L"], _COMMON_META + ["A_BATCHED", "B_BATCHED", "B_KMAJOR",
-                                                          "NUM_SMS", "FLATTEN"],
+                                                          "NUM_SMS", "FLATTEN", "WARP_SPECIALIZE"],
                    _PERSISTENT_MAINLOOP, 8),
 }
 
@@ -224,19 +246,42 @@ def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: 
     """The module source of `epifuse_kernel` ("tiled" or "persistent") for `graph` on `target`."""
     gemm_params, meta, mainloop, indent = KERNEL_SHAPES[shape]
     layout = launch_layout(graph, deterministic)
-    lines, helpers = _emit_epilogue(graph, layout)
+    tma = shape == "persistent"
+    lines, helpers = _emit_epilogue(graph, layout, tma)
     body = "".join(" " * indent + line + "\n" for line in lines)
+    if tma:
+        meta = meta + [f"{p.upper()}_TMA" for p in layout.tma_candidates()]
+        setup = "".join("    " + line + "\n" for line in _tma_descriptors(layout))
+        mainloop = mainloop.replace("    num_pid_m = tl.cdiv(M, BLOCK_M)\n", setup + "    num_pid_m = tl.cdiv(M, BLOCK_M)\n", 1)
+        halves = "".join(_PERSISTENT_SUBTILE.format(half=h, half_index=i) + body
+                         for i, h in enumerate(("lo", "hi")))
+    else:
+        halves = _TILED_EPILOGUE_START + body
     params = ",\n    ".join([*gemm_params, *layout.param_names(), *(f"{m}: tl.constexpr" for m in meta)])
     libdevice = "from triton.language.extra import libdevice\n" if target == "cuda" else ""
     return (_HEADER.format(key=key, target=target, libdevice=libdevice)
             + helper_source(helpers, target)
             + f"\n\n@triton.jit\ndef epifuse_kernel(\n    {params},\n):"
-            + mainloop + body)
+            + mainloop + halves)
 
 
-def _emit_epilogue(graph: Graph, layout: Layout) -> tuple[list[str], set[str]]:
-    """The epilogue's lines, unindented. They read acc, rm, rn, mask_m, mask_n, mask, pid_l,
-    pid_m and pid_n, which both main loops define."""
+def _tma_descriptors(layout: Layout) -> list[str]:
+    """Descriptors for tile operands and outputs whose launch says TMA (2: (M, N), 3: (L, M, N))."""
+    lines = []
+    for p in layout.tma_candidates():
+        lines += [f"if {p.upper()}_TMA == 2:",
+                  f"    {p}_desc = tl.make_tensor_descriptor({p}_ptr, shape=[M, N], strides=[{p}_sm, 1], "
+                  "block_shape=[BLOCK_M, EPI_N])",
+                  f"if {p.upper()}_TMA == 3:",
+                  f"    {p}_desc = tl.make_tensor_descriptor({p}_ptr, shape=[L, M, N], "
+                  f"strides=[{p}_sl, {p}_sm, 1], block_shape=[1, BLOCK_M, EPI_N])"]
+    return lines
+
+
+def _emit_epilogue(graph: Graph, layout: Layout, tma: bool = False) -> tuple[list[str], set[str]]:
+    """The epilogue's lines, unindented, over one (BLOCK_M, EPI_N) piece of the tile. They read
+    acc_e, rm, rn, mask_m, mask_n, mask, pid_l, pid_m, pid_en, offs_m, offs_en (and batch and
+    the TMA descriptors when `tma`), which the main loops define."""
     lines: list[str] = []
     helpers: set[str] = set()
     names: dict[int, str] = {}
@@ -245,11 +290,11 @@ def _emit_epilogue(graph: Graph, layout: Layout) -> tuple[list[str], set[str]]:
         var = f"v{i}"
         names[id(node)] = var
         if node.op == "accum":
-            lines.append(f"{var} = acc")
+            lines.append(f"{var} = acc_e")
         elif node.op == "const":
             names[id(node)] = _f(node.arg)
         elif node.op == "input":
-            lines.append(f"{var} = {_load_operand(operand_prefix[node.arg.name])}")
+            lines.extend(_load_operand(var, operand_prefix[node.arg.name], tma))
         elif OPS[node.op].kind == "reduce":
             continue  # emitted by its output's store
         else:
@@ -261,7 +306,7 @@ def _emit_epilogue(graph: Graph, layout: Layout) -> tuple[list[str], set[str]]:
             lines.append(f"{var} = {rule.emit(*srcs, **node.params)}")
     for y, out in zip(layout.outputs, graph.outputs):
         if y.reduce is None:
-            lines.extend(_store_tile(y, names[id(out.node)], out.node))
+            lines.extend(_store_tile(y, names[id(out.node)], out.node, tma))
         else:
             source = out.node.src[0]
             lines.extend(_store_reduction(y, names[id(source)], source))
@@ -294,12 +339,21 @@ def _mask_of(axes) -> str | None:
     return None
 
 
-def _load_operand(o: OperandParams) -> str:
+def _load_operand(var: str, o: OperandParams, tma: bool) -> list[str]:
     if o.kind == "number":
-        return o.prefix
+        return [f"{var} = {o.prefix}"]
     mask = _mask_of(o.axes)
     masked = f", mask={mask}, other=0.0" if mask else ""
-    return f"tl.load({o.prefix}_ptr + {_offset(o.prefix, o.axes)}{masked}).to(tl.float32)"
+    pointer_load = f"{var} = tl.load({o.prefix}_ptr + {_offset(o.prefix, o.axes)}{masked}).to(tl.float32)"
+    if not (tma and {"M", "N"} <= set(o.axes)):
+        return [pointer_load]
+    flag = f"{o.prefix.upper()}_TMA"
+    return [f"if {flag} == 2:",
+            f"    {var} = {o.prefix}_desc.load([offs_m, offs_en]).to(tl.float32)",
+            f"elif {flag} == 3:",
+            f"    {var} = {o.prefix}_desc.load([batch, offs_m, offs_en]).reshape(BLOCK_M, EPI_N).to(tl.float32)",
+            "else:",
+            f"    {pointer_load}"]
 
 
 def _as_full_tile(expr: str, node: Node) -> str:
@@ -307,13 +361,21 @@ def _as_full_tile(expr: str, node: Node) -> str:
         expr = f"{expr}.to(tl.float32)"
     if {"M", "N"} <= set(node.axes):
         return expr
-    return f"({expr} + tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))"
+    return f"({expr} + tl.zeros((BLOCK_M, EPI_N), dtype=tl.float32))"
 
 
-def _store_tile(y: OutputParams, expr: str, node: Node) -> list[str]:
-    value = _as_full_tile(expr, node)
-    return [f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, "
-            f"{value}.to({y.prefix}_ptr.dtype.element_ty), mask=mask)"]
+def _store_tile(y: OutputParams, expr: str, node: Node, tma: bool) -> list[str]:
+    value = f"{_as_full_tile(expr, node)}.to({y.prefix}_ptr.dtype.element_ty)"
+    pointer_store = f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, {value}, mask=mask)"
+    if not tma:
+        return [pointer_store]
+    flag = f"{y.prefix.upper()}_TMA"
+    return [f"if {flag} == 2:",
+            f"    {y.prefix}_desc.store([offs_m, offs_en], {value})",
+            f"elif {flag} == 3:",
+            f"    {y.prefix}_desc.store([batch, offs_m, offs_en], {value}.reshape(1, BLOCK_M, EPI_N))",
+            "else:",
+            f"    {pointer_store}"]
 
 
 def _store_reduction(y: OutputParams, expr: str, node: Node) -> list[str]:
@@ -344,7 +406,7 @@ def _store_reduction(y: OutputParams, expr: str, node: Node) -> list[str]:
         terms = [f"{index[a]} * {y.prefix}_s{a.lower()}" for a in y.axes]
         lines.append(f"tl.atomic_add({y.prefix}_ptr + {' + '.join(terms) or '0'}, {r}{mask})")
     else:
-        index.update({a: f"pid_{a.lower()}" for a in ("M", "N") if a in y.dims})
+        index.update({a: {"M": "pid_m", "N": "pid_en"}[a] for a in ("M", "N") if a in y.dims})
         terms = [f"{index[a]} * {y.prefix}_s{a.lower()}" for a in AXES]
         lines.append(f"tl.store({y.prefix}_ptr + {' + '.join(terms)}, {r}{mask})")
     return lines

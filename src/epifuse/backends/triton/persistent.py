@@ -21,6 +21,7 @@ CUDA_CONFIGS = (
     TileConfig(128, 256, 64, 8, 8, 3, flatten=True),
     TileConfig(128, 128, 64, 8, 8, 4, flatten=True),
     TileConfig(128, 128, 64, 8, 4, 4, flatten=False),
+    TileConfig(128, 256, 64, 8, 8, 3, flatten=True, warp_specialize=True),
 )
 FP32_CONFIGS = (TileConfig(128, 128, 32, 8, 8, 3, flatten=True),)
 
@@ -92,7 +93,9 @@ class TritonPersistent(TritonTiled):
         return [A, B, args.M, args.N, args.K, stride_al, A.stride(-2), A.stride(-1),
                 stride_bl, B.stride(-2), B.stride(-1), args.L]
 
-    def _shape_meta(self, args, cfg) -> tuple[dict, tuple]:
+    subtiles = 2
+
+    def _shape_meta(self, args, cfg, layout) -> tuple[dict, tuple]:
         A, B = _operand_a(args), _operand_b(args)
         tiles = args.L * triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n)
         if uses_interpreter(args.A.device):
@@ -101,5 +104,22 @@ class TritonPersistent(TritonTiled):
             _install_allocator()
             programs = _sm_count(args.A.device.index or 0)
         meta = dict(A_BATCHED=A.dim() == 3, B_BATCHED=B.dim() == 3, B_KMAJOR=B.stride(-1) != 1,
-                    NUM_SMS=programs, FLATTEN=cfg.flatten)
+                    NUM_SMS=programs, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize)
+        for o in layout.operands:
+            if {"M", "N"} <= set(o.axes):
+                meta[f"{o.prefix.upper()}_TMA"] = _tma_mode(args.operands[o.name], args.strides[o.name],
+                                                             "L" in o.axes)
+        for y in layout.outputs:
+            if y.mode == "tile":
+                meta[f"{y.prefix.upper()}_TMA"] = _tma_mode(args.outputs[y.name], args.strides[y.name],
+                                                             args.L > 1)
         return meta, (max(1, min(programs, tiles)),)
+
+
+def _tma_mode(t: torch.Tensor, strides: dict, batched: bool) -> int:
+    """2 or 3 (a (M, N) or (L, M, N) descriptor) when TMA can move `t`, else 0 (pointers)."""
+    size = t.element_size()
+    leading = [strides["M"]] + ([strides["L"]] if batched else [])
+    if strides.get("N") != 1 or t.data_ptr() % 16 or any((s * size) % 16 for s in leading):
+        return 0
+    return 3 if batched else 2

@@ -35,10 +35,12 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 3
     flatten: bool = False  # persistent kernels: fuse the tile and K loops for pipelining
+    warp_specialize: bool = False  # persistent kernels: producer/consumer warps
 
     def __str__(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k} group {self.group_m}, "
-                f"{self.num_warps} warps, {self.num_stages} stages" + (", flat" if self.flatten else ""))
+                f"{self.num_warps} warps, {self.num_stages} stages" + (", flat" if self.flatten else "")
+                + (", ws" if self.warp_specialize else ""))
 
 
 INTERPRETER_CONFIG = TileConfig(32, 32, 32, group_m=2, num_warps=1, num_stages=1)
@@ -133,7 +135,9 @@ class TritonTiled(Kernel):
     def _gemm_values(self, args) -> list:
         return [args.A, args.B, args.M, args.N, args.K, *args.a_strides, *args.b_strides]
 
-    def _shape_meta(self, args, cfg) -> tuple[dict, tuple]:
+    subtiles = 1  # the epilogue runs on (BLOCK_M, BLOCK_N / subtiles) pieces
+
+    def _shape_meta(self, args, cfg, layout) -> tuple[dict, tuple]:
         """The kernel-shape-specific constexprs and the launch grid."""
         meta = dict(EVEN_K=args.K % cfg.block_k == 0)
         return meta, (triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n), args.L)
@@ -157,8 +161,9 @@ class TritonTiled(Kernel):
         precision = "ieee" if args.precision == "highest" else "tf32"
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                     GROUP_M=cfg.group_m, UPCAST=uses_interpreter(args.A.device), PRECISION=precision,
+                    EPI_N=cfg.block_n // self.subtiles,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        shape_meta, grid = self._shape_meta(args, cfg)
+        shape_meta, grid = self._shape_meta(args, cfg, layout)
         meta.update(shape_meta)
         return values, meta, grid
 
@@ -178,7 +183,7 @@ class TritonTiled(Kernel):
             else:
                 sizes = {"L": args.L,
                          "M": triton.cdiv(args.M, cfg.block_m) if "M" in y.dims else args.M,
-                         "N": triton.cdiv(args.N, cfg.block_n) if "N" in y.dims else args.N}
+                         "N": triton.cdiv(args.N, cfg.block_n) * self.subtiles if "N" in y.dims else args.N}
                 work = torch.empty((sizes["L"], sizes["M"], sizes["N"]), device=dest.device,
                                    dtype=torch.float32)
                 buffers[y.name] = (work, dict(zip(AXES, work.stride())))
