@@ -22,11 +22,13 @@ CALLS = {
     2: "{op}(x, C)",
     3: "{op}(x, C, x)",
 }
+# Selections are written to be continuous where x crosses 0 (they pick x or 0 there): the
+# kernel's accum and the float64 one may differ in sign for x within rounding of 0.
 SPECIAL_CALLS = {
-    "where": "where(x > 0, x, C)",
-    "logical_and": "where(logical_and(x > 0, C > 0), x, C)",
-    "logical_or": "where(logical_or(x > 0, C > 0), x, C)",
-    "logical_not": "where(logical_not(x > 0), x, C)",
+    "where": "where(x > 0, x, 0.0 * C)",
+    "logical_and": "where(logical_and(x > 0, C > 0), x, 0.0)",
+    "logical_or": "where(logical_or(x > 0, C < 0), x, 0.0)",
+    "logical_not": "where(logical_not(x > 0), x, 0.0)",
     "to": "x.to(torch.float16)",
     "clamp": "clamp(x, -0.5, 0.75)",
     "leaky_relu": "leaky_relu(x, 0.2)",
