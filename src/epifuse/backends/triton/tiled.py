@@ -229,10 +229,15 @@ class TritonTiled(Kernel):
         """Launch; if this config needs more shared memory than the GPU has (known only once
         compiled), fall back to a smaller one. The failure happens before the kernel starts,
         so nothing has been written."""
+        if launch and plan.fast is not None:
+            plan.fast()
+            return
         while True:
             try:
                 if launch:
-                    plan.kernel[plan.grid](*plan.values, **plan.meta)
+                    compiled = plan.kernel[plan.grid](*plan.values, **plan.meta)
+                    if not uses_interpreter(args.A.device):
+                        plan.fast = _direct_launcher(plan, compiled)
                 else:
                     plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
                 return
@@ -246,11 +251,30 @@ class TritonTiled(Kernel):
 
 
 class _Plan:
-    __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid")
+    __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid", "fast")
 
     def __init__(self, kernel, layout, buffers, finish, values, meta, grid):
         self.kernel, self.layout, self.buffers, self.finish = kernel, layout, buffers, finish
         self.values, self.meta, self.grid = values, meta, grid
+        self.fast = None
+
+
+def _direct_launcher(plan, compiled):
+    """A launch of the already compiled kernel that skips Triton's per-call argument binding
+    and specialization: the plan's arguments (and so their specialization) never change.
+    Not used while Triton launch hooks (profilers) are installed."""
+    from triton import knobs
+    if compiled is None or knobs.runtime.launch_enter_hook or knobs.runtime.launch_exit_hook:
+        return None
+    names = plan.kernel.arg_names
+    args = [*plan.values, *(plan.meta[n] for n in names[len(plan.values):])]
+    grid = (*plan.grid, 1, 1)[:3]
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    current_stream = torch.cuda.current_stream
+
+    def launch():
+        run(grid[0], grid[1], grid[2], current_stream().cuda_stream, function, packed, None, None, None, *args)
+    return launch
 
 
 def _smaller(cfg: TileConfig) -> TileConfig | None:
