@@ -106,7 +106,7 @@ class GemmArguments:
     """
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
-                 accumulator_type: torch.dtype = torch.float32,
+                 accumulator_type: torch.dtype | None = None,
                  epilogue: EpilogueArguments | None = None, precision: str = "default"):
         if epilogue is None:
             if out is None:
@@ -120,6 +120,8 @@ class GemmArguments:
         self.A, self.B = A, B
         self.out = out
         self.epilogue = epilogue
+        if accumulator_type is None:
+            accumulator_type = torch.float32 if A.is_floating_point() else torch.int32
         self.accumulator_type = accumulator_type
         self.precision = precision
         self.accumulate = epilogue.accumulate

@@ -45,11 +45,20 @@ def write_results(args, results: dict) -> None:
             old = dest.to(value.dtype)
             value = {"max": torch.maximum, "amax": torch.maximum, "min": torch.minimum}.get(
                 kind, torch.add)(old, value)
-        dest.copy_(_saturate(value, dest.dtype))
+        dest.copy_(saturate(value, dest.dtype))
 
 
-def _saturate(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def saturate(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The conversion every kernel applies to outputs: integers round to nearest even and
+    saturate (NaN becomes 0); fp8 saturates to its largest finite value (NaN stays NaN);
+    other floating types round to nearest even."""
+    if dtype in FP8_MAX:
+        return value.clamp(-FP8_MAX[dtype], FP8_MAX[dtype])
     if dtype.is_floating_point or dtype == torch.bool:
         return value
     info = torch.iinfo(dtype)
+    value = torch.nan_to_num(value.double(), nan=0.0, posinf=info.max, neginf=info.min)
     return torch.round(value).clamp(info.min, info.max)

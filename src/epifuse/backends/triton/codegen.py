@@ -109,6 +109,21 @@ def _max_nan(a, b):
 @triton.jit
 def _min_nan(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _convert(x, KIND: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr):
+    # Before the cast to an output's dtype: integers round to nearest even (1.5 * 2**23 trick,
+    # exact below 2**22; larger floats are integers already) and saturate, NaN becoming 0;
+    # fp8 saturates to its largest finite value.
+    if KIND == 1:
+        r = tl.where(tl.abs(x) < 4194304.0, (x + 12582912.0) - 12582912.0, x)
+        r = tl.where(r < LO, LO, tl.where(r > HI, HI, r))
+        return tl.where(x != x, 0.0, r)
+    elif KIND == 2:
+        return tl.where(x < LO, LO, tl.where(x > HI, HI, x))
+    else:
+        return x
 '''
 
 _TILED_MAINLOOP = '''
@@ -130,7 +145,10 @@ _TILED_MAINLOOP = '''
     # Rows and columns past the edge are wrapped, not masked: they are never stored.
     a_ptrs = a_ptr + pid_l * stride_al + (rm % M)[:, None] * stride_am + rk[None, :] * stride_ak
     b_ptrs = b_ptr + pid_l * stride_bl + rk[:, None] * stride_bk + (rn % N)[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if ACC_INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -187,7 +205,10 @@ _PERSISTENT_MAINLOOP = '''
         pid_n = (tile % num_pid_in_group) // group_size_m
         offs_m = pid_m * BLOCK_M
         offs_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if ACC_INT:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             offs_k = ki * BLOCK_K
             if A_BATCHED:
@@ -233,7 +254,7 @@ _TILED_EPILOGUE_START = '''
 _GEMM_PARAMS = ["a_ptr", "b_ptr", "M", "N", "K", "stride_al", "stride_am", "stride_ak",
                 "stride_bl", "stride_bk", "stride_bn"]
 _COMMON_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UPCAST", "PRECISION"]
-_COMMON_META.append("EPI_N")
+_COMMON_META += ["EPI_N", "ACC_INT"]
 KERNEL_SHAPES = {
     "tiled": (_GEMM_PARAMS, _COMMON_META + ["EVEN_K"], _TILED_MAINLOOP, 4),
     "persistent": (_GEMM_PARAMS + ["L"], _COMMON_META + ["A_BATCHED", "B_BATCHED", "B_KMAJOR",
@@ -249,6 +270,8 @@ def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: 
     tma = shape == "persistent"
     lines, helpers = _emit_epilogue(graph, layout, tma)
     body = "".join(" " * indent + line + "\n" for line in lines)
+    meta = meta + [f"{y.prefix.upper()}_{part}" for y in layout.outputs if y.mode == "tile"
+                   for part in ("KIND", "LO", "HI")]
     if tma:
         meta = meta + [f"{p.upper()}_TMA" for p in layout.tma_candidates()]
         setup = "".join("    " + line + "\n" for line in _tma_descriptors(layout))
@@ -290,7 +313,7 @@ def _emit_epilogue(graph: Graph, layout: Layout, tma: bool = False) -> tuple[lis
         var = f"v{i}"
         names[id(node)] = var
         if node.op == "accum":
-            lines.append(f"{var} = acc_e")
+            lines.append(f"{var} = acc_e.to(tl.float32)")
         elif node.op == "const":
             names[id(node)] = _f(node.arg)
         elif node.op == "input":
@@ -365,7 +388,9 @@ def _as_full_tile(expr: str, node: Node) -> str:
 
 
 def _store_tile(y: OutputParams, expr: str, node: Node, tma: bool) -> list[str]:
-    value = f"{_as_full_tile(expr, node)}.to({y.prefix}_ptr.dtype.element_ty)"
+    upper = y.prefix.upper()
+    value = (f"_convert({_as_full_tile(expr, node)}, {upper}_KIND, {upper}_LO, {upper}_HI)"
+             f".to({y.prefix}_ptr.dtype.element_ty)")
     pointer_store = f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, {value}, mask=mask)"
     if not tma:
         return [pointer_store]

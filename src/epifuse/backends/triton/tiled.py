@@ -17,11 +17,13 @@ from ...runtime.cache import load_kernel_module
 from ..base import Kernel, Status, supported, unsupported
 from ...ir import AXES
 from ...shapes import output_strides
+from ..reference import FP8_MAX, saturate
 from .codegen import emit_kernel, launch_layout
 from .rules import missing_rules
 
-INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int8, *FP8)
+OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8, torch.uint8, *FP8)
 INT32_LIMIT = 2**31
 _MISSING = missing_rules()
 
@@ -83,12 +85,17 @@ class TritonTiled(Kernel):
             return unsupported(f"tensors on {device.type} are not supported by Triton here")
         if cc is not None and cc < 80:
             return unsupported(f"compute capability {cc} is below 8.0 (Ampere)")
-        if args.A.dtype != args.B.dtype:
-            return unsupported(f"A is {args.A.dtype} but B is {args.B.dtype}; mixed inputs are not supported")
+        if args.A.dtype != args.B.dtype and not (args.A.dtype in FP8 and args.B.dtype in FP8):
+            return unsupported(f"A is {args.A.dtype} but B is {args.B.dtype}; only fp8 e4m3 and e5m2 may mix")
         if args.A.dtype not in INPUT_DTYPES:
-            return unsupported(f"input dtype {args.A.dtype} is not one of fp16, bf16, fp32")
-        if args.accumulator_type != torch.float32:
-            return unsupported(f"accumulator type {args.accumulator_type} is not float32")
+            return unsupported(f"input dtype {args.A.dtype} is not one of fp16, bf16, fp32, int8, "
+                               "fp8 e4m3fn/e5m2 (uint8 GEMMs run in the reference kernel)")
+        expected = torch.int32 if args.A.dtype == torch.int8 else torch.float32
+        if args.accumulator_type != expected:
+            return unsupported(f"accumulator type {args.accumulator_type}: this kernel accumulates "
+                               f"{args.A.dtype} in {expected}")
+        if args.A.dtype in FP8 and cc is not None and cc < 89:
+            return unsupported(f"fp8 inputs need compute capability 8.9 or newer, not {cc}")
         if args.compute_dtype != torch.float32:
             return unsupported(f"compute dtype {args.compute_dtype}: this kernel computes in float32")
         for node in args.graph.nodes():
@@ -96,7 +103,8 @@ class TritonTiled(Kernel):
                 return unsupported(f"op {node.op} has no Triton lowering: {_MISSING[node.op]}")
         for name, dest in args.outputs.items():
             if dest.dtype not in OUTPUT_DTYPES:
-                return unsupported(f"output {name} has dtype {dest.dtype}; this kernel stores fp32, fp16, bf16")
+                return unsupported(f"output {name} has dtype {dest.dtype}; this kernel stores fp32, "
+                                   "fp16, bf16, int32, int8, uint8, fp8")
         if args.largest_span >= INT32_LIMIT:
             return unsupported("a tensor spans 2**31 elements or more; this kernel indexes in int32")
         return None
@@ -159,10 +167,15 @@ class TritonTiled(Kernel):
             if y.reduce == "mean" and y.mode == "atomic":
                 values.append(1.0 / max(args.reduced_count(y.name), 1))
         precision = "ieee" if args.precision == "highest" else "tf32"
+        interpret = uses_interpreter(args.A.device)
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                    GROUP_M=cfg.group_m, UPCAST=uses_interpreter(args.A.device), PRECISION=precision,
+                    GROUP_M=cfg.group_m, UPCAST=interpret, PRECISION=precision,
                     EPI_N=cfg.block_n // self.subtiles,
+                    ACC_INT=args.A.dtype == torch.int8 and not interpret,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        for y in layout.outputs:
+            if y.mode == "tile":
+                meta.update(_conversion_meta(y.prefix, args.outputs[y.name].dtype))
         shape_meta, grid = self._shape_meta(args, cfg, layout)
         meta.update(shape_meta)
         return values, meta, grid
@@ -289,6 +302,19 @@ def _smaller(cfg: TileConfig) -> TileConfig | None:
     return None
 
 
+def _conversion_meta(prefix: str, dtype: torch.dtype) -> dict:
+    """How the kernel converts fp32 to an output's dtype: 0 plain (floats round to nearest
+    even), 1 integer (round to nearest even, saturate, NaN to 0), 2 fp8 (saturate)."""
+    upper = prefix.upper()
+    if dtype in FP8:
+        limit = FP8_MAX[dtype]
+        return {f"{upper}_KIND": 2, f"{upper}_LO": -limit, f"{upper}_HI": limit}
+    if not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        return {f"{upper}_KIND": 1, f"{upper}_LO": float(info.min), f"{upper}_HI": float(info.max)}
+    return {f"{upper}_KIND": 0, f"{upper}_LO": 0.0, f"{upper}_HI": 0.0}
+
+
 def _finish_reduction(args, y, work: torch.Tensor) -> None:
     dest = args.outputs[y.name]
     if y.mode == "partials":
@@ -304,4 +330,4 @@ def _finish_reduction(args, y, work: torch.Tensor) -> None:
             result = combine(dest.to(torch.float32), result)
     else:
         result = work
-    dest.copy_(result)
+    dest.copy_(saturate(result, dest.dtype))

@@ -1,0 +1,101 @@
+"""Every input and output dtype: int8 and fp8 GEMMs, integer and fp8 outputs with their
+rounding and saturation, the W8A8 pattern, and what falls back to the reference kernel.
+
+Integer-valued inputs keep every product exact. On the CPU the interpreter drops fp8
+rounding carries, so fp8 *outputs* get a tolerance there and are compared exactly on a GPU.
+"""
+import pytest
+import torch
+
+import epifuse
+from epifuse.backends.reference import saturate
+from helpers import integer_tensor, reference_outputs, rel_error
+
+M, N, K = 64, 48, 32
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def _run_all(A, B, src, **tensors):
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors))
+    kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+    assert kernels, epifuse.kernel_statuses(args)
+    refs = {n: saturate(r, args.outputs[n].dtype) for n, r in reference_outputs(args).items()}
+    for kernel in kernels:
+        for t in args.outputs.values():
+            t.zero_()
+        kernel.run(args)
+        yield kernel, args, refs
+
+
+def _ints(*shape, dtype, device, low=-3, high=4):
+    return torch.randint(low, high, shape, device=device).to(dtype)
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", [(torch.int8, torch.int8), *[(a, b) for a in FP8 for b in FP8]])
+def test_low_precision_inputs(a_dtype, b_dtype, device):
+    A, B = _ints(M, K, dtype=a_dtype, device=device), _ints(K, N, dtype=b_dtype, device=device)
+    C = integer_tensor(M, N, dtype=torch.float32, device=device)
+    D = torch.empty(M, N, device=device)
+    for kernel, args, refs in _run_all(A, B, "def e(accum, C):\n    D = accum * 2.0 - C\n    return D\n", C=C, D=D):
+        assert torch.equal(D.double(), refs["D"]), kernel
+
+
+def test_k_major_fp8_b_as_for_scaled_mm(device):
+    A = _ints(M, K, dtype=torch.float8_e4m3fn, device=device)
+    B = _ints(N, K, dtype=torch.float8_e4m3fn, device=device).t()
+    D = torch.empty(M, N, device=device, dtype=torch.bfloat16)
+    for kernel, args, refs in _run_all(A, B, "def e(accum):\n    D = accum\n    return D\n", D=D):
+        assert torch.equal(D.double(), refs["D"]), kernel
+
+
+@pytest.mark.parametrize("out_dtype", [torch.int32, torch.int8, torch.uint8])
+def test_integer_outputs_round_to_even_and_saturate(out_dtype, device):
+    A, B = _ints(M, K, dtype=torch.float16, device=device), _ints(K, N, dtype=torch.float16, device=device)
+    # accum * 0.5 hits .5 ties (round to even), * 40 overflows int8/uint8, NaN becomes 0
+    X = integer_tensor(M, N, dtype=torch.float32, device=device)
+    X[0, 0] = float("nan")
+    D = torch.empty(M, N, device=device, dtype=out_dtype)
+    src = "def e(accum, X):\n    D = accum * 0.5 + X * 40.0\n    return D\n"
+    for kernel, args, refs in _run_all(A, B, src, X=X, D=D):
+        assert torch.equal(D, refs["D"].to(out_dtype)), kernel
+        assert D[0, 0] == 0
+
+
+@pytest.mark.parametrize("out_dtype", FP8)
+def test_fp8_outputs_saturate(out_dtype, device):
+    A, B = _ints(M, K, dtype=torch.float16, device=device), _ints(K, N, dtype=torch.float16, device=device)
+    D = torch.empty(M, N, device=device, dtype=out_dtype)
+    src = "def e(accum):\n    D = accum * 1000.0\n    return D\n"
+    for kernel, args, refs in _run_all(A, B, src, D=D):
+        limit = 448.0 if out_dtype == torch.float8_e4m3fn else 57344.0
+        assert D.float().abs().max() <= limit and not torch.isinf(D.float()).any()
+        tol = 0.0 if device == "cuda" else 0.25  # the interpreter drops fp8 rounding carries
+        assert rel_error(D.float(), refs["D"].to(out_dtype).float()) <= tol, kernel
+
+
+def test_w8a8_int8_gemm_with_int32_bias_and_float_scale(device):
+    A = _ints(M, K, dtype=torch.int8, device=device, low=-20, high=21)
+    B = _ints(K, N, dtype=torch.int8, device=device, low=-20, high=21)
+    bias = torch.randint(-1000, 1000, (N,), device=device, dtype=torch.int32)
+    scale = torch.rand(N, device=device) * 0.05
+    D = torch.empty(M, N, device=device, dtype=torch.int8)
+    src = "def w8a8(accum, bias, scale):\n    D = (accum + bias) * scale\n    return D\n"
+    for kernel, args, refs in _run_all(A, B, src, bias=bias, scale=scale, D=D):
+        # float32 scaling vs the float64 reference can differ by one at a .5 boundary
+        assert (D.int() - refs["D"].int()).abs().max() <= 1, kernel
+
+
+def test_uint8_inputs_run_in_the_reference_kernel_and_say_why(device):
+    A, B = _ints(M, K, dtype=torch.uint8, device=device, low=0), _ints(K, N, dtype=torch.uint8, device=device, low=0)
+    D = torch.empty(M, N, device=device, dtype=torch.int32)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments("def e(accum):\n    D = accum\n    return D\n", D=D))
+    statuses = {k.name: s for k, s in epifuse.kernel_statuses(args)}
+    assert not statuses["triton_tiled"].ok and "uint8" in statuses["triton_tiled"].reason
+    epifuse.get_kernels(args)[0].run(args)
+    assert torch.equal(D.long(), A.long() @ B.long())
+
+
+def test_accumulator_type_mismatch_is_an_error(device):
+    A, B = _ints(M, K, dtype=torch.int8, device=device), _ints(K, N, dtype=torch.int8, device=device)
+    with pytest.raises(epifuse.EpilogueError, match="accumulator_type"):
+        epifuse.GemmArguments(A, B, out=torch.empty(M, N, device=device), accumulator_type=torch.float32)
