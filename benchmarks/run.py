@@ -186,6 +186,9 @@ def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, env):
     del sets, s0
     torch.cuda.empty_cache()
     row = make_row(w, shape, dtype, times, errors, first, errs, epifuse_requested="epifuse" in cfg.baselines)
+    tuning = getattr(getattr(getattr(epifuse, "runtime", None), "tune", None), "HISTORY", None)
+    if tuning:
+        row["epifuse_tuning"] = tuning[-1]  # the kernel epifuse chose and every candidate's time
     row.update(sm_mhz=(clocks or {}).get("sm_mhz"), n_input_sets=n_sets)
     return row
 

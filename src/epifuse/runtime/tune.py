@@ -22,6 +22,7 @@ from .cache import cache_dir
 
 _LOCK = threading.Lock()
 _MEMORY: dict[str, str] = {}
+HISTORY: list[dict] = []  # every tuning done in this process: key, choice, timings (for reports)
 
 
 def _bucket(n: int) -> int:
@@ -120,6 +121,8 @@ def _time_all(args, kernels):
     if not timings:
         return kernels[0]
     ms, _, best = min(timings)
+    HISTORY.append({"problem": f"{args.M}x{args.N}x{args.K}", "choice": repr(best),
+                    "timings_us": {repr(k): t * 1e3 for t, _, k in timings}})
     if not quiet:
         print(f"\repifuse: chose {best!r} ({ms * 1e3:.1f} us) of {len(timings)} for "
               f"{args.M}x{args.N}x{args.K}", file=sys.stderr)

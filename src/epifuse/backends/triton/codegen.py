@@ -160,7 +160,7 @@ _TILED_MAINLOOP = '''
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     mask = mask_m[:, None] & mask_n[None, :]
@@ -228,7 +228,7 @@ _PERSISTENT_MAINLOOP = '''
             if UPCAST:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
         rm = offs_m + tl.arange(0, BLOCK_M)
         mask_m = rm < M
         acc_lo, acc_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, EPI_N)), (0, 2, 1)))
