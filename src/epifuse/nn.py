@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from . import torch_ops
 from .autodiff import _Names
+from .errors import EpilogueArgumentError, did_you_mean
 from .frontend import Expr, Program, Statement, parse
 
 # Named epilogues: the expression applied to `x` (accum plus bias).
@@ -71,8 +72,10 @@ def _program(epilogue, bias: bool) -> tuple[Program, str | None, str]:
         return parse(activation_source(ACTIVATIONS[epilogue], bias, f"fused_linear_{epilogue}")), \
             ("bias" if bias else None), epilogue
     if isinstance(epilogue, str) and not epilogue.lstrip().startswith("def"):
-        raise ValueError(f"Unknown activation {epilogue!r}: use one of {', '.join(ACTIVATIONS)}, "
-                         "a function or a string holding one `def`.")
+        raise EpilogueArgumentError(f"Unknown activation {epilogue!r}",
+                                    hint=did_you_mean(epilogue, ACTIVATIONS) or
+                                    f"Use one of {', '.join(ACTIVATIONS)}, a function, or a "
+                                    "string holding one `def`.")
     program = parse(epilogue)
     label = program.name
     if not bias:

@@ -12,10 +12,13 @@ take its integer id):
 
 `kinds` has one letter per operand of the epilogue, in order: "t" takes the next of `tensors`,
 "n" the next of `numbers` (a plain tensor list, so autograd sees every tensor operand).
-`out_dtypes` names one dtype per output ("bfloat16,float32"; empty: the defaults of
-`epifuse.gemm`). The fake impls give every output's shape and dtype from the epilogue and the
-input shapes alone, so FakeTensorMode and torch.compile(fullgraph=True) trace without running
-anything. The launch path allocates its outputs with torch (a CUDA graph's private pool when
+`out_dtypes`: "" (the defaults of `epifuse.gemm`: tiles in A's dtype, reductions in float32,
+or float64 when computing in float64), "tiles=float16" (the caller's tile outputs), or one
+name per output ("bfloat16,,float32"; empty for a default).
+
+The fake impls give every output's shape and dtype from the epilogue and the input shapes
+alone, so FakeTensorMode and torch.compile(fullgraph=True) trace without running anything.
+The launch path allocates its outputs with torch (a CUDA graph's private pool when
 capturing) and never synchronizes with the host, so captured calls replay correctly.
 
 Autograd (`epifuse::gemm` only; see docs/autograd.md): the backward is derived from the graph
@@ -47,7 +50,7 @@ import torch
 from torch import Tensor
 
 from .api import _bound_graph, _choose_kernel, EpilogueArguments, GemmArguments, IDENTITY_EPILOGUE
-from .autodiff import EXTREMES, _Names, derive, graph_source, restrict
+from .autodiff import _Names, derive, graph_source, restrict
 from .errors import EpilogueArgumentError
 from .frontend import Expr, Program, Statement, parse
 from .ir import AXES
@@ -141,9 +144,11 @@ def pack(names, values: dict) -> tuple[list, list, str]:
 
 
 def unpack(names, tensors, numbers, kinds: str) -> dict:
-    if len(kinds) != len(names) or kinds.count("t") != len(tensors) or kinds.count("n") != len(numbers):
-        raise EpilogueArgumentError(f"epifuse::gemm got operands {kinds!r} ({len(tensors)} tensors, "
-                                    f"{len(numbers)} numbers) for {', '.join(names) or 'no operands'}.")
+    if len(kinds) != len(names) or kinds.count("t") != len(tensors) \
+            or kinds.count("n") != len(numbers):
+        raise EpilogueArgumentError(
+            f"epifuse::gemm got operands {kinds!r} ({len(tensors)} tensors, {len(numbers)} "
+            f"numbers) for {', '.join(names) or 'no operands'}.")
     t, n = iter(tensors), iter(numbers)
     return {name: next(t) if kind == "t" else next(n) for name, kind in zip(names, kinds)}
 
@@ -204,7 +209,8 @@ def _gemm(epilogue: int, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: l
     outs = [torch.empty(shape, dtype=dtype, device=A.device)
             for shape, dtype in _output_specs(e, graph, accum_shape, A, out_dtypes, compute_dtype)]
     names = [o.name for o in graph.outputs]
-    _run(program, A, B, values, dict(zip(names, outs)), compute_dtype, deterministic, precision, False)
+    _run(program, A, B, values, dict(zip(names, outs)), compute_dtype, deterministic, precision,
+         False)
     return outs
 
 
@@ -299,6 +305,7 @@ def _setup_context(ctx, inputs, output):
     if e.saves_accum:
         saved.append(output[-1])
     ctx.save_for_backward(*saved)
+    ctx.set_materialize_grads(False)   # unused outputs stay None: their gradients are not read
 
 
 def _backward(ctx, grads):
@@ -333,7 +340,7 @@ def _backward(ctx, grads):
     for i, (name, need) in enumerate(zip(tensor_names, need_ops)):
         if need:
             t, out_name = values[name], plan.grads[name]
-            grad = results[out_name].reshape(t.shape) if out_name is not None else torch.zeros_like(t)
+            grad = torch.zeros_like(t) if out_name is None else results[out_name].reshape(t.shape)
             result_ops[i] = grad.to(t.dtype)
     return (None, grad_a, grad_b, result_ops, no_numbers) + (None,) * 5
 

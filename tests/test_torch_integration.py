@@ -1,0 +1,491 @@
+"""PyTorch integration: the epifuse:: custom ops and their fake impls, torch.compile through
+epifuse.gemm and FusedLinear, FusedLinear against nn.Linear (epilogue forms, state_dict,
+autocast), fuse_linear_activations; on the GPU (marker `gpu`), CUDA graph capture and replay,
+no host synchronization, torch.compile with inductor, and an MLP's training loss curve.
+"""
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import epifuse
+from epifuse import torch_ops
+from epifuse.nn import ACTIVATIONS, FusedLinear, fuse_linear_activations
+from epifuse.ops import gelu, relu, sigmoid, sum  # noqa: A004  (names the epilogues below use)
+
+F64 = torch.float64
+M, N, K = 6, 5, 4
+
+
+def bias_gelu(accum, bias):
+    D = gelu(accum + bias)
+    return D
+
+
+def relu_aux_loss(accum, alpha, C, bias):
+    F = (accum * alpha) + (C * 2.0) + bias
+    D = relu(F)
+    r = sum(D, dim=1)
+    return D, F, r
+
+
+def _tensors(dtype=F64, grad=True):
+    g = torch.Generator().manual_seed(7)
+    shapes = {"A": (M, K), "B": (K, N), "C": (M, N), "bias": (N,)}
+    return {k: torch.randn(*s, dtype=dtype, generator=g).requires_grad_(grad) for k, s in shapes.items()}
+
+
+# ---- the custom ops ----------------------------------------------------------------------------
+
+def test_epilogue_registered_once():
+    first = torch_ops.register_epilogue(bias_gelu)
+    assert torch_ops.register_epilogue(bias_gelu) == first
+    assert torch_ops.register_epilogue(bias_gelu, save_accum=True) != first
+    t = _tensors()
+    epifuse.gemm(t["A"], t["B"], bias_gelu, bias=t["bias"]).sum().backward()
+    count = len(torch_ops._TABLE)
+    for _ in range(3):
+        epifuse.gemm(t["A"], t["B"], bias_gelu, bias=t["bias"]).sum().backward()
+    assert len(torch_ops._TABLE) == count
+
+
+@pytest.mark.parametrize("save_accum", [False, True])
+def test_opcheck_gemm(save_accum):
+    """Schema, fake impl, autograd registration and AOT dispatch (dynamic shapes) agree."""
+    t = _tensors()
+    eid = torch_ops.register_epilogue(relu_aux_loss, save_accum=save_accum)
+    args = (eid, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", "", F64, False, "default")
+    torch.library.opcheck(torch.ops.epifuse.gemm.default, args)
+
+
+def test_opcheck_gemm_out():
+    t = _tensors(grad=False)
+    eid = torch_ops.register_epilogue(relu_aux_loss)
+    outs = [torch.empty(M, N, dtype=F64), torch.empty(M, N, dtype=F64), torch.empty(M, dtype=F64)]
+    args = (eid, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", outs, F64, False, False, "default")
+    torch.library.opcheck(torch.ops.epifuse.gemm_out.default, args)
+
+
+FAKE_CASES = [
+    # (A shape, B shape, epilogue, operands, out_dtype, expected [(shape, dtype)])
+    ((M, K), (K, N), relu_aux_loss, {"alpha": 2.0, "C": (M, N), "bias": (N,)}, None,
+     [((M, N), torch.bfloat16), ((M, N), torch.bfloat16), ((M,), torch.float32)]),
+    ((3, M, K), (K, N), "def e(accum, b):\n    D = sigmoid(accum + b)\n    s = mean(D, dim=(0, 2))\n    return D, s\n",
+     {"b": (3, 1, N)}, torch.float32, [((3, M, N), torch.float32), ((M,), torch.float32)]),
+    ((M, K), (K, N), "def e(accum):\n    loss = amax(accum)\n    return loss\n", {}, None,
+     [((1,), torch.float32)]),
+]
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("a_shape,b_shape,epilogue,operands,out_dtype,expected", FAKE_CASES)
+def test_fake_tensor_shapes(a_shape, b_shape, epilogue, operands, out_dtype, expected,
+                            requires_grad, monkeypatch):
+    def no_kernel(args):
+        raise AssertionError("a kernel ran under FakeTensorMode")
+
+    monkeypatch.setattr(torch_ops, "_choose_kernel", no_kernel)
+    with FakeTensorMode():
+        A = torch.empty(a_shape, dtype=torch.bfloat16, requires_grad=requires_grad)
+        B = torch.empty(b_shape, dtype=torch.bfloat16)
+        kwargs = {k: torch.empty(v) if isinstance(v, tuple) else v for k, v in operands.items()}
+        outs = epifuse.gemm(A, B, epilogue, out_dtype=out_dtype, **kwargs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        assert [(tuple(o.shape), o.dtype) for o in outs] == expected
+
+
+def test_fake_tensor_fused_linear(monkeypatch):
+    monkeypatch.setattr(torch_ops, "_choose_kernel", lambda args: pytest.fail("a kernel ran"))
+    with FakeTensorMode():
+        layer = FusedLinear(16, 32, epilogue="silu", dtype=torch.bfloat16)
+        y = layer(torch.empty(2, 3, 16, dtype=torch.bfloat16))
+        assert y.shape == (2, 3, 32) and y.dtype == torch.bfloat16
+        y.sum().backward()
+        assert layer.weight.grad.shape == (32, 16) and layer.bias.grad.shape == (32,)
+
+
+# ---- torch.compile -----------------------------------------------------------------------------
+
+def test_compile_traces_one_graph_with_the_custom_op():
+    torch._dynamo.reset()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    t = _tensors()
+    fn = torch.compile(lambda A, B, bias: epifuse.gemm(A, B, bias_gelu, bias=bias) * 2.0,
+                       fullgraph=True, backend=record)
+    out = fn(t["A"], t["B"], t["bias"])
+    assert torch.allclose(out, 2.0 * bias_gelu(t["A"] @ t["B"], t["bias"]), atol=1e-6)
+    targets = [node.target for node in graphs[0].graph.nodes]
+    ops = [t for t in targets if t in (torch.ops.epifuse.gemm, torch.ops.epifuse.gemm.default)]
+    assert len(graphs) == 1 and len(ops) == 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compile_through_epifuse_gemm(backend):
+    torch._dynamo.reset()
+    t = _tensors()
+
+    def step(A, B, C, bias):
+        D, F, r = epifuse.gemm(A, B, relu_aux_loss, alpha=0.5, C=C, bias=bias, compute_dtype=F64)
+        return (D * F).sum() + r.square().sum()
+
+    inputs = [t[k] for k in ("A", "B", "C", "bias")]
+    expected = step(*inputs)
+    expected_grads = torch.autograd.grad(expected, inputs)
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    got = compiled(*inputs)
+    got_grads = torch.autograd.grad(got, inputs)
+    assert torch.allclose(got, expected, rtol=1e-12)
+    for a, b in zip(got_grads, expected_grads):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_compile_with_string_epilogue_and_given_outputs():
+    """No grad, outputs passed: the in-place op (epifuse::gemm_out), reductions included."""
+    torch._dynamo.reset()
+    t = _tensors(dtype=torch.float32, grad=False)
+    src = "def e(accum, bias):\n    D = sigmoid(accum + bias)\n    r = sum(D, dim=0)\n    return D, r\n"
+
+    def fn(A, B, bias, D, r):
+        epifuse.gemm(A, B, src, bias=bias, D=D, r=r, precision="highest")
+        return D * 2.0
+
+    D, r = torch.empty(M, N), torch.full((N,), float("nan"))
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(t["A"], t["B"], t["bias"], D, r)
+    expected = torch.sigmoid(t["A"] @ t["B"] + t["bias"])
+    assert torch.allclose(out, expected * 2.0, atol=1e-6)
+    assert torch.allclose(r, expected.sum(0), atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compile_fused_linear(backend):
+    torch._dynamo.reset()
+    layer = FusedLinear(8, 12, epilogue="gelu")
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True, backend=backend)
+    y = compiled(x)
+    expected = torch.nn.functional.gelu(torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert torch.allclose(y, expected, atol=1e-5)
+    grads = torch.autograd.grad((y * y).sum(), (x, layer.weight, layer.bias))
+    ref_grads = torch.autograd.grad((expected * expected).sum(), (x, layer.weight, layer.bias))
+    for a, b in zip(grads, ref_grads):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+# ---- FusedLinear ---------------------------------------------------------------------------------
+
+TORCH_ACTIVATIONS = {
+    "identity": lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "relu6": torch.nn.functional.relu6, "mish": torch.nn.functional.mish,
+    "hardswish": torch.nn.functional.hardswish, "hardsigmoid": torch.nn.functional.hardsigmoid,
+    "softplus": torch.nn.functional.softplus, "elu": torch.nn.functional.elu,
+    "leaky_relu": torch.nn.functional.leaky_relu, "relu_squared": lambda x: torch.relu(x) ** 2,
+}
+
+
+def test_every_named_activation_has_a_torch_twin():
+    assert set(ACTIVATIONS) == set(TORCH_ACTIVATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("bias", [True, False])
+def test_named_epilogues(name, bias):
+    layer = FusedLinear(7, 9, bias=bias, epilogue=name, dtype=F64)
+    x = torch.randn(4, 7, dtype=F64, requires_grad=True)
+    expected = TORCH_ACTIVATIONS[name](torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert torch.allclose(layer(x), expected, atol=1e-12)
+    inputs = (x, layer.weight) + ((layer.bias,) if bias else ())
+    assert torch.autograd.gradcheck(lambda *a: layer(a[0]), inputs)
+    assert layer.extra_repr().endswith(f"epilogue={name}")
+
+
+def test_function_and_string_epilogues_get_the_bias_added():
+    def scaled_silu(accum):
+        D = torch.nn.functional.silu(accum) * 0.5
+        return D
+
+    text = "def scaled_silu(accum):\n    D = silu(accum) * 0.5\n    return D\n"
+    x = torch.randn(3, 6, dtype=F64)
+    for epilogue in (scaled_silu, text):
+        layer = FusedLinear(6, 4, epilogue=epilogue, dtype=F64)
+        expected = 0.5 * torch.nn.functional.silu(torch.nn.functional.linear(x, layer.weight, layer.bias))
+        assert torch.allclose(layer(x), expected, atol=1e-12)
+
+
+def test_epilogue_taking_bias_uses_it_itself():
+    def bias_after(accum, bias):
+        D = torch.tanh(accum) + bias
+        return D
+
+    layer = FusedLinear(6, 4, epilogue=bias_after, dtype=F64)
+    x = torch.randn(3, 6, dtype=F64)
+    assert torch.allclose(layer(x), torch.tanh(x @ layer.weight.T) + layer.bias, atol=1e-12)
+
+
+def test_extra_operands_and_several_outputs():
+    def residual(accum, C):
+        F = accum + C
+        D = relu(F)
+        return D, F
+
+    layer = FusedLinear(6, 4, epilogue=residual, dtype=F64)
+    x, C = torch.randn(2, 3, 6, dtype=F64), torch.randn(2, 3, 4, dtype=F64)
+    D, F = layer(x, C=C)
+    expected = torch.nn.functional.linear(x, layer.weight, layer.bias) + C
+    assert D.shape == F.shape == (2, 3, 4)
+    assert torch.allclose(F, expected, atol=1e-12) and torch.allclose(D, expected.relu(), atol=1e-12)
+
+
+def test_unknown_activation_name():
+    with pytest.raises(epifuse.EpilogueError, match="Unknown activation 'gelux'(.|\n)*'gelu'"):
+        FusedLinear(4, 4, epilogue="gelux")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_state_dict_round_trips(bias):
+    linear = nn.Linear(6, 5, bias=bias)
+    fused = FusedLinear(6, 5, bias=bias, epilogue="relu")
+    assert fused.state_dict().keys() == linear.state_dict().keys()
+    fused.load_state_dict(linear.state_dict())
+    x = torch.randn(3, 6)
+    assert torch.allclose(fused(x), torch.relu(linear(x)), atol=1e-6)
+    other = nn.Linear(6, 5, bias=bias)
+    other.load_state_dict(FusedLinear(6, 5, bias=bias, epilogue="gelu").state_dict())
+    assert torch.equal(FusedLinear.from_linear(other).weight, other.weight)
+
+
+def test_initialization_matches_nn_linear():
+    torch.manual_seed(3)
+    a = nn.Linear(64, 32)
+    torch.manual_seed(3)
+    b = FusedLinear(64, 32)
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_on_cpu(dtype):
+    layer = FusedLinear(16, 8, epilogue="gelu")
+    x = torch.randn(4, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=dtype):
+        y = layer(x)
+        expected = torch.nn.functional.gelu(torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert y.dtype == expected.dtype == dtype
+    assert torch.allclose(y.float(), expected.float(), atol=3e-2, rtol=3e-2)
+    y.float().sum().backward()
+    assert layer.weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+
+
+# ---- converting an nn.Sequential ----------------------------------------------------------------
+
+def _mlp():
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.GELU(approximate="tanh"),
+        nn.Sequential(nn.Linear(16, 16), nn.LeakyReLU(0.2), nn.Linear(16, 16), nn.Softplus(2.0, 5.0)),
+        nn.Linear(16, 4), nn.Dropout(0.0), nn.Linear(4, 3), nn.SiLU(),
+    ).double()
+
+
+def test_fuse_linear_activations():
+    mlp = _mlp()
+    fused = fuse_linear_activations(mlp)
+    kinds = [type(m).__name__ for m in fused.modules()]
+    assert kinds.count("FusedLinear") == 4 and kinds.count("Linear") == 1   # Linear -> Dropout stays
+    assert all(type(m).__name__ != "FusedLinear" for m in mlp.modules())    # not in place
+    assert fused.state_dict().keys() == mlp.state_dict().keys()
+    x = torch.randn(5, 8, dtype=F64)
+    assert torch.allclose(fused(x), mlp(x), atol=1e-12)
+    fused(x).square().sum().backward()
+    mlp(x).square().sum().backward()
+    for (name, p), q in zip(fused.named_parameters(), mlp.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-10), name
+    mlp.load_state_dict(fused.state_dict())
+    fused.load_state_dict(mlp.state_dict())
+
+
+def test_fuse_in_place_shares_parameters():
+    mlp = _mlp()
+    weight = mlp[0].weight
+    fused = fuse_linear_activations(mlp, inplace=True)
+    assert fused is mlp and isinstance(mlp[0], FusedLinear) and mlp[0].weight is weight
+
+
+# ---- GPU -----------------------------------------------------------------------------------------
+
+def _warm(fn, steps=3):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(steps):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("given_outputs", [False, True])
+def test_cuda_graph_capture_and_replay(given_outputs):
+    """The reductions' initialization is captured: replays recompute, they do not accumulate."""
+    M_, N_, K_ = 384, 256, 128
+    A = torch.randn(M_, K_, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(K_, N_, device="cuda", dtype=torch.bfloat16)
+    C = torch.randn(M_, N_, device="cuda")
+    bias = torch.randn(N_, device="cuda")
+    outs = {"D": torch.empty(M_, N_, device="cuda", dtype=torch.bfloat16),
+            "F": torch.empty(M_, N_, device="cuda"), "r": torch.empty(M_, device="cuda")}
+    given = outs if given_outputs else {}
+    result = {}
+
+    def call():
+        result["out"] = epifuse.gemm(A, B, relu_aux_loss, alpha=0.5, C=C, bias=bias, **given)
+
+    _warm(call)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    D, F, r = result["out"] if not given_outputs else (outs["D"], outs["F"], outs["r"])
+    for _ in range(3):
+        A.copy_(torch.randn_like(A))
+        bias.copy_(torch.randn_like(bias))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_F = (A.double() @ B.double()) * 0.5 + C.double() * 2.0 + bias.double()
+        assert torch.allclose(F.double(), ref_F, rtol=1e-2, atol=1e-2)
+        assert torch.allclose(r.double(), ref_F.relu().sum(1), rtol=1e-2, atol=1e-1)
+        assert torch.allclose(D.double(), ref_F.relu(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_training_step():
+    """Forward and backward (the derived backward epilogue and the dA/dB GEMMs) captured."""
+    layer = FusedLinear(256, 512, epilogue="gelu", device="cuda")
+    ref = nn.Linear(256, 512, device="cuda")
+    ref.load_state_dict(layer.state_dict())
+    x = torch.randn(128, 256, device="cuda", requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(layer, (x,))
+    for _ in range(3):
+        x_new = torch.randn(128, 256, device="cuda", requires_grad=True)
+        layer.zero_grad()
+        graphed(x_new).square().sum().backward()
+    expected = torch.nn.functional.gelu(ref(x_new))
+    expected.square().sum().backward()
+    assert torch.allclose(layer.weight.grad, ref.weight.grad, rtol=5e-2, atol=5e-2)
+    assert torch.allclose(layer.bias.grad, ref.bias.grad, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.gpu
+def test_no_host_sync_in_the_launch_path():
+    """After a warm-up (compile, tuning), a training step never synchronizes with the host."""
+    layer = FusedLinear(256, 512, epilogue="silu", device="cuda")
+    x = torch.randn(128, 256, device="cuda", requires_grad=True)
+    src = "def e(accum, bias):\n    D = relu(accum + bias)\n    r = sum(D, dim=1)\n    return D, r\n"
+    bias = torch.randn(512, device="cuda", requires_grad=True)
+
+    def step():
+        layer(x).square().sum().backward()
+        D, r = epifuse.gemm(x, layer.weight.t(), src, bias=bias)
+        (D.sum() + r.sum()).backward()
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")   # any synchronizing CUDA call raises
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+def test_compile_inductor_on_gpu():
+    torch._dynamo.reset()
+    model = fuse_linear_activations(nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 64)).cuda())
+    x = torch.randn(64, 128, device="cuda")
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y, expected = compiled(x), model(x)
+    assert y.dtype == torch.bfloat16
+    assert torch.allclose(y.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    y.float().sum().backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mlp_training_loss_curve_matches_pytorch(dtype):
+    """A few hundred SGD steps: the FusedLinear model follows the plain model's loss curve."""
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True   # epifuse's default precision for fp32 is tf32
+    plain = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.SiLU(),
+                          nn.Linear(256, 10)).cuda()
+    fused = fuse_linear_activations(plain)
+    X = torch.randn(2048, 64, device="cuda")
+    teacher = torch.randn(64, 10, device="cuda")
+    Y = (X @ teacher).argmax(1)
+    curves = []
+    for model in (plain, fused):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for step in range(300):
+            idx = torch.arange(step * 128, (step + 1) * 128, device="cuda") % X.shape[0]
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(X[idx]).float(), Y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(torch.tensor(losses))
+    plain_curve, fused_curve = curves
+    assert fused_curve[-20:].mean() < 0.5 * fused_curve[:20].mean()      # it learns
+    window = lambda c: c.unfold(0, 20, 20).mean(1)                       # noqa: E731
+    tol = 0.05 if dtype == torch.float32 else 0.1     # relative, and absolute in units of the
+    atol = tol * 0.5 * float(plain_curve[:20].mean())  # first losses (the tail is near zero)
+    assert torch.allclose(window(fused_curve), window(plain_curve), rtol=tol, atol=atol), \
+        (window(fused_curve), window(plain_curve))
+    assert math.isfinite(float(fused_curve.sum()))
+
+
+@pytest.mark.gpu
+def test_k_zero_gemm_on_every_gpu_kernel():
+    """The saved-accum backward is an epilogue over a K = 0 GEMM (accum = 0, the saved accum
+    an operand): every kernel that claims support must handle K = 0."""
+    src = "def e(accum, C, bias):\n    D = C * 2.0 + accum\n    r = sum(C * bias, dim=0)\n    return D, r\n"
+    base = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    C, bias = torch.randn(512, 384, device="cuda"), torch.randn(384, device="cuda")
+    D, r = torch.empty(512, 384, device="cuda"), torch.empty(384, device="cuda")
+    args = epifuse.GemmArguments(base[:, :0], base[:0, :], epilogue=epifuse.EpilogueArguments(
+        src, C=C, bias=bias, D=D, r=r))
+    for kernel, status in epifuse.kernel_statuses(args):
+        if not status.ok:
+            continue
+        D.fill_(float("nan"))
+        r.fill_(float("nan"))
+        kernel.run(args)
+        torch.cuda.synchronize()
+        assert torch.equal(D, C * 2.0), kernel
+        assert torch.allclose(r, (C * bias).sum(0), rtol=1e-4, atol=1e-3), kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_backward_on_gpu_matches_torch(dtype, recompute):
+    M_, N_, K_ = 1000, 744, 520
+    A = (torch.randn(M_, K_, device="cuda") / K_ ** 0.5).to(dtype).requires_grad_()
+    B = torch.randn(K_, N_, device="cuda").to(dtype).requires_grad_()
+    C = torch.randn(M_, N_, device="cuda", requires_grad=True)
+    bias = torch.randn(N_, device="cuda", requires_grad=True)
+    D, F, r = torch_ops.gemm(A, B, relu_aux_loss, alpha=0.5, C=C, bias=bias, recompute=recompute)
+    loss = (D.float() * F).sum() + r.square().sum()
+    ours = torch.autograd.grad(loss, (A, B, C, bias))
+    leaves = [t.detach().double().requires_grad_() for t in (A, B, C, bias)]
+    D2, F2, r2 = relu_aux_loss(leaves[0] @ leaves[1], 0.5, leaves[2], leaves[3])
+    theirs = torch.autograd.grad((D2 * F2).sum() + r2.square().sum(), leaves)
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3   # tf32 matmuls in the fp32 case
+    for a, b in zip(ours, theirs):
+        err = float((a.double() - b).norm() / b.norm())
+        assert err < tol, err
