@@ -139,6 +139,7 @@ class FusedLinear(nn.Module):
         program, bias_name, label = _program(epilogue, self.bias is not None)
         self.epilogue_name = label
         self._program, self._bias_name = program, bias_name
+        self._epilogue_id = torch_ops.register_epilogue(program)
         torch_ops.register_epilogue(program)
         torch_ops.register_epilogue(program, save_accum=True)
 
@@ -177,7 +178,7 @@ class FusedLinear(nn.Module):
         if self._bias_name is not None:
             operands[self._bias_name] = bias
         compute = torch.float64 if x2.dtype == torch.float64 else torch.float32
-        outs = torch_ops.gemm(x2, weight.t(), self._program, recompute=self.recompute,
+        outs = torch_ops.gemm(x2, weight.t(), self._epilogue_id, recompute=self.recompute,
                               compute_dtype=compute, **operands)
         single = not isinstance(outs, tuple)
         outs = (outs,) if single else outs

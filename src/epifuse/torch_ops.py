@@ -87,8 +87,12 @@ _LOCK = threading.Lock()
 def register_epilogue(epilogue: Callable | str | Program | None, save_accum: bool = False) -> int:
     """The id of `epilogue` (parsed once; the same epilogue always gets the same id).
 
-    With `save_accum`, the id of a variant that also returns accum as its last output.
+    With `save_accum`, the id of a variant that also returns accum as its last output. An int
+    is an id already: modules keep ids, which torch.compile treats as constants (a Program
+    object would have to be reconstructed across graph breaks).
     """
+    if isinstance(epilogue, int):
+        epilogue = _TABLE[epilogue].user
     program = epilogue if isinstance(epilogue, Program) else parse(
         epilogue if epilogue is not None else IDENTITY_EPILOGUE)
     key = (program, save_accum)

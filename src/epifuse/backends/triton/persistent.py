@@ -31,10 +31,15 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
 def _install_allocator() -> None:
-    """Device-side descriptors need scratch memory, which Triton asks this allocator for."""
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+    """Device-side descriptors need scratch memory, which Triton asks this allocator for. The
+    allocator is a context variable, so it is set in the launching thread every time (autograd
+    runs backward kernels on its own threads)."""
+    triton.set_allocator(_scratch)
 
 
 def _operand_a(args) -> torch.Tensor:
@@ -80,6 +85,11 @@ class TritonPersistent(TritonTiled):
         if args.A.dtype == torch.float32 and self.config.block_k > 32 and not uses_interpreter(device):
             return unsupported("fp32 inputs use 32-deep K tiles in this kernel")
         return supported(f"persistent TMA {self.config}")
+
+    def _launch(self, args, plan, launch: bool = True) -> None:
+        if not uses_interpreter(args.A.device):
+            _install_allocator()
+        super()._launch(args, plan, launch)
 
     def _config(self, args) -> TileConfig:
         if uses_interpreter(args.A.device):
