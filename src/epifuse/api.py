@@ -129,8 +129,8 @@ class GemmArguments:
         self.compute_dtype = epilogue.compute_dtype
         self.accum_shape, (self.L, self.M, self.N, self.K) = accum_shape_of(A, B)
         self.rank = len(self.accum_shape)
-        self.a_strides = _gemm_strides(A, batch_first=True)
-        self.b_strides = _gemm_strides(B, batch_first=True)
+        self.a_strides = _gemm_strides(A)
+        self.b_strides = _gemm_strides(B)
         self._check_accumulator()
         roles, self.strides = [], {}
         self.operands = {}
@@ -193,7 +193,8 @@ class GemmArguments:
         return math.prod(sizes[a] for a in dims)
 
 
-def _gemm_strides(t: torch.Tensor, batch_first: bool) -> tuple[int, int, int]:
+def _gemm_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, row, column) strides; batch 0 when the operand is shared across L."""
     if t.dim() == 3:
         return (t.stride(0) if t.shape[0] > 1 else 0, t.stride(1), t.stride(2))
     return (0, t.stride(0), t.stride(1))
@@ -278,7 +279,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = Non
             graph, _ = _bound_graph(program, roles, len(accum_shape))
             nodes = {o.name: o.node for o in graph.outputs}
             for name in missing:
-                tensors[name] = _allocate_output(program, nodes[name], A, accum_shape, out_dtype)
+                tensors[name] = _allocate_output(nodes[name], A, accum_shape, out_dtype)
     epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
                             compute_dtype=compute_dtype, **tensors)
     args = GemmArguments(A, B, epilogue=epi, precision=precision)
@@ -297,7 +298,7 @@ def _through_torch_ops(A, B, tensors: dict) -> bool:
         torch.is_grad_enabled() and any(t.requires_grad for t in values))
 
 
-def _allocate_output(program: Program, node, A, accum_shape, out_dtype):
+def _allocate_output(node, A, accum_shape, out_dtype):
     opdef = OPS.get(node.op)
     if opdef is not None and opdef.kind == "reduce":
         axes = AXES[3 - len(accum_shape):]

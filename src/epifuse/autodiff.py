@@ -105,7 +105,7 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
         if opdef.vjp is None:
             raise EpilogueError(f"The op {node.op} has no derivative rule, so this epilogue cannot "
                                 "be differentiated.", hint="Detach its inputs, or add `vjp=` to "
-                                f"the op's OpDef in epifuse/ops.")
+                                "the op's OpDef in epifuse/ops.")
         params = {**dict(opdef.params), **node.params}
         if opdef.kind == "reduce":
             value, count = reduce_inputs[id(node)]
