@@ -160,7 +160,10 @@ class GemmArguments:
         A, B = self.A, self.B
         if A.dtype.is_floating_point != B.dtype.is_floating_point:
             raise ShapeError(f"A is {A.dtype} and B is {B.dtype}: both must be floating point or both integer.")
-        allowed = (torch.float32, torch.float16) if A.is_floating_point() else (torch.int32,)
+        allowed = (torch.float32,) if A.is_floating_point() else (torch.int32,)
+        if self.accumulator_type == torch.float16 and A.is_floating_point():
+            raise ShapeError("accumulator_type torch.float16 is not supported yet: no kernel accumulates "
+                             "in fp16.", hint="Use torch.float32 (the default).")
         if self.accumulator_type not in allowed:
             raise ShapeError(f"accumulator_type {self.accumulator_type} does not fit {A.dtype} inputs; "
                              f"use {' or '.join(str(t) for t in allowed)}.")
