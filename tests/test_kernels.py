@@ -4,6 +4,8 @@ On CPU these run through Triton's interpreter (32-wide tiles, so 100x72x50 leave
 edges in M, N and K); the same tests run on the GPU with `-m gpu` via test_gpu.py. Integer-
 valued inputs make the float32 result exact, so most checks are equality.
 """
+import os
+
 import pytest
 import torch
 
@@ -251,3 +253,21 @@ def test_persistent_batched_layouts(batched_a, batched_b, k_major, device):
     D = torch.empty(L_ if (batched_a or batched_b) else 1, M_, N_, device=device)
     args = run_checked(A, B, "def epi(accum):\n    D = accum * 3.0\n    return D\n", D=D)
     assert epifuse.get_kernels(args)[0].name == "triton_persistent"
+
+
+def test_cpu_kernels_work_when_triton_was_imported_before_the_interpreter_was_requested():
+    """Triton decides compiled-or-interpreted for its own library functions at import; the
+    generated kernels call none of them, so the order of imports does not matter."""
+    import subprocess
+    import sys
+    code = ("import triton, torch, os\n"
+            "os.environ['TRITON_INTERPRET'] = '1'\n"
+            "import epifuse\n"
+            "A, B = torch.ones(40, 24), torch.ones(24, 36)\n"
+            "r = epifuse.gemm(A, B, 'def e(accum):\\n    D = accum * 2.0\\n    s = sum(D, dim=1)\\n    return D, s\\n')\n"
+            "assert float(r[0][0, 0]) == 48.0 and float(r[1][0]) == 48.0 * 36, r\n"
+            "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
