@@ -245,7 +245,7 @@ def _choose_kernel(args: GemmArguments):
     return kernel
 
 
-def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = None, *,
+def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | None = None, *,
          out_dtype: torch.dtype | None = None, accumulate: bool = False,
          deterministic: bool = False, compute_dtype: torch.dtype = torch.float32,
          precision: str = "default", **tensors):
@@ -270,7 +270,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | None = Non
         return gemm_op(A, B, epilogue, out_dtype=out_dtype, accumulate=accumulate,
                        deterministic=deterministic, compute_dtype=compute_dtype,
                        precision=precision, **tensors)
-    program = parse(epilogue if epilogue is not None else IDENTITY_EPILOGUE)
+    program = epilogue if isinstance(epilogue, Program) else parse(
+        epilogue if epilogue is not None else IDENTITY_EPILOGUE)
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise ShapeError("A and B must be torch tensors.")
     accum_shape, _ = accum_shape_of(A, B)

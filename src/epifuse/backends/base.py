@@ -41,7 +41,9 @@ class Kernel:
     def compile(self, args) -> None:
         raise NotImplementedError
 
-    def run(self, args) -> None:
+    def run(self, args, verify: bool = False) -> None:
+        """Write every output; with verify, check them against the float64 reference
+        (epifuse.debug.VerificationError names the largest error and where)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

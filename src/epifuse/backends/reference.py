@@ -28,7 +28,10 @@ class ReferenceKernel(Kernel):
     def compile(self, args) -> None:
         return None
 
-    def run(self, args) -> None:
+    def run(self, args, verify: bool = False) -> None:
+        if verify:
+            from ..debug import run as run_verified
+            return run_verified(self, args)
         dtype = torch.float64 if args.compute_dtype == torch.float64 else torch.float32
         accum = reference_accum(args.A, args.B, dtype).reshape(args.accum_shape)
         results = evaluate(args.graph, accum, args.operands, dtype)

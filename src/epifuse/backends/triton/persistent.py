@@ -86,10 +86,7 @@ class TritonPersistent(TritonTiled):
             return unsupported("fp32 inputs use 32-deep K tiles in this kernel")
         return supported(f"persistent TMA {self.config}")
 
-    def _launch(self, args, plan, launch: bool = True) -> None:
-        if not uses_interpreter(args.A.device):
-            _install_allocator()
-        super()._launch(args, plan, launch)
+    _before_launch = staticmethod(_install_allocator)
 
     def _config(self, args) -> TileConfig:
         if uses_interpreter(args.A.device):

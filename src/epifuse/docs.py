@@ -1,0 +1,159 @@
+"""Generate docs/ops.md, the op reference, from the ops registry (so it cannot fall out of date).
+
+    python -m epifuse.docs                   # print it
+    python -m epifuse.docs -o docs/ops.md    # write it
+    python -m epifuse.docs --check docs/ops.md   # exit 1 if the file differs from the registry
+
+Everything here is read from the registry (`epifuse.ops.OPS`), the frontend's operator table,
+the Triton backend's rule table and the named epilogues; nothing is written by hand but prose.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+
+_GROUPS = (
+    ("elementwise", "Elementwise math and activations"),
+    ("compare", "Comparisons (a boolean result)"),
+    ("logical", "Logic on conditions"),
+    ("cast", "Rounding through a narrower type"),
+    ("reduce", "Reductions"),
+)
+_SYMBOLS = {ast.Add: "a + b", ast.Sub: "a - b", ast.Mult: "a * b", ast.Div: "a / b",
+            ast.Pow: "a ** b", ast.BitAnd: "a & b", ast.BitOr: "a | b", ast.Lt: "a < b",
+            ast.LtE: "a <= b", ast.Gt: "a > b", ast.GtE: "a >= b", ast.Eq: "a == b",
+            ast.NotEq: "a != b"}
+_ARGS = {1: "x", 2: "a, b", 3: "a, b, c"}
+_ARG_NAMES = {"where": "cond, a, b", "prelu": "x, weight", "multiply_add": "a, b, c"}
+
+HEADER = """# Op reference
+
+<!-- Generated from the ops registry by `python -m epifuse.docs -o docs/ops.md`; do not edit.
+     tests/test_docs_examples.py fails when this file and the registry disagree. -->
+
+Every op epifuse knows. Inside an epilogue an op is parsed, never called, and may be spelled
+`op(x)`, `torch.op(x)`, `F.op(x)`, `torch.nn.functional.op(x)`, `epifuse.ops.op(x)` or
+`x.op()`, by its name or any name in the *also* column. Called on torch tensors,
+`epifuse.ops.op` runs the op's torch reference, so an epilogue function is its own eager
+version. Epilogue math runs in fp32 (`compute_dtype=`); NaN and Inf follow torch.
+
+Columns: *arguments* are the tensor inputs, then compile-time parameters (literals) with their
+defaults; *cost* is per element: plain flops + special-function ops (exp, log, ...); *Triton*
+says whether the Triton kernels lower the op (and why not); *grad* whether autograd has a
+derivative rule for it (comparisons and logic pass no gradient: their results are boolean).
+"""
+
+
+def _first_paragraph(doc: str) -> str:
+    return _cell(" ".join(doc.strip().split("\n\n")[0].split()))
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _operators() -> list[str]:
+    from .frontend import _BINOPS, _CMPOPS
+    rows = [(_SYMBOLS[k], v) for k, v in {**_BINOPS, **_CMPOPS}.items() if k in _SYMBOLS]
+    rows += [("-x", "neg"), ("~x", "logical_not"), ("max(a, b), min(a, b)", "maximum, minimum"),
+             ("x.to(torch.float16), x.half(), x.bfloat16(), x.float()", "to")]
+    lines = ["## Operators", "", "| you write | op |", "|---|---|"]
+    lines += [f"| `{_cell(s)}` | {', '.join(f'`{n}`' for n in op.split(', '))} |" for s, op in rows]
+    lines += ["", "Comparisons chain (`a < b < c` is `(a < b) & (b < c)`); `clamp` with tensor "
+              "bounds becomes `maximum`/`minimum`.", ""]
+    return lines
+
+
+def _triton_status(name: str, kind: str) -> str:
+    from .backends.triton.rules import missing_rules
+    if kind == "reduce":
+        return "yes (reduction stage)"
+    missing = missing_rules()
+    return "yes" if name not in missing else f"no: {missing[name]}"
+
+
+def _grad(d) -> str:
+    if d.kind in ("compare", "logical"):
+        return "none (boolean)"
+    return "yes" if d.vjp else "no"
+
+
+def _op_table(kind: str) -> list[str]:
+    from .ops import OPS
+    lines = ["| op | also | arguments | meaning | cost | Triton | grad |",
+             "|---|---|---|---|---|---|---|"]
+    for name in sorted(n for n, d in OPS.items() if d.kind == kind):
+        d = OPS[name]
+        args = [_ARG_NAMES.get(name) or _ARGS.get(d.arity, ", ".join(f"x{i}" for i in range(d.arity)))]
+        args += [f"{p}={v!r}" for p, v in d.params]
+        cost = f"{d.cost.flops}" + (f" + {d.cost.special} special" if d.cost.special else "")
+        lines.append(f"| `{name}` | {', '.join(f'`{a}`' for a in d.aliases) or ''} | "
+                     f"`{_cell(', '.join(args))}` | {_cell(d.doc)} | {cost} | "
+                     f"{_cell(_triton_status(name, kind))} | {_grad(d)} |")
+    return lines
+
+
+def _named_epilogues() -> list[str]:
+    from . import epilogues as E
+    lines = ["## Named epilogues (`epifuse.epilogues`)", "",
+             "Built from templates over the op names above; each is its own source (a `str`), "
+             "usable wherever an epilogue function is. Shown with their defaults:", ""]
+    examples = {"LinearCombinationClamp": dict(min=0.0, max=6.0)}
+    for name, cls in E.NAMED.items():
+        if cls is E.Generic:
+            continue
+        epi = cls(**examples.get(name, {}))
+        lines += [f"### `{name}`", "", _first_paragraph(cls.__doc__), "", "```python",
+                  f"# {epi!r}", str(epi).rstrip(), "```", ""]
+    lines += ["### `Generic`", "", _first_paragraph(E.Generic.__doc__), "",
+              "Activations (`epifuse.epilogues.<name>()`, or any unary op name) for "
+              "`LinearCombination(activation=...)`, `BiasElementwise` and `Generic`:", "",
+              "| activation | becomes |", "|---|---|"]
+    for name, make in E.ACTIVATIONS.items():
+        shown = "Clamp(min=0.0, max=1.0)" if name == "Clamp" else f"{name}()"
+        act = make(min=0.0, max=1.0) if name == "Clamp" else make()
+        lines.append(f"| `{shown}` | `{_cell(act.statements('F', 'D')[0])}` |")
+    lines += ["", "Scale types (`ScaleType`): "
+              + "; ".join(f"`{m.name}`: `{E._LINEAR[m][1]}`" for m in E.ScaleType
+                          if m in E._LINEAR) + ".", ""]
+    return lines
+
+
+def render_ops_reference() -> str:
+    """The text of docs/ops.md."""
+    lines = HEADER.splitlines() + [""] + _operators()
+    for kind, title in _GROUPS:
+        lines += [f"## {title}", ""] + _op_table(kind) + [""]
+    lines += _named_epilogues()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m epifuse.docs",
+                                     description="Generate the op reference (docs/ops.md) from the registry.")
+    parser.add_argument("-o", "--output", help="write it here instead of printing it")
+    parser.add_argument("--check", metavar="PATH", help="exit 1 if PATH differs from the generated text")
+    ns = parser.parse_args(argv)
+    text = render_ops_reference()
+    if ns.check:
+        try:
+            with open(ns.check) as f:
+                current = f.read()
+        except OSError as exc:
+            print(f"python -m epifuse.docs: cannot read {ns.check}: {exc}", file=sys.stderr)
+            return 1
+        if current != text:
+            print(f"{ns.check} is out of date; run: python -m epifuse.docs -o {ns.check}", file=sys.stderr)
+            return 1
+        return 0
+    if ns.output:
+        with open(ns.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

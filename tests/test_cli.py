@@ -1,0 +1,307 @@
+"""The `epifuse` command: show, kernels, verify, profile, --help, and one-line errors.
+
+Commands run in-process through `epifuse.cli.main` (fast); graphviz's `dot` and Nsight
+Compute's `ncu` are replaced by small fake executables on PATH where a test needs them.
+"""
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from epifuse import cli, debug
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPI_FILE = '''\
+import torch
+import epifuse
+from epifuse.ops import relu
+
+
+def helper(x):
+    return x
+
+
+def relu_aux_store(accum, alpha, C):
+    F = (accum * alpha) + (C * 2.0)
+    D = relu(F)
+    return D, F
+
+
+class BiasRelu(epifuse.FusedGemm):
+    def epilogue(self, accum, bias):
+        D = relu(accum + bias)
+        return D
+'''
+
+
+@pytest.fixture
+def epi_file(tmp_path):
+    path = tmp_path / "epi.py"
+    path.write_text(EPI_FILE)
+    return str(path)
+
+
+@pytest.fixture
+def bare_path(tmp_path, monkeypatch):
+    """PATH with only a folder we control (no dot, no ncu)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    monkeypatch.setenv("PATH", str(folder))
+    return folder
+
+
+def _executable(folder, name, body):
+    path = folder / name
+    path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def _run(capsys, *argv):
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# ---- --help -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command, phrase", [
+    ("show", "draw it with graphviz"), ("kernels", "alignment of every tensor"),
+    ("verify", "float64"), ("profile", "ncu --clock-control none"), ("demo", "CUTLASS"),
+    ("bench", "benchmark suite"),
+])
+def test_help_for_each_command(capsys, command, phrase):
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    assert out.startswith(f"usage: epifuse {command}") and phrase in " ".join(out.split())
+
+
+def test_top_level_help_lists_commands_but_not_the_internal_one(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for command in ("demo", "show", "kernels", "verify", "profile", "bench"):
+        assert f"    {command}" in out
+    assert "_profile-target" not in out
+
+
+def test_module_entry_point_runs():
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "src"))
+    result = subprocess.run([sys.executable, "-m", "epifuse", "show", "--help"], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert result.returncode == 0 and "usage: epifuse show" in result.stdout
+
+
+# ---- errors are one line ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["show", "def e(accum):\n    D = gleu(accum)\n    return D"],
+     "epifuse show: Unsupported operation 'gleu' (<epilogue string>:2:9). Did you mean: 'gelu'"),
+    (["show", "missing_file.py"], "epifuse show: no such file: missing_file.py"),
+    (["show", "no_such_module:epi"], "epifuse show: cannot import module 'no_such_module'"),
+    (["show", "epifuse.demo:nothing_here"], "epifuse show: module 'epifuse.demo' has no attribute 'nothing_here'"),
+    (["show", "epifuse.epilogues:Generic"], "epifuse show: epifuse.epilogues:Generic needs arguments"),
+    (["kernels", "def e(accum, b):\n    D = accum + b\n    return D", "--role", "c=row"],
+     "epifuse kernels: --role names 'c', which is not an operand of e."),
+])
+def test_errors_are_one_line(capsys, argv, message):
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith(message), err
+
+
+def test_argument_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["kernels", "epi.py", "--shape", "1", "2"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert err == ("epifuse kernels: error: argument --shape: expected 3 arguments "
+                   "(see epifuse kernels --help)\n")
+
+
+def test_traceback_flag_raises(capsys):
+    with pytest.raises(Exception, match="Unsupported operation 'gleu'"):
+        cli.main(["--traceback", "show", "def e(accum):\n    D = gleu(accum)\n    return D"])
+
+
+# ---- loading epilogues -------------------------------------------------------------------------------
+
+def test_load_from_files_modules_and_strings(epi_file):
+    program, _ = cli.load_epilogue(epi_file + ":relu_aux_store")
+    assert program.name == "relu_aux_store" and program.operands == ("alpha", "C")
+    assert program.filename == epi_file and program.statements[0].loc.line == 11
+    program, _ = cli.load_epilogue(epi_file + ":BiasRelu")
+    assert program.name == "BiasRelu" and program.operands == ("bias",)
+    program, roles = cli.load_epilogue("epifuse.epilogues:LinearCombinationSilu")
+    assert program.name == "linear_combination_silu" and roles["alpha"] == "number"
+    program, _ = cli.load_epilogue("epifuse.demo:relu_aux_store")
+    assert program.outputs[0][0] == "D"
+    program, _ = cli.load_epilogue("def e(accum):\n    D = accum\n    return D\n")
+    assert program.name == "e"
+
+
+def test_file_with_several_epilogues_asks_which(capsys, epi_file):
+    rc, out, err = _run(capsys, "show", epi_file)
+    assert rc == 2 and "defines several epilogues (relu_aux_store, BiasRelu); pick one with" in err
+
+
+def test_file_errors_point_into_the_file(capsys, tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text("import torch\n\n\ndef epi(accum):\n    D = accum\n    D = D * 2.0\n    return D\n")
+    rc, out, err = _run(capsys, "show", str(path))
+    assert rc == 2 and f"Variable 'D' cannot be defined twice. ({path}:6:5)" in err
+
+
+# ---- show ---------------------------------------------------------------------------------------------
+
+def test_show_prints_the_dag_without_graphviz(capsys, epi_file, bare_path):
+    rc, out, err = _run(capsys, "show", epi_file + ":relu_aux_store", "--role", "alpha=number")
+    assert rc == 0, err
+    assert out.startswith("# relu_aux_store: operands alpha: number, C: tile; hash ")
+    assert "%6(F) = add(%2, %5)  : float[LMN]" in out and "return D <- %7(D)" in out
+    assert "# no picture: graphviz's `dot` is not on PATH" in out
+
+
+def test_show_draws_with_dot(capsys, epi_file, bare_path, tmp_path, monkeypatch):
+    _executable(bare_path, "dot", """\
+        import sys
+        out = sys.argv[sys.argv.index("-o") + 1]
+        open(out, "w").write("<svg>" + sys.stdin.read() + "</svg>")
+    """)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _run(capsys, "show", "epifuse.epilogues:LinearCombinationRelu", "--source")
+    assert rc == 0, err
+    picture = tmp_path / "linear_combination_relu.svg"
+    assert f"picture: {picture}" in out and out.startswith("def linear_combination_relu(")
+    assert picture.read_text().startswith('<svg>digraph "linear_combination_relu"')
+    rc, out, err = _run(capsys, "show", epi_file + ":BiasRelu", "-o", "dag.png", "--batched")
+    assert rc == 0 and (tmp_path / "dag.png").exists() and "float[LMN]" in out
+
+
+def test_show_writes_dot_and_refuses_svg_without_graphviz(capsys, epi_file, bare_path, tmp_path):
+    rc, out, err = _run(capsys, "show", epi_file + ":BiasRelu", "-o", str(tmp_path / "g.dot"),
+                        "--role", "bias=row")
+    assert rc == 0 and (tmp_path / "g.dot").read_text().startswith('digraph "BiasRelu"')
+    assert "bias\\ntensor [N]" in (tmp_path / "g.dot").read_text()
+    rc, out, err = _run(capsys, "show", epi_file + ":BiasRelu", "-o", str(tmp_path / "g.svg"))
+    assert rc == 2 and "graphviz's `dot` is not on PATH" in err and err.count("\n") == 1
+
+
+# ---- kernels ---------------------------------------------------------------------------------------------
+
+def test_kernels_lists_statuses_and_alignment(capsys, epi_file):
+    rc, out, err = _run(capsys, "kernels", epi_file + ":relu_aux_store", "--shape", "64", "48", "33",
+                        "--role", "alpha=number")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"# relu_aux_store: 64x48x33 float16 on {DEVICE}"
+    assert any(line.startswith("yes  <reference>") for line in lines)
+    assert "bad  A: (64, 33) float16, strides (33, 1)" in out   # a 66-byte row stride
+    assert "ok   B: (33, 48) float16" in out
+
+
+def test_kernels_batched_column_major(capsys, epi_file):
+    rc, out, err = _run(capsys, "kernels", epi_file + ":BiasRelu", "--shape", "32", "32", "32",
+                        "--batch", "2", "--layout-b", "col", "--role", "bias=row", "--cc", "90")
+    assert rc == 0, err
+    assert "32x32x32 x L=2" in out and "B: (2, 32, 32) float16, strides (1024, 1, 32)" in out
+
+
+# ---- verify ------------------------------------------------------------------------------------------------
+
+def test_verify_every_kernel(capsys, epi_file):
+    rc, out, err = _run(capsys, "verify", epi_file + ":relu_aux_store", "--role", "alpha=number",
+                        "--shape", "40", "24", "16", "--all", "--dtype", "float32")
+    assert rc == 0, err
+    assert out.startswith(f"# verify relu_aux_store: 40x24x16 float32 on {DEVICE}, seed 0")
+    assert out.count("matches the float64 reference") >= 3 and "DIFFERS" not in out
+    assert "ok   D: largest error" in out and "ok   F: largest error" in out
+
+
+def test_verify_reports_a_mismatch(capsys, epi_file, monkeypatch):
+    from epifuse.backends.reference import ReferenceKernel
+    original = ReferenceKernel.run
+
+    def wrong(self, args):
+        original(self, args)
+        args.outputs["F"][2, 3] = 100.0
+
+    monkeypatch.setattr(ReferenceKernel, "run", wrong)
+    rc, out, err = _run(capsys, "verify", epi_file + ":relu_aux_store", "--shape", "16", "16", "16",
+                        "--kernel", "9")
+    assert rc == 1
+    assert "<reference>: DIFFERS from the float64 reference" in out and "FAIL F: largest error" in out
+    assert "at (2, 3)" in out
+
+
+# ---- profile --------------------------------------------------------------------------------------------------
+
+def test_profile_says_when_ncu_is_missing(capsys, epi_file, bare_path):
+    rc, out, err = _run(capsys, "profile", epi_file + ":BiasRelu")
+    assert rc == 3 and err.count("\n") == 1
+    assert "Nsight Compute (`ncu`) is not on PATH, so profiling is unavailable here" in err
+
+
+NCU_CSV = '''==PROF== Connected to process 4242
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","python","127.0.0.1","epifuse_kernel","1","7","(256, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","50,331,648"
+"0","4242","python","127.0.0.1","epifuse_kernel","1","7","(256, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","byte","33,554,432"
+"0","4242","python","127.0.0.1","epifuse_kernel","1","7","(256, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed","%","41.5"
+"0","4242","python","127.0.0.1","epifuse_kernel","1","7","(256, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","200,000"
+"0","4242","python","127.0.0.1","epifuse_kernel","1","7","(256, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","launch__registers_per_thread","register/thread","168"
+"0","4242","python","127.0.0.1","epifuse_kernel","1","7","(256, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","sm__throughput.avg.pct_of_peak_sustained_elapsed","%","78.25"
+'''
+INFO = dict(kernel="<triton_persistent 128x256x64>", name="epi", L=1, M=4096, N=4096, K=4096,
+            dtype="float16", device="NVIDIA H100", registers=168, spills=0)
+
+
+def test_ncu_csv_summary():
+    metrics = debug.parse_ncu_csv(NCU_CSV)
+    assert metrics["gpu__time_duration.sum"] == ("nsecond", 200000.0)
+    text = debug.summarize_ncu(NCU_CSV, INFO)
+    assert text.splitlines() == [
+        "profile of <triton_persistent 128x256x64> for epi, 4096x4096x4096 float16, on NVIDIA H100 "
+        "(ncu --clock-control none)",
+        "  time                200.0 us",
+        "  registers             168 per thread, 0 spilled (Triton's count)",
+        "  DRAM                 50.3 MB read, 33.6 MB written, 419.4 GB/s achieved",
+        "  throughput     SM 78.2 % of peak, memory 41.5 % of peak",
+        "  FLOP/s              687.2 TFLOP/s (2*L*M*N*K / time)",
+    ]
+    with pytest.raises(RuntimeError, match="ncu wrote no metrics"):
+        debug.summarize_ncu("==PROF== nothing\n", INFO)
+
+
+def test_profile_runs_ncu_and_summarizes(capsys, epi_file, bare_path, monkeypatch):
+    """The whole command with a fake ncu that checks its arguments and answers with metrics."""
+    (bare_path / "metrics.csv").write_text(NCU_CSV)
+    _executable(bare_path, "ncu", f"""\
+        import json, shutil, sys
+        argv = sys.argv[1:]
+        assert argv[:2] == ["--clock-control", "none"], argv
+        assert "--kernel-name" in argv and "_profile-target" in argv, argv
+        shutil.copy({str(bare_path / 'metrics.csv')!r}, argv[argv.index("--log-file") + 1])
+        print("EPIFUSE_PROFILE_TARGET " + json.dumps({INFO!r}))
+    """)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    rc, out, err = _run(capsys, "profile", epi_file + ":BiasRelu", "--role", "bias=row")
+    assert rc == 0, err
+    assert out.startswith("profile of <triton_persistent 128x256x64> for epi") and "687.2 TFLOP/s" in out
+
+
+def test_profile_reports_ncu_failure(capsys, epi_file, bare_path, monkeypatch):
+    _executable(bare_path, "ncu", """\
+        import sys
+        print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters")
+        sys.exit(1)
+    """)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    rc, out, err = _run(capsys, "profile", epi_file + ":BiasRelu")
+    assert rc == 2 and err.count("\n") == 1
+    assert "ncu failed (exit 1): ==ERROR== ERR_NVGPUCTRPERM" in err and "admin rights" in err

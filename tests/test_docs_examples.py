@@ -1,0 +1,76 @@
+"""The docs cannot drift: docs/ops.md is the generator's output, every Python block of the
+hand-written pages is an excerpt of a script in examples/, and every script runs (on a CPU, at
+a small size, through Triton's interpreter so the generated kernels themselves run)."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from epifuse import docs
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+PAGES = [ROOT / "docs" / "tutorial.md", ROOT / "docs" / "kernels.md"]
+
+
+def test_ops_reference_is_generated_from_the_registry():
+    committed = (ROOT / "docs" / "ops.md").read_text()
+    assert committed == docs.render_ops_reference(), \
+        "docs/ops.md is out of date: run `PYTHONPATH=src python -m epifuse.docs -o docs/ops.md`"
+
+
+def test_ops_reference_lists_every_op_and_named_epilogue():
+    from epifuse import epilogues
+    from epifuse.ops import OPS
+    text = docs.render_ops_reference()
+    for name in OPS:
+        assert f"| `{name}` |" in text, name
+    for name in epilogues.NAMED:
+        assert f"### `{name}`" in text, name
+
+
+def test_docs_check_command(tmp_path, capsys):
+    assert docs.main(["--check", str(ROOT / "docs" / "ops.md")]) == 0
+    stale = tmp_path / "ops.md"
+    stale.write_text("# old\n")
+    assert docs.main(["--check", str(stale)]) == 1
+    assert "is out of date; run: python -m epifuse.docs -o" in capsys.readouterr().err
+    assert docs.main(["-o", str(stale)]) == 0 and stale.read_text() == docs.render_ops_reference()
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_python_blocks_are_excerpts_of_examples(page):
+    sources = {p.name: p.read_text() for p in EXAMPLES}
+    blocks = _python_blocks(page)
+    assert blocks
+    for block in blocks:
+        block = textwrap.dedent(block).strip("\n")
+        assert any(block in text for text in sources.values()), f"not in any example:\n{block}"
+
+
+def test_every_example_is_in_the_tutorial():
+    tutorial = (ROOT / "docs" / "tutorial.md").read_text()
+    for path in EXAMPLES:
+        assert f"examples/{path.name}" in tutorial, path.name
+    for linked in re.findall(r"examples/([\w.]+\.py)", tutorial):
+        assert (ROOT / "examples" / linked).exists(), linked
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs(script, tmp_path):
+    import torch
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), EPIFUSE_CACHE_DIR=str(tmp_path / "cache"),
+               TRITON_INTERPRET="1", EPIFUSE_TUNE="0")
+    if torch.cuda.is_available():
+        env.pop("TRITON_INTERPRET")   # on the GPU machine, the compiled kernels
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
