@@ -14,8 +14,10 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import io
 import re
 import textwrap
+import tokenize
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,7 +26,10 @@ from .errors import (EpilogueSyntaxError, Location, UnsupportedOperationError,
 from .ops import OPS, dtype_from_name, lookup, spellings
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 MAX_SOURCE_CHARS = 100_000
+# Options of EpilogueArguments and epifuse.gemm: an operand or output can never be passed under them.
+RESERVED_KEYWORDS = frozenset({"accumulate", "deterministic", "compute_dtype"})
 _TOO_DEEP_HINT = "Split the long expression into several assignments."
 MODULE_PREFIXES = {
     ("torch",), ("F",), ("nn", "functional"), ("torch", "nn", "functional"), ("functional",),
@@ -119,10 +124,12 @@ def _parse_source(source: str, filename: str, line_offset: int, from_string: boo
         raise EpilogueSyntaxError(f"The epilogue source is {len(source)} characters long; "
                                   f"the limit is {MAX_SOURCE_CHARS}.")
     # Comment-only lines (editors put them at column 0) would stop dedent; blank them instead,
-    # which keeps line numbers.
+    # which keeps line numbers. Lines end where Python's tokenizer ends them (\r\n, \r, \n), not
+    # at str.splitlines()'s form feeds and \u2028: a comment must stay a comment.
     text = textwrap.dedent("\n".join("" if line.lstrip().startswith("#") else line
-                                      for line in source.splitlines()))
-    lines = text.splitlines()
+                                      for line in _LINE_BREAK.split(source)))
+    lines = text.split("\n")
+    _check_statement_sizes(text, filename, line_offset, lines)
     try:
         module = ast.parse(text, filename=filename)
     except SyntaxError as exc:
@@ -133,6 +140,8 @@ def _parse_source(source: str, filename: str, line_offset: int, from_string: boo
     except (RecursionError, MemoryError):
         raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.",
                                   hint=_TOO_DEEP_HINT) from None
+    except (UnicodeError, ValueError) as exc:  # lone surrogates, and null bytes on some Pythons
+        raise EpilogueSyntaxError(f"The epilogue is not valid Python source: {exc}") from None
     defs = [n for n in module.body if isinstance(n, ast.FunctionDef)]
     others = [n for n in module.body if not isinstance(n, ast.FunctionDef)]
     if len(defs) != 1 or (from_string and others):
@@ -148,6 +157,46 @@ def _parse_source(source: str, filename: str, line_offset: int, from_string: boo
     except RecursionError:
         raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.",
                                   hint=_TOO_DEEP_HINT) from None
+
+
+# CPython's parser recurses in C once per operator of a chain such as `- - - x` or `a ** b ** c`:
+# a few thousand exhaust a thread's stack (256 KiB, say) and kill the process before any
+# RecursionError. So statements are measured first, with the (iterative) tokenize module.
+MAX_OPERATORS_PER_STATEMENT = 1000
+MAX_BRACKET_DEPTH = 100  # Python's own limit is 200, reached only after much deeper C recursion
+_NOT_OPERATORS = frozenset("()[]{},:.;=") | {"->", "@"}
+
+
+def _check_statement_sizes(text: str, filename: str, line_offset: int, lines: list[str]) -> None:
+    count, depth, first = 0, 0, None
+
+    def fail(what: str, place) -> None:
+        line, col = place
+        raise EpilogueSyntaxError(f"The statement {what}, too many to parse safely.",
+                                  Location(filename, line + line_offset, col,
+                                           lines[line - 1] if 0 < line <= len(lines) else ""),
+                                  _TOO_DEEP_HINT)
+
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.NEWLINE:
+                count, first = 0, None
+                continue
+            if token.type == tokenize.OP and token.string in "([{":
+                depth += 1
+                if depth > MAX_BRACKET_DEPTH:
+                    fail(f"nests more than {MAX_BRACKET_DEPTH} brackets", token.start)
+            elif token.type == tokenize.OP and token.string in ")]}":
+                depth -= 1
+            operator = (token.type == tokenize.OP and token.string not in _NOT_OPERATORS) or (
+                token.type == tokenize.NAME and token.string in ("not", "and", "or", "if", "else"))
+            if operator:
+                first = first or token.start
+                count += 1
+                if count > MAX_OPERATORS_PER_STATEMENT:
+                    fail(f"has more than {MAX_OPERATORS_PER_STATEMENT} operators", first)
+    except (tokenize.TokenError, SyntaxError):
+        return  # ast.parse reports it, with its place
 
 
 class _Visitor:
@@ -167,12 +216,26 @@ class _Visitor:
     def fail(self, node: ast.AST, message: str, hint: str | None = None, cls=EpilogueSyntaxError):
         raise cls(message, self.loc(node), hint)
 
+    def as_float(self, value: int | float, node: ast.AST) -> float:
+        try:
+            return float(value)
+        except OverflowError:
+            self.fail(node, f"The literal {_short_repr(value)} is too large for a float.",
+                      hint="Write it as a float literal (1e308 is the largest finite one).")
+
     def check_identifier(self, name: str, node: ast.AST) -> None:
         if not IDENTIFIER.match(name):
             self.fail(node, f"The name {name!r} is not allowed: epilogue names must match "
                             "[A-Za-z_][A-Za-z0-9_]* (ASCII letters, digits, underscores).")
         if name.startswith("__"):
             self.fail(node, f"The name {name!r} is not allowed: names may not start with '__'.")
+
+    def check_not_reserved(self, name: str, node: ast.AST) -> None:
+        """Operands and outputs are passed as keywords, so they cannot share a name with an option."""
+        if name in RESERVED_KEYWORDS:
+            self.fail(node, f"The name {name!r} cannot be an operand or output: it is an option of "
+                            "EpilogueArguments and epifuse.gemm, so no tensor could be passed under it.",
+                      hint=f"Rename it (for example {name}_).")
 
     # ---- the function -------------------------------------------------------------------
     def program(self, fn: ast.FunctionDef, source: str) -> Program:
@@ -184,6 +247,7 @@ class _Visitor:
         params = tuple(a.arg for a in args.args)
         for a in args.args:
             self.check_identifier(a.arg, a)
+            self.check_not_reserved(a.arg, a)
             if a.arg in self.defined:
                 self.fail(a, f"Variable '{a.arg}' cannot be defined twice.",
                           hint="Each parameter of the epilogue needs its own name.")
@@ -247,6 +311,7 @@ class _Visitor:
                 self.undefined(v)
             if any(v.id == o for o, _ in outputs):
                 self.fail(v, f"Output '{v.id}' is returned twice.")
+            self.check_not_reserved(v.id, v)
             outputs.append((v.id, self.loc(v)))
         return tuple(outputs)
 
@@ -265,8 +330,8 @@ class _Visitor:
         if isinstance(node, ast.Constant):
             value = node.value
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                self.fail(node, f"The literal {value!r} is not a number.")
-            return Expr("const", float(value), loc=loc)
+                self.fail(node, f"The literal {_short_repr(value)} is not a number.")
+            return Expr("const", self.as_float(value, node), loc=loc)
         if isinstance(node, ast.UnaryOp):
             operand = self.expr(node.operand)
             if isinstance(node.op, ast.USub):
@@ -366,12 +431,15 @@ class _Visitor:
                 self.fail(value, f"{opdef.name}() got multiple values for '{key}'.")
             raw[key] = value
         if opdef.name == "clamp":
-            return self.clamp(tensors[0], raw, loc)
+            return self.clamp(tensors[0], raw, loc, node)
         params = tuple((k, self.param(opdef.name, k, v)) for k, v in sorted(raw.items()))
         return Expr("call", opdef.name, tuple(tensors), params, loc)
 
-    def clamp(self, x: Expr, raw: dict, loc: Location) -> Expr:
+    def clamp(self, x: Expr, raw: dict, loc: Location, node: ast.AST) -> Expr:
         """clamp with literal bounds keeps its params; with value bounds it becomes max/min."""
+        if all(_is_none(v) for v in raw.values()):
+            self.fail(node, "clamp() needs a bound: min=, max= or both (torch.clamp refuses a call "
+                            "with neither).", hint="Write clamp(x, min=..., max=...).")
         if all(_literal_number(v) is not None or _is_none(v) for v in raw.values()):
             params = tuple((k, _literal_number(v)) for k, v in sorted(raw.items()) if not _is_none(v))
             return Expr("call", "clamp", (x,), params, loc)
@@ -423,14 +491,24 @@ def _attribute_chain(node: ast.expr) -> list[str] | None:
 
 
 def _literal_number(node: ast.expr) -> float | None:
+    """The value of a number literal (with signs), or None; an int too large for a float is None."""
     sign = 1.0
     while isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         sign = -sign if isinstance(node.op, ast.USub) else sign
         node = node.operand
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
             and not isinstance(node.value, bool):
-        return sign * float(node.value)
+        try:
+            return sign * float(node.value)
+        except OverflowError:
+            return None
     return None
+
+
+def _short_repr(value) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else \
+        f"{str(value)[:12]}... ({len(str(abs(value)))} digits)"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_none(node) -> bool:
@@ -451,8 +529,10 @@ def _is_binary_extremum(args, keywords) -> bool:
     if "dim" in keywords or "keepdim" in keywords or len(args) != 2:
         return False
     second = args[1]
+    while isinstance(second, ast.UnaryOp) and isinstance(second.op, (ast.USub, ast.UAdd)):
+        second = second.operand  # max(x, -1) reduces the last dim, as torch.max(x, -1) does
     return not (isinstance(second, ast.Constant) and isinstance(second.value, int)
-                and not isinstance(second.value, bool)) and not isinstance(second, ast.Tuple)
+                and not isinstance(second.value, bool)) and not isinstance(second, (ast.Tuple, ast.List))
 
 
 def _op_symbol(op: ast.operator) -> str:

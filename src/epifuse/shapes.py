@@ -6,6 +6,8 @@ Roles follow torch broadcasting against accum: a number or one-element tensor is
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .errors import ShapeError
@@ -16,11 +18,22 @@ def _shape(shape) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
+def _check_layout(label: str, t: torch.Tensor) -> None:
+    """Kernels index memory by strides: sparse, quantized and other non-strided tensors have none."""
+    if t.layout != torch.strided:
+        raise ShapeError(f"{label} has layout {t.layout}; epifuse needs dense (strided) tensors.",
+                         hint="Convert it first, e.g. with .to_dense().")
+    if t.is_quantized:
+        raise ShapeError(f"{label} is a quantized tensor ({t.dtype}); epifuse needs plain "
+                         "floating-point or integer tensors.", hint="Dequantize it first (.dequantize()).")
+
+
 def accum_shape_of(A, B) -> tuple[tuple[int, ...], tuple[int, int, int, int]]:
     """accum's shape ((M, N) or (L, M, N)) and (L, M, N, K); checks A and B against each other."""
     for label, t in (("A", A), ("B", B)):
         if not isinstance(t, torch.Tensor):
             raise ShapeError(f"{label} must be a torch.Tensor, but got {type(t).__name__}.")
+        _check_layout(label, t)
         if t.dim() not in (2, 3):
             raise ShapeError(f"{label} must be 2-D or 3-D (batched), but has shape {_shape(t.shape)}.")
         if t.is_complex() or t.dtype == torch.bool:
@@ -45,7 +58,9 @@ def accum_shape_of(A, B) -> tuple[tuple[int, ...], tuple[int, int, int, int]]:
 def classify_operand(name: str, value, accum_shape, device) -> tuple[Operand, dict]:
     """The operand's role and its strides per varying axis ({"M": ..., "N": ...})."""
     if not isinstance(value, torch.Tensor):
+        _check_number(name, value)
         return Operand(name, "number", ()), {}
+    _check_layout(f"Operand {name}", value)
     if value.device != device:
         raise ShapeError(f"Operand {name} is on {value.device} but A and B are on {device}.")
     if value.numel() == 1:
@@ -66,6 +81,20 @@ def classify_operand(name: str, value, accum_shape, device) -> tuple[Operand, di
     return Operand(name, "tensor", tuple(a for a in AXES if a in axes)), strides
 
 
+def _check_number(name: str, value) -> None:
+    """A number operand is passed to kernels as a float: it must be one (10**400 is not)."""
+    try:
+        float(value)
+    except (OverflowError, TypeError, ValueError):
+        raise ShapeError(f"Operand {name} = {_short(value)} cannot be converted to a float.",
+                         hint="Pass a number within float range (or a tensor).") from None
+
+
+def _short(value) -> str:
+    text = repr(value) if not isinstance(value, int) else f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _no_broadcast(name, value, accum_shape):
     raise ShapeError(f"Operand {name} with shape {_shape(value.shape)} does not broadcast against "
                      f"accum {_shape(accum_shape)}",
@@ -74,9 +103,19 @@ def _no_broadcast(name, value, accum_shape):
 
 
 def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kind) -> dict:
-    """Strides of an output per stored axis; checks its shape (and reduction dims) and device."""
+    """Strides of an output per stored axis; checks its shape (and reduction dims), dtype, device
+    and that no two of its elements share memory."""
+    _check_layout(f"Output {name}", dest)
     if dest.device != device:
         raise ShapeError(f"Output {name} is on {dest.device} but A and B are on {device}.")
+    if dest.is_complex():
+        raise ShapeError(f"Output {name} has dtype {dest.dtype}; epilogue values are real, so "
+                         "outputs must be real floating-point (or integer) tensors.")
+    if self_overlaps(dest):
+        raise ShapeError(f"Output {name} has elements that share memory (shape {_shape(dest.shape)}, "
+                         f"strides {_shape(dest.stride())}), so writes to it would collide.",
+                         hint="Pass a tensor whose elements are distinct in memory: an expanded "
+                              "or as_strided view cannot be written; use torch.empty(...) or .clone().")
     acc_axes = AXES[3 - len(accum_shape):]
     if kind is None:
         if tuple(dest.shape) != tuple(accum_shape):
@@ -85,6 +124,12 @@ def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kin
         strides = dict(zip(acc_axes, dest.stride()))
         return {a: strides.get(a, 0) for a in AXES}
     kept = [a for a in acc_axes if a not in dims]
+    empty = [str(acc_axes.index(a)) for a in dims if accum_shape[acc_axes.index(a)] == 0]
+    if empty and kind in ("max", "min", "amax"):
+        raise ShapeError(f"Output {name}: {kind}() over dim {', '.join(empty)} of accum "
+                         f"{_shape(accum_shape)} reduces an empty dimension, which has no "
+                         f"{'maximum' if kind != 'min' else 'minimum'} (torch raises here too).",
+                         hint="Skip the GEMM for empty problems, or reduce with sum().")
     kept_shape = tuple(s for a, s in zip(acc_axes, accum_shape) if a in kept)
     keep_shape = tuple(1 if a in dims else s for a, s in zip(acc_axes, accum_shape))
     reduced = ", ".join(str(acc_axes.index(a)) for a in dims)
@@ -111,10 +156,37 @@ def span(t: torch.Tensor) -> int:
     return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0) + 1
 
 
+_EXACT_OVERLAP_LIMIT = 1 << 22
+
+
+def self_overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of `t` lie at the same address (an expanded or as_strided view)."""
+    dims = sorted(((st, s) for s, st in zip(t.shape, t.stride()) if s > 1), key=lambda d: abs(d[0]))
+    if not dims or math.prod(s for _, s in dims) != t.numel():
+        return False  # zero or one element
+    reach = 0  # how far apart the elements of the dims seen so far lie, at most
+    for stride, size in dims:
+        if stride == 0:
+            return True
+        if abs(stride) <= reach:
+            break  # interleaved dims: settle it exactly below
+        reach += (size - 1) * abs(stride)
+    else:
+        return False
+    if t.numel() > _EXACT_OVERLAP_LIMIT:
+        return True  # too large to check exactly; refuse rather than risk racing writes
+    offsets = torch.zeros((), dtype=torch.int64)
+    for stride, size in dims:
+        offsets = (offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride)
+    return torch.unique(offsets).numel() != t.numel()
+
+
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors share any byte of memory (by the spans their strides reach)."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
         return False
+    if a.device.type == "meta":
+        return False  # meta tensors have no memory
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
 

@@ -19,6 +19,8 @@ def fold_literal_op(node: Node) -> Node | None:
     if not all(s.op == "const" for s in node.src):
         return None
     values = [torch.tensor(s.arg, dtype=torch.float64) for s in node.src]
+    if node.op == "where":
+        values[0] = values[0] != 0  # a number as a condition: nonzero is true (as the reference reads it)
     return const(float(opdef.ref(*values, **node.params)))
 
 

@@ -1,16 +1,19 @@
 """The on-disk cache of generated kernel sources, and loading them as modules.
 
 Triton needs kernel source it can inspect, so each generated kernel is written to a file and
-imported from there. Files are written atomically (a temporary file, then a rename), carry a
-checksum of their body on the first line, and are rewritten when the checksum does not match
-(a truncated or edited file). The directory is $EPIFUSE_CACHE_DIR, else ~/.cache/epifuse; if
-it cannot be written, a private temporary directory is used instead.
+loaded from there. Files are written atomically (a temporary file, then a rename), carry a
+checksum of their body on the first line, and are rewritten when they do not hold exactly the
+body we generated (a truncated or edited file). What runs is always the text generated in this
+process, compiled here, never bytes read back from the directory (nor a __pycache__ entry
+planted beside the file); Triton's source inspection is served the same text. The directory
+is $EPIFUSE_CACHE_DIR, else ~/.cache/epifuse; if it cannot be written, a private temporary
+directory is used instead.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
+import linecache
 import os
 import sys
 import tempfile
@@ -29,8 +32,14 @@ def cache_dir() -> Path:
     return base / "kernels"
 
 
-def _writable_dir() -> Path:
+def _fallback_dir() -> Path:
     global _FALLBACK_DIR
+    if _FALLBACK_DIR is None:
+        _FALLBACK_DIR = Path(tempfile.mkdtemp(prefix="epifuse-kernels-"))
+    return _FALLBACK_DIR
+
+
+def _writable_dir() -> Path:
     path = cache_dir()
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -38,40 +47,54 @@ def _writable_dir() -> Path:
             return path
     except OSError:
         pass
-    if _FALLBACK_DIR is None:
-        _FALLBACK_DIR = Path(tempfile.mkdtemp(prefix="epifuse-kernels-"))
-    return _FALLBACK_DIR
+    return _fallback_dir()
 
 
 def _checksum(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+def file_text(body: str) -> str:
+    """What a cache file holding `body` contains: the checksum line, then the body."""
+    return f"# sha256 {_checksum(body)}\n{body}"
+
+
 def _read_valid(path: Path, body: str) -> bool:
     try:
-        text = path.read_text()
-    except OSError:
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read() == file_text(body)
+    except (OSError, UnicodeError):
         return False
-    first, _, rest = text.partition("\n")
-    return first == f"# sha256 {_checksum(body)}" and rest == body
 
 
-def write_source(stem: str, body: str) -> Path:
-    """Write `body` to <cache>/<stem>.py unless an intact copy is there; return the path."""
-    directory = _writable_dir()
+def _write(directory: Path, stem: str, body: str) -> Path:
     path = directory / f"{stem}.py"
     if _read_valid(path, body):
         return path
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(f"# sha256 {_checksum(body)}\n{body}")
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(file_text(body))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     return path
+
+
+def write_source(stem: str, body: str) -> Path:
+    """Write `body` to <cache>/<stem>.py unless an intact copy is there; return the path.
+
+    A directory that looks writable but is not (a full disk, a path that is a directory) costs
+    a write into the private fallback directory instead of an error."""
+    directory = _writable_dir()
+    try:
+        return _write(directory, stem, body)
+    except OSError:
+        if directory == _fallback_dir():
+            raise
+        return _write(_fallback_dir(), stem, body)
 
 
 @contextlib.contextmanager
@@ -95,12 +118,17 @@ def load_kernel_module(stem: str, body: str, interpret: bool) -> ModuleType:
         module = _MODULES.get(key)
         if module is not None:
             return module
-        path = write_source(stem, body)
+        path = str(write_source(stem, body))
+        text = file_text(body)
         name = f"epifuse_generated.{stem}_{key[1]}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
+        module = ModuleType(name)
+        module.__file__ = path
+        # inspect (and so Triton) reads source through linecache: serve it the text we generated
+        # (mtime None: linecache never re-reads it from the file, which could change under us).
+        linecache.cache[path] = (len(text), None, text.splitlines(True), path)
+        code = compile(text, path, "exec")
         sys.modules[name] = module
         with _interpreter(interpret):
-            spec.loader.exec_module(module)  # generated-source: our own emitted kernel file
+            exec(code, module.__dict__)  # generated-source: the kernel text emitted above
         _MODULES[key] = module
         return module
