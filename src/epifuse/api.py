@@ -121,7 +121,8 @@ class GemmArguments:
         self.out = out
         self.epilogue = epilogue
         if accumulator_type is None:
-            accumulator_type = torch.float32 if A.is_floating_point() else torch.int32
+            accumulator_type = torch.float32 if not isinstance(A, torch.Tensor) or A.is_floating_point() \
+                else torch.int32
         self.accumulator_type = accumulator_type
         self.precision = precision
         self.accumulate = epilogue.accumulate
@@ -245,7 +246,7 @@ def _choose_kernel(args: GemmArguments):
     return kernel
 
 
-def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | None = None, *,
+def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | None = None, /, *,
          out_dtype: torch.dtype | None = None, accumulate: bool = False,
          deterministic: bool = False, compute_dtype: torch.dtype = torch.float32,
          precision: str = "default", **tensors):
