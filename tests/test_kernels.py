@@ -255,6 +255,8 @@ def test_persistent_batched_layouts(batched_a, batched_b, k_major, device):
     assert epifuse.get_kernels(args)[0].name == "triton_persistent"
 
 
+@pytest.mark.skipif(tuple(int(v) for v in __import__("numpy").__version__.split(".")[:2]) >= (2, 4),
+                    reason="Triton 3.6's interpreter needs numpy < 2.4")
 def test_cpu_kernels_work_when_triton_was_imported_before_the_interpreter_was_requested():
     """Triton decides compiled-or-interpreted for its own library functions at import; the
     generated kernels call none of them, so the order of imports does not matter."""
