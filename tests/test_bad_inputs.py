@@ -216,9 +216,6 @@ CASES: list = [
          ShapeError, "B must be 2-D or 3-D (batched), but has shape (1, 1, 7, 12)."),
     pytest.param(Case("shape-A-a-list", lambda d: Problem([[1.0] * K] * M, ints(K, N, device=d), tensors={"bias": 1.0, "D": out(device=d)}),
                       ShapeError, "A must be a torch.Tensor, but got list."),
-                 marks=pytest.mark.xfail(reason="BUG: api.py GemmArguments reads A.is_floating_point() (the default "
-                                                "accumulator_type) before accum_shape_of checks that A is a tensor: "
-                                                "AttributeError instead of ShapeError", strict=False),
                  id="shape-A-a-list"),
     Case("shape-B-a-numpy-array", lambda d: Problem(ints(M, K, device=d), np.ones((K, N), np.float32), tensors={"bias": 1.0, "D": out(device=d)}),
          ShapeError, "B must be a torch.Tensor, but got ndarray."),
@@ -385,9 +382,6 @@ CASES: list = [
     pytest.param(Case("operand-named-A-via-gemm", lambda d: Problem(*ab(d), "def epi(accum, A):\n    D = accum + A\n    return D\n",
                                                                     {"A": 2.0}, via="gemm",
                                                                     check=lambda p, o: torch.equal(o["D"].double().cpu(), accum_of(p) + 2))),
-                 marks=pytest.mark.xfail(reason="BUG: api.py gemm(A, B, epilogue, ...) takes A, B and epilogue by "
-                                                "keyword too, so an operand named A/B/epilogue raises TypeError; "
-                                                "make them positional-only (A, B, epilogue=None, /)", strict=False),
                  id="operand-named-A-via-gemm"),
 
     # reduction destinations
