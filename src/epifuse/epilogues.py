@@ -36,16 +36,14 @@ from __future__ import annotations
 
 import ast
 import enum
-import inspect
 import math
-import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from .errors import EpilogueArgumentError, EpilogueSyntaxError, InternalError, Location
-from .frontend import Expr, Program, parse
+from .frontend import Expr, Program, clean_source, parse, read_source
 from .ops import OPS, OpDef, lookup
 
 # ---- printing a Program back to source ------------------------------------------------------
@@ -166,17 +164,11 @@ def parse_activation(activation: Callable | str) -> ParsedActivation:
         if getattr(activation, "__name__", "") == "<lambda>":
             raise EpilogueSyntaxError("Lambdas cannot be activations.",
                                       hint="Write it with def: `def act(x): y = ...; return y`.")
-        try:
-            lines, first = inspect.getsourcelines(activation)
-            filename = inspect.getsourcefile(activation) or "<unknown>"
-        except (OSError, TypeError) as exc:
-            raise EpilogueSyntaxError(
-                f"Cannot read the source of {getattr(activation, '__name__', activation)!r} ({exc}).",
-                hint="Pass the activation as a string: \"def act(x):\\n    y = ...\\n    return y\".") from None
-        source, offset, from_string = "".join(lines), first - 1, False
+        source, filename, offset = read_source(
+            activation, hint="Pass the activation as a string: \"def act(x):\\n    y = ...\\n    return y\".")
+        from_string = False
     # The same clean-up the frontend does, so positions below match what it will parse.
-    text = textwrap.dedent("\n".join("" if line.lstrip().startswith("#") else line
-                                     for line in source.splitlines()))
+    text = clean_source(source)
     try:
         module = ast.parse(text)
     except SyntaxError:

@@ -105,18 +105,29 @@ def _parse_function(fn: Callable) -> Program:
     if getattr(fn, "__name__", "") == "<lambda>":
         raise EpilogueSyntaxError("Lambdas cannot be epilogues.",
                                   hint="Write the epilogue with `def` and return named outputs.")
+    source, filename, offset = read_source(
+        fn, hint="Pass the epilogue as a string instead: EpilogueArguments(\"def epi(accum): ...\", ...).")
+    program = _parse_source(source, filename, offset, from_string=False)
+    if code is not None:
+        _FUNCTION_CACHE[code] = program
+    return program
+
+
+def read_source(fn: Callable, hint: str) -> tuple[str, str, int]:
+    """(source, file name, line offset) of a function, or an EpilogueSyntaxError with `hint`."""
     try:
         lines, first = inspect.getsourcelines(fn)
         filename = inspect.getsourcefile(fn) or "<unknown>"
     except (OSError, TypeError) as exc:
         raise EpilogueSyntaxError(
-            f"Cannot read the source of {getattr(fn, '__name__', fn)!r} ({exc}).",
-            hint="Pass the epilogue as a string instead: EpilogueArguments(\"def epi(accum): ...\", ...)."
-        ) from None
-    program = _parse_source("".join(lines), filename, first - 1, from_string=False)
-    if code is not None:
-        _FUNCTION_CACHE[code] = program
-    return program
+            f"Cannot read the source of {getattr(fn, '__name__', fn)!r} ({exc}).", hint=hint) from None
+    return "".join(lines), filename, first - 1
+
+
+def clean_source(source: str) -> str:
+    """The text the parser sees: comment-only lines blanked, then dedented (see _parse_source)."""
+    return textwrap.dedent("\n".join("" if line.lstrip().startswith("#") else line
+                                      for line in _LINE_BREAK.split(source)))
 
 
 def _parse_source(source: str, filename: str, line_offset: int, from_string: bool) -> Program:
@@ -126,8 +137,7 @@ def _parse_source(source: str, filename: str, line_offset: int, from_string: boo
     # Comment-only lines (editors put them at column 0) would stop dedent; blank them instead,
     # which keeps line numbers. Lines end where Python's tokenizer ends them (\r\n, \r, \n), not
     # at str.splitlines()'s form feeds and \u2028: a comment must stay a comment.
-    text = textwrap.dedent("\n".join("" if line.lstrip().startswith("#") else line
-                                      for line in _LINE_BREAK.split(source)))
+    text = clean_source(source)
     lines = text.split("\n")
     _check_statement_sizes(text, filename, line_offset, lines)
     try:

@@ -108,7 +108,6 @@ class TritonPersistent(TritonTiled):
         if uses_interpreter(args.A.device):
             programs = INTERPRETER_PROGRAMS
         else:
-            _install_allocator()
             programs = _sm_count(args.A.device.index or 0)
         meta = dict(A_BATCHED=A.dim() == 3, B_BATCHED=B.dim() == 3, B_KMAJOR=B.stride(-1) != 1,
                     NUM_SMS=programs, FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize)
