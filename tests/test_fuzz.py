@@ -710,12 +710,8 @@ def test_regression_max_with_a_negative_int_reduces(device):
     assert torch.equal(max_op(x, -1), x.amax(-1))
 
 
-@pytest.mark.xfail(reason="BUG: backends/triton/persistent.py supports() skips every stride equal to 1 in "
-                          "its 16-byte alignment check; with N == 1 B's K stride is 1 too (2 bytes), so "
-                          "the TMA descriptor is misaligned: the interpreter asserts ('stride must be "
-                          "16-byte aligned'), a GPU would fault or misread", strict=False)
 @pytest.mark.parametrize("batched", [False, True])
-def test_known_bug_persistent_kernel_with_one_column(batched, device):
+def test_regression_persistent_kernel_with_one_column(batched, device):
     """Found by the fuzzer: A (16, 40) bf16 times B (40, 1)."""
     L = (2,) if batched else ()
     A = torch.ones(L + (16, 40), dtype=torch.bfloat16, device=device)

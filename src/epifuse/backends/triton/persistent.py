@@ -75,8 +75,9 @@ class TritonPersistent(TritonTiled):
             return unsupported("A's last dimension is not contiguous (TMA needs stride 1 along K)")
         if B.stride(-1) != 1 and B.stride(-2) != 1:
             return unsupported("B is contiguous along neither N nor K (TMA needs one of them)")
-        leading = [A.stride(0), *([A.stride(1)] if A.dim() == 3 else [])]
-        leading += [s for s in B.stride() if s != 1]
+        leading = [A.stride(-2), *([A.stride(0)] if A.dim() == 3 else [])]
+        b_kmajor = B.stride(-1) != 1  # the same test the kernel's B_KMAJOR makes
+        leading += [B.stride(-1) if b_kmajor else B.stride(-2), *([B.stride(0)] if B.dim() == 3 else [])]
         for t, label in ((A, "A"), (B, "B")):
             if t.data_ptr() % 16:
                 return unsupported(f"{label} is not 16-byte aligned (TMA needs aligned base pointers)")
