@@ -58,9 +58,46 @@ def measure() -> dict:
     return result
 
 
+def breakdown() -> dict:
+    """Where kernel.run's host time goes, per kernel class: the whole call, the plan's direct
+    launcher alone, Triton's compiled launcher alone, and the allocator hook; plus the top
+    functions of a cProfile of kernel.run."""
+    import cProfile
+    import io
+    import pstats
+
+    import triton
+    from epifuse.backends.triton import persistent, tiled
+    dev = "cuda"
+    A = torch.randn(256, 256, device=dev, dtype=torch.float16)
+    B = torch.randn(256, 256, device=dev, dtype=torch.float16)
+    D = torch.empty(256, 256, device=dev, dtype=torch.float16)
+    src = "def epi(accum, alpha):\n    D = relu(accum * alpha)\n    return D\n"
+    result = {}
+    for kernel in (persistent.TritonPersistent(persistent.CUDA_CONFIGS[1]),
+                   tiled.TritonTiled(tiled.CUDA_CONFIGS[0])):
+        args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, alpha=2.0, D=D))
+        kernel.run(args)
+        plan = args._plans[kernel]
+        row = {"kernel_run_us": _per_call_us(lambda: kernel.run(args)),
+               "direct_launcher_us": _per_call_us(plan.fast) if plan.fast else None,
+               "set_allocator_us": _per_call_us(lambda: triton.set_allocator(persistent._scratch))}
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(2000):
+            kernel.run(args)
+        profiler.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
+        row["cprofile_top"] = text.getvalue().splitlines()[-20:]
+        result[repr(kernel)] = row
+    return result
+
+
 if __name__ == "__main__":
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         sys.exit(2)
-    out = measure()
+    out = breakdown() if "--breakdown" in sys.argv else measure()
     print(json.dumps(out, indent=1))

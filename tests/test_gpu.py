@@ -89,3 +89,33 @@ def test_strided_views_large():
     D = torch.empty(N, M, device="cuda").t()
     args, refs = _run(A, B, "def epi(accum, C):\n    D = accum - C\n    return D\n", C=C, D=D)
     assert torch.equal(D, refs["D"].float())
+
+
+@pytest.mark.parametrize("kernel_index", [0, 1, -2])
+def test_repeated_runs_take_the_direct_launch_and_see_new_data(kernel_index):
+    """The second and later kernel.run(args) calls skip Triton's argument binding (a direct
+    launch of the compiled kernel); each must still read the operands' current contents and
+    write every output, including on a side stream."""
+    M, N, K = 384, 512, 256
+    A = integer_tensor(M, K, dtype=torch.float16, device="cuda")
+    B = integer_tensor(K, N, low=-1, high=2, dtype=torch.float16, device="cuda")
+    bias = integer_tensor(N, dtype=torch.float32, device="cuda")
+    D = torch.empty(M, N, device="cuda", dtype=torch.float32)
+    F = torch.empty(M, N, device="cuda", dtype=torch.float16)
+    src = "def epi(accum, bias):\n    F = accum + bias\n    D = relu(F) * 2.0\n    return D, F\n"
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, bias=bias, D=D, F=F))
+    kernel = epifuse.get_kernels(args)[kernel_index]
+    assert kernel.name != "reference"
+    stream = torch.cuda.Stream()
+    for step in range(4):
+        A.copy_(integer_tensor(M, K, dtype=torch.float16, device="cuda"))
+        bias.copy_(integer_tensor(N, dtype=torch.float32, device="cuda"))
+        D.fill_(float("nan"))
+        F.fill_(float("nan"))
+        with torch.cuda.stream(stream if step % 2 else torch.cuda.current_stream()):
+            kernel.run(args)
+        torch.cuda.synchronize()
+        expected = reference_outputs(args)
+        assert torch.equal(D.double(), expected["D"]), (kernel, step)
+        assert torch.equal(F.double(), expected["F"]), (kernel, step)
+    assert args._plans[kernel].fast is not None, "the direct launch was not taken"

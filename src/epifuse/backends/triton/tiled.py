@@ -294,7 +294,7 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     and specialization: the plan's arguments (and so their specialization) never change.
     Not used while Triton launch hooks (profilers) are installed."""
     from triton import knobs
-    if compiled is None or knobs.runtime.launch_enter_hook or knobs.runtime.launch_exit_hook:
+    if compiled is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
         return None
     names = plan.kernel.arg_names
     args = [*plan.values, *(plan.meta[n] for n in names[len(plan.values):])]
@@ -307,6 +307,13 @@ def _direct_launcher(plan, compiled, device: int, before=None):
             before()
         run(grid[0], grid[1], grid[2], raw_stream(device), function, packed, None, None, None, *args)
     return launch
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook is installed: a function, or (Triton >= 3.5) a HookChain
+    object, which is always truthy, with functions in its `calls`."""
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else hook is not None
 
 
 def _smaller(cfg: TileConfig) -> TileConfig | None:
