@@ -92,7 +92,7 @@ def format_table(rows: list, env: dict | None) -> str:
         out.append(f"{env.get('gpu')}  SM clock after timing {seen} MHz (max {top})  "
                    f"torch {env.get('torch')}  triton {env.get('triton')}  epifuse {env.get('epifuse')}  "
                    f"{env.get('date')}")
-        out.append("ratios = time / cublas time in this run (fp8_scaled: / _scaled_mm with unit scales)")
+        out.append("ratios = time / cublas time in this run (fp8_scaled: / _scaled_mm with unit scales; int8_scaled: / _int_mm)")
     out += [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
     return "\n".join(out)
 

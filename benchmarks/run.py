@@ -1,7 +1,8 @@
 """Benchmark driver: times every workload x shape x dtype against its baselines on one GPU.
 
 Baselines, all in the same process and run (see BENCHMARKS.md):
-  cublas    A @ B alone (for fp8_scaled: torch._scaled_mm with unit scales): the denominator
+  cublas    A @ B alone (for fp8_scaled: torch._scaled_mm with unit scales; for int8_scaled:
+            torch._int_mm, int32 out): the denominator
   eager     A @ B, then the epilogue function on torch tensors
   cublaslt  a vendor fixed epilogue, where one exists (see workloads.py)
   inductor  torch.compile(eager, mode="max-autotune-no-cudagraphs")
@@ -30,7 +31,8 @@ from .timing import bench_ms, collect_env, first_call_s, gpu_clocks
 from .workloads import FP8, SHAPES, WORKLOADS, bind_ops
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", FP8: "fp8e4m3"}
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", FP8: "fp8e4m3",
+               torch.int8: "int8"}
 BASELINES = ("cublas", "eager", "cublaslt", "inductor", "epifuse")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -45,7 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--with-s4", action="store_true", help="in --quick, add the small-M shape S4")
     p.add_argument("--shapes", type=_csv, help=f"comma list of {','.join(SHAPES)}")
     p.add_argument("--workloads", type=_csv, help=f"comma list of {','.join(WORKLOADS)}")
-    p.add_argument("--dtypes", type=_csv, help="comma list of fp16,bf16 (fp8_scaled is always e4m3)")
+    p.add_argument("--dtypes", type=_csv, help="comma list of fp16,bf16 (fp8_scaled is always e4m3, int8_scaled int8)")
     p.add_argument("--baselines", type=_csv, help=f"comma list of {','.join(BASELINES)}")
     p.add_argument("--no-inductor", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--prealloc", action="store_true", help="pass preallocated outputs to epifuse.gemm")
@@ -128,9 +130,10 @@ def _input_sets(w, M, N, K, dtype, device, seed, l2_bytes):
 
 def _epifuse_call(epifuse, w, s, prealloc):
     """A closure calling epifuse.gemm on set s, and the output buffers it passes (if any).
-    fp8_scaled always passes a bf16 D (outputs epifuse allocates take A's dtype, here fp8)."""
+    fp8_scaled and int8_scaled always pass a bf16 D (outputs epifuse allocates take A's dtype, or
+    float32 for integer inputs)."""
     kwargs, bufs = dict(s.operands), []
-    if prealloc or w.family == "fp8":
+    if prealloc or w.family in ("fp8", "int8"):
         M, N = s.A.shape[0], s.B.shape[1]
         for (name, _), shape, dt in zip(w.outputs, w.expected_shapes(M, N), s.out_dtypes):
             kwargs[name] = torch.empty(shape, device=s.A.device, dtype=dt)

@@ -95,6 +95,11 @@ def fp8_scaled(accum, sa, sb, bias):
     return D
 
 
+def int8_scaled(accum, bias, sa, sb):
+    D = (accum + bias) * sa * sb
+    return D
+
+
 # ------------------------------------------------------------------------------ shapes, inputs
 
 SHAPES = {"S1": (4096, 4096, 4096), "S2": (16384, 4096, 1024),
@@ -178,6 +183,21 @@ def _build_fp8(M, N, K, dtype, device, gen):
     return Inputs(A, B, {"sa": sa, "sb": sb, "bias": bias}, (out,), {"one": one})
 
 
+def _build_int8(M, N, K, dtype, device, gen):
+    """W8A8: int8 A (M,K) row-major and B (K,N) column-major (what torch._int_mm's cuBLASLt
+    path wants), an int32 bias, per-row and per-column float scales, a bf16 D. Integer values
+    in [-8, 8], so accum is exact. With dtype float32 (the CPU dry run) the same values in float32."""
+    int_dtype = torch.int8 if dtype == torch.int8 else dtype
+    A = torch.randint(-8, 9, (M, K), device=device, generator=gen).to(int_dtype)
+    B = torch.randint(-8, 9, (N, K), device=device, generator=gen).to(int_dtype).t()
+    bias_dtype = torch.int32 if dtype == torch.int8 else dtype
+    bias = torch.randint(-64, 65, (N,), device=device, generator=gen).to(bias_dtype)
+    sa = (torch.rand((M, 1), device=device, generator=gen) + 0.5) / 64
+    sb = (torch.rand((1, N), device=device, generator=gen) + 0.5) / math.sqrt(K)
+    out = torch.bfloat16 if dtype == torch.int8 else dtype
+    return Inputs(A, B, {"bias": bias, "sa": sa, "sb": sb}, (out,))
+
+
 # ---------------------------------------------------------------------------- baselines
 
 
@@ -193,6 +213,17 @@ def _eager_accum_fp8(A, B):  # no fp8 matmul in eager torch: upcast to bf16
     if A.dtype == FP8:
         A, B = A.to(torch.bfloat16), B.to(torch.bfloat16)
     return A @ B
+
+
+def _eager_accum_int8(A, B):  # cuBLASLt's int8 GEMM (int32 accum); float copies off the GPU
+    if A.dtype == torch.int8 and A.is_cuda:
+        return torch._int_mm(A, B)
+    return A.to(torch.int32) @ B.to(torch.int32) if A.dtype == torch.int8 else A @ B
+
+
+def _int_mm(inp: Inputs):
+    A, B = inp.A, inp.B
+    return lambda: torch._int_mm(A, B)
 
 
 def _cublas(inp: Inputs):
@@ -275,4 +306,6 @@ WORKLOADS = {w.name: w for w in [
     Workload("fp8_scaled", fp8_scaled, _build_fp8, (("D", "MN"),), "fp8", 1.05,
              accum=_eager_accum_fp8, cublas=_scaled_mm_unit, cublaslt=_lt_fp8,
              cublaslt_desc="torch._scaled_mm(A, B, sa, sb, bias, out_dtype=bf16)", fixed_dtype=FP8),
+    Workload("int8_scaled", int8_scaled, _build_int8, (("D", "MN"),), "int8", 1.05,
+             accum=_eager_accum_int8, cublas=_int_mm, fixed_dtype=torch.int8),
 ]}
