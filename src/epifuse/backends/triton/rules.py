@@ -200,14 +200,15 @@ def _gelu_none(x):
     "_gelu_tanh": {"any": '''
 @triton.jit
 def _gelu_tanh(x):
+    # 0.5 * (1 + tanh(u)) == sigmoid(2u): one exp and one division, no cancellation near -1.
     inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    return 0.5 * x * (1.0 + _tanh(inner))
+    return tl.fdiv(x, 1.0 + tl.exp(-2.0 * inner))
 '''},
 }
 
 
 # Helpers whose formula calls other helpers.
-HELPER_NEEDS = {"_tanh": ("_expm1",), "_softplus": ("_log1p",), "_gelu_tanh": ("_tanh",)}
+HELPER_NEEDS = {"_tanh": ("_expm1",), "_softplus": ("_log1p",)}
 
 
 def helper_source(names, target: str) -> str:
