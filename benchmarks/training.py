@@ -33,6 +33,21 @@ def bce_epilogue(accum, bias, target):
     return loss
 
 
+def _kernel_table(fn, steps: int = 5) -> list:
+    """GPU time per kernel name over `steps` calls of fn (torch.profiler), largest first:
+    where a step's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / steps, e.count // steps) for e in prof.key_averages()
+            if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    return [{"kernel": k[:90], "us_per_step": round(us, 1), "calls_per_step": n} for k, us, n in rows[:8]]
+
+
 def _bce_loss(x, weight, bias, target):
     logits = x @ weight.t() + bias
     return nn.functional.binary_cross_entropy_with_logits(logits.float(), target)
@@ -64,7 +79,7 @@ def measure(tokens=8192, hidden=4096, ffn=16384, inductor=False) -> list[dict]:
         first = time.perf_counter() - start
         ms = do_bench(step, warmup=25, rep=200, return_mode="median")
         rows.append({"workload": "mlp_step", "variant": name, "ms": ms, "first_call_s": first,
-                     "loss": losses[name]})
+                     "loss": losses[name], "gpu_kernels": _kernel_table(step)})
     # linear + fused BCE loss
     w = torch.randn(hidden, hidden, device=dev, dtype=dt) / hidden ** 0.5
     b = torch.zeros(hidden, device=dev, dtype=torch.float32)
@@ -100,7 +115,8 @@ def measure(tokens=8192, hidden=4096, ffn=16384, inductor=False) -> list[dict]:
         torch.cuda.synchronize()
         first = time.perf_counter() - start
         ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-        rows.append({"workload": "bce_step", "variant": name, "ms": ms, "first_call_s": first, "loss": value})
+        rows.append({"workload": "bce_step", "variant": name, "ms": ms, "first_call_s": first, "loss": value,
+                     "gpu_kernels": _kernel_table(fn)})
     return rows
 
 
@@ -116,6 +132,8 @@ def main(argv=None):
         r["ratio_to_eager"] = r["ms"] / eager[r["workload"]]
         print(f"{r['workload']:9s} {r['variant']:9s} {r['ms']:8.3f} ms  x{r['ratio_to_eager']:.2f} of eager  "
               f"first {r['first_call_s']:.1f} s  loss {r['loss']:.5f}")
+        for k in r["gpu_kernels"][:5]:
+            print(f"      {k['us_per_step']:9.1f} us  x{k['calls_per_step']}  {k['kernel']}")
     if ns.out:
         with open(os.path.join(ns.out, "training.json"), "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
