@@ -31,6 +31,9 @@ B = torch.randn(1024, 4096, device="cuda", dtype=torch.float16)
 bias = torch.randn(4096, device="cuda", dtype=torch.float16)
 src = "def bias_gelu(accum, bias):\n    D = gelu(accum + bias, approximate='tanh')\n    return D\n"
 torch.cuda.synchronize()
+import cProfile, io, pstats
+profiler = cProfile.Profile()
+profiler.enable()
 t = time.perf_counter()
 if mode in ("compile", "run"):
     D = torch.empty(8192, 4096, device="cuda", dtype=torch.float16)
@@ -41,9 +44,13 @@ else:
     D = epifuse.gemm(A, B, src, bias=bias)
 torch.cuda.synchronize()
 elapsed = time.perf_counter() - t
+profiler.disable()
+text = io.StringIO()
+pstats.Stats(profiler, stream=text).sort_stats("cumtime").print_stats(30)
+top = [ln for ln in text.getvalue().splitlines() if ln.strip()][-30:]
 expected = torch.nn.functional.gelu(A.float() @ B.float() + bias.float(), approximate="tanh")
 ok = mode == "compile" or bool(torch.allclose(D.float(), expected, rtol=2e-2, atol=2e-2))
-print("STARTUP " + json.dumps({"seconds": elapsed, "import_s": imported, "ok": ok}))
+print("STARTUP " + json.dumps({"seconds": elapsed, "import_s": imported, "ok": ok, "profile": top}))
 '''
 
 
@@ -75,6 +82,7 @@ def measure() -> dict:
             result[f"{name}_s"] = row["seconds"]
             result[f"{name}_import_s"] = row["import_s"]
             result[f"{name}_ok"] = row["ok"]
+            result[f"{name}_profile"] = row["profile"]
     return result
 
 
@@ -84,7 +92,7 @@ def main(argv=None) -> int:
     ns = p.parse_args(argv)
     import torch
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **measure()}
-    print(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_profile")}, indent=1))
     if ns.out:
         with open(os.path.join(ns.out, "startup.json"), "w") as f:
             json.dump(result, f, indent=1)

@@ -29,6 +29,10 @@ SPECIAL_CALLS = {
     "logical_and": "where(logical_and(x > 0, C > 0), x, 0.0)",
     "logical_or": "where(logical_or(x > 0, C < 0), x, 0.0)",
     "logical_not": "where(logical_not(x > 0), x, 0.0)",
+    "lt": "where(lt(x, C), x - C, 0.0)",   # comparisons too: x within rounding of C
+    "le": "where(le(x, C), x - C, 0.0)",   # may compare either way
+    "gt": "where(gt(x, C), x - C, 0.0)",
+    "ge": "where(ge(x, C), x - C, 0.0)",
     "to": "x.to(torch.float16)",
     "clamp": "clamp(x, -0.5, 0.75)",
     "leaky_relu": "leaky_relu(x, 0.2)",

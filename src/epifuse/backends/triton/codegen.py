@@ -286,10 +286,6 @@ def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: 
         mainloop = mainloop.replace("    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M\n", setup + "    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M\n", 1)
         halves = "".join(_PERSISTENT_SUBTILE.format(half=h, half_index=i) + body
                          for i, h in enumerate(("lo", "hi")))
-        prefetch = _l2_prefetch(layout) if target == "cuda" else []
-        if prefetch:
-            helpers = helpers | {"_prefetch_l2"}
-            mainloop = mainloop.replace(_K_LOOP, "".join(" " * 8 + ln + "\n" for ln in prefetch) + _K_LOOP, 1)
     else:
         halves = _TILED_EPILOGUE_START + body
     params = ",\n    ".join([*gemm_params, *layout.param_names(), *(f"{m}: tl.constexpr" for m in meta)])
@@ -298,27 +294,6 @@ def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: 
             + helper_source(helpers, target)
             + f"\n\n@triton.jit\ndef epifuse_kernel(\n    {params},\n):"
             + mainloop + halves)
-
-
-_K_LOOP = "        for ki in range(k_tiles):\n"
-
-
-def _l2_prefetch(layout: Layout) -> list[str]:
-    """Before a tile's main loop: ask L2 for the tile's epilogue operands (one address per 32
-    elements along N, rows and columns clamped into the tensor), so the epilogue's loads find
-    them on chip instead of waiting for DRAM after the last MMA. Only for operands that TMA
-    reads (N contiguous)."""
-    lines = []
-    for o in layout.operands:
-        if o.kind != "tensor" or not {"M", "N"} <= set(o.axes):
-            continue
-        p = o.prefix
-        batch = f"pid_l * {p}_sl + " if "L" in o.axes else ""
-        lines += [f"if {p.upper()}_TMA != 0:",
-                  "    pf_m = tl.minimum(offs_m + tl.arange(0, BLOCK_M), M - 1)",
-                  "    pf_n = tl.minimum(offs_n + tl.arange(0, BLOCK_N // 32) * 32, N - 1)",
-                  f"    _prefetch_l2({p}_ptr + {batch}pf_m[:, None] * {p}_sm + pf_n[None, :])"]
-    return lines
 
 
 def _tma_descriptors(layout: Layout) -> list[str]:

@@ -192,16 +192,6 @@ def _pow(a, b):
 def _softplus(x, beta, threshold):
     return tl.where(x * beta > threshold, x, tl.fdiv(_log1p(tl.exp(x * beta)), beta))
 '''},
-    "_prefetch_l2": {"any": '''
-@triton.jit
-def _prefetch_l2(ptrs):
-    pass
-''', "cuda": '''
-@triton.jit
-def _prefetch_l2(ptrs):
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\\n\\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-'''},
     "_gelu_none": {"any": '''
 @triton.jit
 def _gelu_none(x):
