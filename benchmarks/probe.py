@@ -26,6 +26,10 @@ EPILOGUES = {
     "tile_C": "def e(accum, C):\n    D = accum * 1.5 + C * 0.5\n    return D\n",
     "two_outputs": "def e(accum, C):\n    F = accum * 1.5 + C * 2.0\n    D = relu(F)\n    return D, F\n",
     "row_sum": "def e(accum):\n    D = accum * 0.5\n    r = sum(D * D, dim=1)\n    return D, r\n",
+    # the epilogue left out (one number per tile leaves the chip) and done twice
+    "no_store": "def e(accum):\n    s = sum(accum, dim=(0, 1))\n    return s\n",
+    "gelu_twice": "def e(accum, bias):\n    D = gelu(gelu(accum + bias, approximate='tanh') * 1.5 - 0.25, "
+                  "approximate='tanh')\n    return D\n",
 }
 
 
@@ -34,6 +38,7 @@ def main(argv=None):
     parser.add_argument("--shape", type=int, nargs=3, default=(16384, 4096, 1024))
     parser.add_argument("--epilogues", default=",".join(EPILOGUES))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--top", type=int, default=0, help="only the first N supported kernels (0: all)")
     ns = parser.parse_args(argv)
     M, N, K = ns.shape
     dev = "cuda"
@@ -49,12 +54,12 @@ def main(argv=None):
         program = epifuse.frontend.parse(src)
         tensors = {k: operands[k] for k in program.operands}
         for out, _ in program.outputs:
-            tensors[out] = torch.empty(M, dtype=torch.float32, device=dev) if out == "r" else \
+            reduced = {"r": (M,), "s": (1,)}
+            tensors[out] = torch.empty(reduced[out], dtype=torch.float32, device=dev) if out in reduced else \
                 torch.empty(M, N, dtype=torch.float16, device=dev)
         args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors))
-        for kernel in epifuse.get_kernels(args):
-            if kernel.name == "reference":
-                continue
+        kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+        for kernel in kernels[:ns.top or None]:
             try:
                 kernel.run(args)
                 ms = do_bench(lambda: kernel.run(args), return_mode="median")
