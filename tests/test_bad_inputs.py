@@ -296,12 +296,18 @@ CASES: list = [
     Case("zero-M-amax-over-everything", lambda d: Problem(*ab(d, m=0), red("amax", ""), {"r": out(1, device=d)}),
          ShapeError, "reduces an empty dimension"),
     Case("zero-M-max-over-N", lambda d: Problem(*ab(d, m=0), red("max", "dim=1"), {"r": out(0, device=d)})),
-    pytest.param(Case("zero-M-mean-over-M-is-nan", lambda d: Problem(*ab(d, m=0), red("mean", "dim=0"), {"r": out(N, device=d)},
-                                                                     check=expect_tensor("r", lambda p: torch.full((N,), float("nan"))))),
-                 marks=pytest.mark.xfail(reason="BUG: backends/triton/tiled.py: mean over an empty dim gives 0 "
-                                                "(divides by max(count, 1)); torch and the reference give NaN",
-                                         strict=False),
-                 id="zero-M-mean-over-M-is-nan"),
+    Case("zero-M-mean-over-M-is-nan", lambda d: Problem(*ab(d, m=0), red("mean", "dim=0"), {"r": out(N, device=d)},
+                                                        check=expect_tensor("r", lambda p: torch.full((N,), float("nan"))))),
+    Case("zero-M-deterministic-mean-over-M-is-nan", lambda d: Problem(
+        *ab(d, m=0), red("mean", "dim=0"), {"r": out(N, device=d)}, {"deterministic": True},
+        check=expect_tensor("r", lambda p: torch.full((N,), float("nan"))))),
+    Case("zero-K-batched-mean-over-empty-L", lambda d: Problem(
+        ints(0, M, K, device=d), ints(0, K, N, device=d), red("mean", "dim=(0, 1)"), {"r": out(N, device=d)},
+        check=expect_tensor("r", lambda p: torch.full((N,), float("nan"))))),
+    Case("zero-M-mean-into-int32-is-zero", lambda d: Problem(*ab(d, m=0), red("mean", "dim=0"),
+                                                             {"r": out(N, device=d, dtype=torch.int32)},
+                                                             check=expect_tensor("r", lambda p: torch.zeros(N)))),
+    Case("zero-M-mean-over-N-is-empty", lambda d: Problem(*ab(d, m=0), red("mean", "dim=1"), {"r": out(0, device=d)})),
 
     # NaN and Inf propagate
     Case("nan-in-A", lambda d: (lambda A, B: Problem(with_value(A, (2, 3), float("nan")), B,
@@ -420,13 +426,15 @@ CASES: list = [
     Case("inputs-require-grad-via-gemm", lambda d: Problem(ints(M, K, device=d).requires_grad_(), ints(K, N, device=d),
                                                            BIAS, {"bias": ints(N, device=d)}, via="gemm",
                                                            check=lambda p, o: o["D"].requires_grad)),
-    pytest.param(Case("output-requires-grad-low-level", lambda d: bias_problem(d, D=out(device=d).requires_grad_()),
-                      EpilogueError, "requires grad"),
-                 marks=pytest.mark.xfail(reason="BUG: api.py GemmArguments accepts an output that requires grad: the "
-                                                "generated kernel writes it behind autograd's back and the reference "
-                                                "kernel crashes with torch's RuntimeError (in-place on a leaf)",
-                                         strict=False),
-                 id="output-requires-grad-low-level"),
+    Case("output-requires-grad-low-level", lambda d: bias_problem(d, D=out(device=d).requires_grad_()),
+         EpilogueArgumentError, "Output D requires grad: epifuse writes outputs in place"),
+    Case("output-requires-grad-via-out", lambda d: Problem(*ab(d), None, {}, gemm_options={"out": out(device=d).requires_grad_()}),
+         EpilogueArgumentError, "Output D requires grad"),
+    Case("reduction-output-requires-grad", lambda d: Problem(*ab(d), red("sum"), {"r": out(M, device=d).requires_grad_()}),
+         EpilogueArgumentError, "Output r requires grad"),
+    Case("non-leaf-output-requires-grad", lambda d: bias_problem(d, D=out(device=d).requires_grad_() * 1.0),
+         EpilogueArgumentError, "Output D requires grad"),
+    Case("output-requires-grad-detached-is-fine", lambda d: bias_problem(d, D=out(device=d).requires_grad_().detach())),
 ]
 
 
@@ -531,3 +539,18 @@ def test_bad_input(case: Case, device):
     assert case.phrase in str(info.value), str(info.value)
     for t, b in zip(tensors, before):
         assert _same(t, b), "an input or output changed although the call failed"
+
+
+def test_output_that_requires_grad_is_written_under_no_grad(device):
+    """As torch's out=: under torch.no_grad() writing into a tensor that requires grad is allowed
+    (filling a parameter, say), and every kernel, the reference included, writes it."""
+    A, B = ab(device)
+    bias = ints(N, device=device)
+    D = out(device=device).requires_grad_()
+    with torch.no_grad():
+        args = GemmArguments(A, B, epilogue=EpilogueArguments(BIAS, bias=bias, D=D))
+        for kernel in epifuse.get_kernels(args):
+            D.fill_(float("nan"))
+            kernel.run(args)
+            assert torch.equal(D.double().cpu(), accum_of(Problem(A, B)) + bias.double().cpu()), kernel
+    assert D.requires_grad and D.grad_fn is None

@@ -112,6 +112,7 @@ def test_repeated_runs_take_the_direct_launch_and_see_new_data(kernel_index):
         bias.copy_(integer_tensor(N, dtype=torch.float32, device="cuda"))
         D.fill_(float("nan"))
         F.fill_(float("nan"))
+        stream.wait_stream(torch.cuda.current_stream())   # the copies and fills above
         with torch.cuda.stream(stream if step % 2 else torch.cuda.current_stream()):
             kernel.run(args)
         torch.cuda.synchronize()
@@ -119,3 +120,26 @@ def test_repeated_runs_take_the_direct_launch_and_see_new_data(kernel_index):
         assert torch.equal(D.double(), expected["D"]), (kernel, step)
         assert torch.equal(F.double(), expected["F"]), (kernel, step)
     assert args._plans[kernel].fast is not None, "the direct launch was not taken"
+
+
+def test_repeated_gemm_calls_reuse_the_launch_with_new_tensors():
+    """epifuse.gemm's kept launch (epifuse.callsite) on the GPU kernels: new inputs, fresh
+    outputs, a side stream, every call exact."""
+    from epifuse import callsite
+    src = "def epi(accum, bias, C):\n    F = accum + bias\n    D = relu(F) + C\n    return D, F\n"
+    M, N, K = 640, 384, 512
+    B = integer_tensor(K, N, low=-1, high=2, dtype=torch.bfloat16, device="cuda")
+    hits = callsite.HITS[0]
+    stream = torch.cuda.Stream()
+    for step in range(5):
+        A = integer_tensor(M, K, dtype=torch.bfloat16, device="cuda")
+        bias = integer_tensor(N, dtype=torch.float32, device="cuda")
+        C = integer_tensor(M, N, dtype=torch.float16, device="cuda")
+        stream.wait_stream(torch.cuda.current_stream())   # A, bias, C were made there
+        with torch.cuda.stream(stream if step % 2 else torch.cuda.current_stream()):
+            D, F = epifuse.gemm(A, B, src, bias=bias, C=C)
+        torch.cuda.synchronize()
+        accum = A.double() @ B.double()
+        assert torch.equal(F.double(), accum + bias.double()), step
+        assert torch.equal(D.double(), torch.relu(accum + bias.double()) + C.double()), step
+    assert callsite.HITS[0] - hits == 4

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import epifuse
-from epifuse.ops import relu, sigmoid
+from epifuse.ops import gelu, relu, sigmoid, silu
 from helpers import integer_tensor, reference_outputs, rel_error
 
 M, N, K = 100, 72, 50
@@ -219,7 +219,20 @@ def test_sigmoid_gelu_mix_relative_error(device):
     src = ("def epi(accum, bias):\n    f = accum + bias\n"
            "    D = gelu(f, approximate='tanh') * sigmoid(f) + F.silu(f)\n    return D\n")
     run_checked(A, B, src, exact=False, tol=1e-5, bias=bias, D=D)
-    assert sigmoid is not None and relu is not None
+
+
+def test_an_epilogue_function_is_its_own_reference(device):
+    """The same mix written as a function of epifuse.ops: called on torch tensors it is the
+    reference of the kernel it compiles to."""
+    def mix(accum, bias):
+        f = accum + bias
+        D = gelu(f, approximate="tanh") * sigmoid(f) + silu(f)
+        return D
+
+    A, B = torch.randn(M, K, device=device), torch.randn(K, N, device=device) / K ** 0.5
+    bias = torch.randn(N, device=device)
+    D = epifuse.gemm(A, B, mix, bias=bias, precision="highest")
+    assert rel_error(D, mix(A.double() @ B.double(), bias.double())) < 1e-5
 
 
 def test_persistent_kernel_takes_aligned_layouts_and_says_why_not(device):

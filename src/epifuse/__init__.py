@@ -15,9 +15,10 @@ from .errors import EpilogueError, InternalError
 from . import nn, torch_ops  # noqa: E402  (registers the epifuse:: custom ops)
 from . import debug, epilogues  # noqa: E402
 from .fused import FusedGemm  # noqa: E402
+from .grouped import GroupedGemmArguments  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["EpilogueArguments", "GemmArguments", "get_kernels", "kernel_statuses", "gemm",
            "EpilogueError", "InternalError", "ops", "nn", "torch_ops", "__version__",
-           "FusedGemm", "epilogues", "debug"]
+           "FusedGemm", "epilogues", "debug", "GroupedGemmArguments"]

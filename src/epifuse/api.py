@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import callsite
 from .binding import bind
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError, did_you_mean
 from .frontend import Program, parse
@@ -72,6 +73,7 @@ class EpilogueArguments:
             if not isinstance(value, torch.Tensor):
                 raise EpilogueArgumentError(
                     f"Output {name} must be a torch.Tensor, but got {type(value).__name__}.")
+            _check_not_tracked_by_autograd(name, value)
         for name, value in self.operands.items():
             if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
                 raise EpilogueArgumentError(
@@ -79,6 +81,18 @@ class EpilogueArguments:
             if isinstance(value, torch.Tensor) and (value.is_complex() or value.dtype == torch.bool):
                 raise EpilogueArgumentError(f"Operand {name} has dtype {value.dtype}; use a real "
                                             "floating-point or integer tensor.")
+
+
+def _check_not_tracked_by_autograd(name: str, output: torch.Tensor) -> None:
+    """Kernels write outputs in place, behind autograd's back; as with torch's out=, an output
+    that requires grad is refused while grad mode is on (torch.no_grad() allows it)."""
+    if output.requires_grad and torch.is_grad_enabled():
+        raise EpilogueArgumentError(
+            f"Output {name} requires grad: epifuse writes outputs in place, which autograd cannot "
+            "track (and torch forbids writing in place into a leaf that requires grad).",
+            hint=f"For differentiable outputs call epifuse.gemm(A, B, epilogue, ...) without passing "
+                 f"{name}; to just fill the tensor, pass {name}.detach() or build the arguments "
+                 "under torch.no_grad().")
 
 
 _BIND_CACHE: dict[tuple, tuple[Program, Graph, str]] = {}
@@ -210,9 +224,13 @@ def get_kernels(args: GemmArguments, cc: int | None = None) -> list:
 
 
 def kernel_statuses(args: GemmArguments, cc: int | None = None) -> list:
-    """(kernel, Status) for every kernel class and config, supported or not, best first."""
+    """(kernel, Status) for every kernel class and config, supported or not, best first.
+    `args` may also be a GroupedGemmArguments (see epifuse.grouped)."""
+    from .grouped import GroupedGemmArguments, grouped_kernel_statuses
+    if isinstance(args, GroupedGemmArguments):
+        return grouped_kernel_statuses(args, cc)
     from .backends.reference import ReferenceKernel
-    from .backends.triton import persistent, tiled
+    from .backends.triton import persistent, splitk, tiled
     if tiled.uses_interpreter(args.A.device):
         candidates = [persistent.TritonPersistent(persistent.INTERPRETER_CONFIG),
                       tiled.TritonTiled(tiled.INTERPRETER_CONFIG)]
@@ -220,6 +238,8 @@ def kernel_statuses(args: GemmArguments, cc: int | None = None) -> list:
         wide = persistent.FP32_CONFIGS if args.A.dtype == torch.float32 else persistent.CUDA_CONFIGS
         candidates = [*(persistent.TritonPersistent(c) for c in wide),
                       *(tiled.TritonTiled(c) for c in tiled.CUDA_CONFIGS)]
+    split = splitk.candidates(args)
+    candidates = [*split, *candidates] if splitk.ranks_first(args) else [*candidates, *split]
     result = [(k, k.supports(args, cc)) for k in candidates]
     reference = ReferenceKernel()
     result.append((reference, reference.supports(args)))
@@ -271,6 +291,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
         return gemm_op(A, B, epilogue, out_dtype=out_dtype, accumulate=accumulate,
                        deterministic=deterministic, compute_dtype=compute_dtype,
                        precision=precision, **tensors)
+    key = callsite.signature(epilogue, A, B, tensors,
+                             (out_dtype, accumulate, deterministic, compute_dtype, precision))
+    site = callsite.lookup(key)
+    if site is not None:
+        return site.call(A, B, tensors)
     program = epilogue if isinstance(epilogue, Program) else parse(
         epilogue if epilogue is not None else IDENTITY_EPILOGUE)
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
@@ -288,8 +313,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
                             compute_dtype=compute_dtype, **tensors)
     args = GemmArguments(A, B, epilogue=epi, precision=precision)
-    _choose_kernel(args).run(args)
-    outputs = tuple(epi.outputs[name] for name, _ in program.outputs)
+    kernel = _choose_kernel(args)
+    kernel.run(args)
+    returns = tuple(name for name, _ in program.outputs)
+    callsite.remember(key, args, kernel, tuple(missing), returns)
+    outputs = tuple(epi.outputs[name] for name in returns)
     return outputs[0] if len(outputs) == 1 else outputs
 
 

@@ -66,7 +66,7 @@ def classify_operand(name: str, value, accum_shape, device) -> tuple[Operand, di
     if value.numel() == 1:
         return Operand(name, "tensor", ()), {}
     acc_axes = AXES[3 - len(accum_shape):]
-    if value.dim() > len(accum_shape) or value.numel() == 0:
+    if value.dim() > len(accum_shape):
         _no_broadcast(name, value, accum_shape)
     axes, strides = [], {}
     offset = len(accum_shape) - value.dim()

@@ -8,6 +8,12 @@ process, compiled here, never bytes read back from the directory (nor a __pycach
 planted beside the file); Triton's source inspection is served the same text. The directory
 is $EPIFUSE_CACHE_DIR, else ~/.cache/epifuse; if it cannot be written, a private temporary
 directory is used instead.
+
+Processes sharing the directory take a per-entry lock (`fcntl.flock` on `.<stem>.lock`) while
+they check and write an entry, so one writes it and the others find it intact. The lock is
+an optimization: where there is no fcntl, the lock file cannot be made (a read-only
+directory) or it is held for longer than LOCK_TIMEOUT_S (a stuck process), the write goes
+ahead unlocked, still atomic.
 """
 from __future__ import annotations
 
@@ -18,9 +24,17 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
+try:
+    import fcntl
+except ImportError:  # Windows: atomic renames only
+    fcntl = None
+
+LOCK_TIMEOUT_S = 10.0
+_LOCK_POLL_S = 0.01
 _LOCK = threading.Lock()
 _MODULES: dict[tuple[str, str], ModuleType] = {}
 _FALLBACK_DIR: Path | None = None
@@ -67,10 +81,55 @@ def _read_valid(path: Path, body: str) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def entry_lock(directory: Path, stem: str, timeout: float | None = None):
+    """Hold the cross-process lock of entry `stem` in `directory`; yields whether it is held
+    (False: no fcntl, no lock file, or still busy after `timeout` seconds: go on unlocked)."""
+    fd = _open_lock_file(directory / f".{stem}.lock")
+    if fd is None:
+        yield False
+        return
+    try:
+        yield _acquire(fd, LOCK_TIMEOUT_S if timeout is None else timeout)
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _open_lock_file(path: Path) -> int | None:
+    if fcntl is None:
+        return None
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+
+
+def _acquire(fd: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_LOCK_POLL_S)
+        except OSError:  # a file system without locks (some NFS mounts)
+            return False
+
+
 def _write(directory: Path, stem: str, body: str) -> Path:
     path = directory / f"{stem}.py"
     if _read_valid(path, body):
         return path
+    with entry_lock(directory, stem):
+        if not _read_valid(path, body):  # another process may have written it meanwhile
+            _write_file(directory, stem, path, body)
+    return path
+
+
+def _write_file(directory: Path, stem: str, path: Path, body: str) -> None:
+    """Write `path` atomically: a temporary file in the same directory, then a rename."""
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
@@ -80,7 +139,6 @@ def _write(directory: Path, stem: str, body: str) -> Path:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return path
 
 
 def write_source(stem: str, body: str) -> Path:

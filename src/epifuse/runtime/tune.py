@@ -3,12 +3,14 @@
 `choose(args, kernels)` times every supported generated kernel on scratch outputs (so tuning
 never touches the user's tensors, and `accumulate=True` or in-place outputs stay correct),
 keeps the winner in memory and in <cache>/tuning.json, keyed by the graph's canonical hash, a
-power-of-two bucket of the shape, the dtypes, the GPU and the library versions. The file is
-rewritten atomically; an unreadable or malformed file is ignored and rebuilt. Under Triton's
-interpreter, or with EPIFUSE_TUNE=0, the first supported kernel is taken untimed.
+power-of-two bucket of the shape, the dtypes, the GPU, the library versions and the set of
+candidates timed. The file is rewritten atomically; an unreadable or malformed file is ignored
+and rebuilt. Under Triton's interpreter, or with EPIFUSE_TUNE=0, the first supported kernel is
+taken untimed.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -42,6 +44,13 @@ def tuning_key(args) -> str:
         args.key, shape_bucket(args),
         f"{args.A.dtype}x{args.B.dtype}", outputs, f"{args.precision} det={args.deterministic}",
         gpu, f"torch {torch.__version__}", f"triton {triton.__version__}", f"epifuse {__version__}"])
+
+
+def candidates_digest(kernels) -> str:
+    """Which kernels were timed: a winner remembered from another candidate set (before a new
+    kernel class or config existed) is not taken for this one."""
+    names = "\n".join(sorted(repr(k) for k in kernels))
+    return "candidates " + hashlib.sha256(names.encode()).hexdigest()[:12]
 
 
 def _path():
@@ -87,7 +96,7 @@ def choose(args, kernels: list):
     generated = [k for k in kernels if k.name != "reference"]
     if len(generated) <= 1 or args.A.device.type != "cuda" or os.environ.get("EPIFUSE_TUNE") == "0":
         return kernels[0]
-    key = tuning_key(args)
+    key = f"{tuning_key(args)}|{candidates_digest(generated)}"
     with _LOCK:
         if key not in _MEMORY:
             remembered = _load().get(key)

@@ -2,8 +2,9 @@
 
 `launch_layout(graph)` fixes the kernel's parameters (the emitter and the launcher both read
 it, so they cannot drift apart); `emit_kernel(graph, shape, target, key)` returns the module
-source of a "tiled" kernel (one program per tile, pointer loads) or a "persistent" one (one
-program per SM looping over tiles, TMA descriptor loads); both end in the same epilogue. Every
+source of a "tiled" kernel (one program per tile, pointer loads), a "persistent" one (one
+program per SM looping over tiles, TMA descriptor loads) or a "splitk" one (the tiled kernel
+with each tile's K loop shared by several programs); all end in the same epilogue. Every
 identifier in the source is made here (v0, x1_ptr, y0_sm, ...): nothing the user wrote is
 pasted in except numbers that were parsed as numbers.
 """
@@ -259,6 +260,46 @@ _TILED_EPILOGUE_START = '''
     pid_en = pid_n
 '''
 
+# Split-K: the tiled main loop over this program's share of the K tiles (shares differ by at
+# most one tile), then the fix-up that hands the tile to whichever of its programs ends last.
+_SPLITK_RANGE = '''    pid_s = tl.program_id(2)
+    k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+    k_first = pid_s * k_tiles // SPLIT_K
+    a_ptrs += k_first * BLOCK_K * stride_ak
+    b_ptrs += k_first * BLOCK_K * stride_bk
+    for k in range(k_first, (pid_s + 1) * k_tiles // SPLIT_K):
+'''
+
+_SPLITK_FIXUP = '''
+    # Store this partial to its slab of the tile's workspace, then count in (the barrier puts
+    # every thread's stores before the release). The last to arrive adds the slabs in split
+    # order, so the sum does not depend on which program that was, and runs the epilogue.
+    # Counting modulo SPLIT_K and taking SPLIT_K back leaves the counter where it started.
+    tile_id = pid_l * (num_pid_m * num_pid_n) + pid
+    slab = BLOCK_M * BLOCK_N
+    ws_tile = (ws_ptr + tile_id * (SPLIT_K * slab)
+               + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+    tl.store(ws_tile + pid_s * slab, acc)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+    if arrived % SPLIT_K != SPLIT_K - 1:
+        return
+    tl.atomic_add(counter_ptr + tile_id, -SPLIT_K, sem="relaxed", scope="gpu")
+    # Never true: it starts the sum in the MMA accumulator's register layout, as the tiled
+    # kernel's epilogue runs (summing in the load layout made ptxas serialize the wgmmas).
+    acc = tl.where(pid_s < 0, acc, 0)
+    for s in range(SPLIT_K):
+        acc += tl.load(ws_tile + s * slab, cache_modifier=".cg")
+'''
+
+
+def _split_k_mainloop(tiled: str) -> str:
+    loop = "    for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):\n"
+    if tiled.count(loop) != 1:
+        raise InternalError("the split-K kernel reuses the tiled main loop, whose K loop header changed")
+    return tiled.replace(loop, _SPLITK_RANGE) + _SPLITK_FIXUP
+
+
 _GEMM_PARAMS = ["a_ptr", "b_ptr", "M", "N", "K", "stride_al", "stride_am", "stride_ak",
                 "stride_bl", "stride_bk", "stride_bn"]
 _COMMON_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UPCAST", "PRECISION"]
@@ -268,11 +309,13 @@ KERNEL_SHAPES = {
     "persistent": (_GEMM_PARAMS + ["L"], _COMMON_META + ["A_BATCHED", "B_BATCHED", "B_KMAJOR",
                                                           "NUM_SMS", "FLATTEN", "WARP_SPECIALIZE"],
                    _PERSISTENT_MAINLOOP, 8),
+    "splitk": (_GEMM_PARAMS + ["ws_ptr", "counter_ptr"], _COMMON_META + ["EVEN_K", "SPLIT_K"],
+               _split_k_mainloop(_TILED_MAINLOOP), 4),
 }
 
 
 def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: bool = False) -> str:
-    """The module source of `epifuse_kernel` ("tiled" or "persistent") for `graph` on `target`."""
+    """The module source of `epifuse_kernel` ("tiled", "persistent" or "splitk") for `graph` on `target`."""
     gemm_params, meta, mainloop, indent = KERNEL_SHAPES[shape]
     layout = launch_layout(graph, deterministic)
     tma = shape == "persistent"

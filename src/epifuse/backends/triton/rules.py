@@ -56,8 +56,10 @@ TRITON: dict[str, Rule] = {
     "ge": Rule(lambda a, b: f"({a} >= {b})"),
     "eq": Rule(lambda a, b: f"({a} == {b})"),
     "ne": Rule(lambda a, b: f"({a} != {b})"),
-    "logical_and": Rule(lambda a, b: f"({a} & {b})"),
-    "logical_or": Rule(lambda a, b: f"({a} | {b})"),
+    # where, not & and |: the interpreter broadcasts a scalar condition as a float array,
+    # which numpy's bitwise_and refuses next to a bool tile.
+    "logical_and": Rule(lambda a, b: f"tl.where({a}, {b}, False)"),
+    "logical_or": Rule(lambda a, b: f"tl.where({a}, True, {b})"),
     "logical_not": Rule(lambda a: f"({a} == 0)"),
     "neg": Rule(lambda a: f"(-{a})"),
     "abs": Rule(lambda a: f"tl.abs({a})"),

@@ -6,7 +6,9 @@ disk cache; the launcher passes arguments in the order `codegen.launch_layout` f
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +28,8 @@ INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int8, *FP8)
 OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8, torch.uint8, *FP8)
 INT32_LIMIT = 2**31
 _MISSING = missing_rules()
+# Triton's interpreter patches triton.language globally while a kernel runs: one at a time.
+_INTERPRETER_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -243,6 +247,8 @@ class TritonTiled(Kernel):
                     buffer.copy_(args.outputs[y.name])
                 elif not args.accumulate:
                     buffer.fill_(0.0)
+                if y.reduce == "mean" and args.reduced_count(y.name) == 0:
+                    buffer.fill_(float("nan"))  # 0 / 0, as torch's mean over nothing
         if args.M > 0 and args.N > 0 and args.L > 0:
             self._launch(args, plan)
         for y, work in plan.finish:
@@ -261,10 +267,13 @@ class TritonTiled(Kernel):
         while True:
             try:
                 if launch:
-                    compiled = plan.kernel[plan.grid](*plan.values, **plan.meta)
+                    with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
+                        compiled = plan.kernel[plan.grid](*plan.values, **plan.meta)
                     if not interpret:
                         plan.fast = _direct_launcher(plan, compiled, args.A.device.index or 0,
                                                      self._before_launch)
+                    else:
+                        plan.launch_with = _interpreted_launcher(plan)
                 else:
                     plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
                 return
@@ -278,12 +287,14 @@ class TritonTiled(Kernel):
 
 
 class _Plan:
-    __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid", "fast", "simple")
+    __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid", "fast", "simple",
+                 "launch_with")
 
     def __init__(self, kernel, layout, buffers, finish, values, meta, grid):
         self.kernel, self.layout, self.buffers, self.finish = kernel, layout, buffers, finish
         self.values, self.meta, self.grid = values, meta, grid
-        self.fast = None
+        self.fast = None          # launch with `values`, skipping Triton's binding (CUDA)
+        self.launch_with = None   # launch with other values of the same specialization
         # a launch and nothing else: no reduction to initialize or finish, a non-empty grid
         self.simple = not finish and all(y.mode == "tile" for y in layout.outputs) and \
             all(g > 0 for g in grid)
@@ -297,16 +308,29 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     if compiled is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
         return None
     names = plan.kernel.arg_names
-    args = [*plan.values, *(plan.meta[n] for n in names[len(plan.values):])]
+    constexprs = [plan.meta[n] for n in names[len(plan.values):]]
     grid = (*plan.grid, 1, 1)[:3]
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher asks
 
-    def launch():
+    def launch_with(values):
         if before is not None:
             before()
-        run(grid[0], grid[1], grid[2], raw_stream(device), function, packed, None, None, None, *args)
-    return launch
+        run(grid[0], grid[1], grid[2], raw_stream(device), function, packed, None, None, None,
+            *values, *constexprs)
+    plan.launch_with = launch_with
+    values = list(plan.values)
+    return lambda: launch_with(values)
+
+
+def _interpreted_launcher(plan):
+    """launch_with for the interpreter: Triton's own launch, one at a time."""
+    kernel, grid, meta = plan.kernel, plan.grid, plan.meta
+
+    def launch_with(values):
+        with _INTERPRETER_LOCK:
+            kernel[grid](*values, **meta)
+    return launch_with
 
 
 def _hooked(hook) -> bool:
@@ -349,7 +373,7 @@ def _finish_reduction(args, y, work: torch.Tensor) -> None:
                 "amax": torch.amax}[y.reduce]
         result = fold(work, dim=dims)
         if y.reduce == "mean":
-            result = result / max(args.reduced_count(y.name), 1)
+            result = result / args.reduced_count(y.name)  # 0 / 0 = NaN over an empty dim, as torch
         result = result.reshape(dest.shape)
         if args.accumulate:
             combine = {"max": torch.maximum, "amax": torch.maximum, "min": torch.minimum}.get(y.reduce, torch.add)

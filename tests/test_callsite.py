@@ -1,0 +1,118 @@
+"""Repeated epifuse.gemm calls reuse the first call's launch (epifuse.callsite): each later call
+must still compute with its own tensors and numbers, allocate fresh outputs, and leave every
+case the kept launch cannot take (aliasing, reductions, empty tensors) to the full path."""
+import pytest
+import torch
+
+import epifuse
+from epifuse import callsite
+from helpers import integer_tensor
+
+SRC = "def epi(accum, bias, alpha):\n    D = relu(accum * alpha + bias)\n    F = accum - bias\n    return D, F\n"
+
+
+def _expected(A, B, bias, alpha):
+    accum = A.double() @ B.double()
+    return torch.relu(accum * alpha + bias.double()), accum - bias.double()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sites():
+    callsite.clear()
+    yield
+    callsite.clear()
+
+
+def test_later_calls_use_their_own_tensors_and_fresh_outputs(device):
+    B = integer_tensor(24, 36, dtype=torch.float16, device=device)
+    hits, previous = callsite.HITS[0], None
+    for step in range(4):
+        A = integer_tensor(40, 24, dtype=torch.float16, device=device)
+        bias = integer_tensor(36, dtype=torch.float32, device=device)
+        D, F = epifuse.gemm(A, B, SRC, bias=bias, alpha=2.0)
+        expected_D, expected_F = _expected(A, B, bias, 2.0)
+        assert torch.equal(D.double(), expected_D) and torch.equal(F.double(), expected_F), step
+        assert D is not previous
+        previous = D
+    assert callsite.HITS[0] - hits == 3
+
+
+def test_a_new_number_is_a_new_signature(device):
+    A = integer_tensor(33, 20, dtype=torch.float16, device=device)
+    B = integer_tensor(20, 17, dtype=torch.float16, device=device)
+    bias = integer_tensor(17, dtype=torch.float32, device=device)
+    for alpha in (2.0, 3.0, 2.0, -1.0):
+        D, F = epifuse.gemm(A, B, SRC, bias=bias, alpha=alpha)
+        assert torch.equal(D.double(), _expected(A, B, bias, alpha)[0]), alpha
+
+
+def test_given_outputs_are_the_ones_written(device):
+    A = integer_tensor(40, 24, dtype=torch.float16, device=device)
+    B = integer_tensor(24, 36, dtype=torch.float16, device=device)
+    bias = integer_tensor(36, dtype=torch.float32, device=device)
+    for _ in range(3):
+        D = torch.full((40, 36), float("nan"), device=device)
+        F = torch.full((40, 36), float("nan"), device=device)
+        out = epifuse.gemm(A, B, SRC, bias=bias, alpha=2.0, D=D, F=F)
+        assert out[0] is D and out[1] is F
+        assert torch.equal(D.double(), _expected(A, B, bias, 2.0)[0])
+
+
+def test_layouts_are_separate_signatures(device):
+    B = integer_tensor(24, 36, dtype=torch.float16, device=device)
+    bias = integer_tensor(36, dtype=torch.float32, device=device)
+    for A in (integer_tensor(40, 24, dtype=torch.float16, device=device),
+              integer_tensor(24, 40, dtype=torch.float16, device=device).t(),
+              integer_tensor(40, 24, dtype=torch.float16, device=device)):
+        D, _ = epifuse.gemm(A, B, SRC, bias=bias, alpha=1.5)
+        assert torch.equal(D.double(), _expected(A, B, bias, 1.5)[0])
+
+
+def test_in_place_update_takes_the_full_path(device):
+    src = "def epi(accum, C):\n    D = accum + C\n    return D\n"
+    A = integer_tensor(32, 16, dtype=torch.float32, device=device)
+    B = integer_tensor(16, 24, dtype=torch.float32, device=device)
+    C = integer_tensor(32, 24, dtype=torch.float32, device=device)
+    expected = C.double().clone()
+    hits = callsite.HITS[0]
+    for _ in range(3):
+        epifuse.gemm(A, B, src, C=C, D=C)   # D aliases C: declared in place
+        expected += A.double() @ B.double()
+        assert torch.equal(C.double(), expected)
+    assert callsite.HITS[0] == hits
+
+
+def test_reductions_take_the_full_path(device):
+    src = "def epi(accum):\n    r = sum(accum, dim=1)\n    return r\n"
+    B = integer_tensor(16, 24, dtype=torch.float16, device=device)
+    hits = callsite.HITS[0]
+    for _ in range(3):
+        A = integer_tensor(32, 16, dtype=torch.float16, device=device)
+        r = epifuse.gemm(A, B, src)
+        assert torch.equal(r.double(), (A.double() @ B.double()).sum(1))
+    assert callsite.HITS[0] == hits
+
+
+def test_signature_refuses_what_it_cannot_key():
+    A, B = torch.ones(4, 3), torch.ones(3, 5)
+    opts = (None, False, False, torch.float32, "default")
+    assert callsite.signature("src", A, B, {"alpha": 2.0}, opts) is not None
+    assert callsite.signature("src", A, B, {"alpha": True}, opts) is None          # a bool
+    assert callsite.signature("src", A, B, {"alpha": [1.0]}, opts) is None         # not a number
+    assert callsite.signature("src", torch.ones(0, 3), B, {}, opts) is None        # empty
+    assert callsite.signature("src", A, B, {"C": A}, opts) is None                 # shared storage
+    assert callsite.signature("src", A, B, {"C": A[1:]}, opts) is None             # a view of A
+    base = torch.ones(64)
+    aligned, misaligned = base[:20].view(4, 5), base[1:21].view(4, 5)   # 4 bytes apart
+    assert callsite.signature("src", A, B, {"C": aligned}, opts) != \
+        callsite.signature("src", A, B, {"C": misaligned}, opts)
+
+
+def test_sites_are_bounded(monkeypatch, device):
+    monkeypatch.setattr(callsite, "MAX_SITES", 2)
+    A = integer_tensor(16, 8, dtype=torch.float32, device=device)
+    B = integer_tensor(8, 16, dtype=torch.float32, device=device)
+    bias = integer_tensor(16, dtype=torch.float32, device=device)
+    for alpha in (1.0, 2.0, 3.0, 4.0):
+        epifuse.gemm(A, B, SRC, bias=bias, alpha=alpha)
+    assert len(callsite._SITES) <= 2

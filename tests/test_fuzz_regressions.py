@@ -1,0 +1,101 @@
+"""Regression tests: failures the fuzzer (tests/test_fuzz_kernels.py) found, each a named case."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import epifuse
+from epifuse.ops import OPS
+from fuzz_harness import build, check_kernels
+from fuzz_strategies import Example, Operand, Output
+
+
+def _regression(source, M, N, K, device, in_dtype=torch.float32, A_layout="contiguous", batch="",
+                outputs=None, **operands):
+    ex = Example(source, M, N, K, batch, in_dtype, A_layout, "contiguous",
+                 [Operand(n, *spec) for n, spec in operands.items()], outputs or [Output("D")],
+                 accumulate=False, deterministic=False, seed=0)
+    args, prior = build(ex, device)
+    assert check_kernels(ex, args, prior)
+
+
+def test_regression_output_named_like_generated_identifiers(device):
+    """Operands and outputs named like the generator's own identifiers (acc, mask, v0, tl)."""
+    src = ("def epi(accum, acc, mask, v0, tl):\n    x0 = accum * acc + mask\n    y0 = relu(x0) - v0 * tl\n"
+           "    return y0, x0\n")
+    _regression(src, 33, 37, 9, device, outputs=[Output("y0"), Output("x0", dtype=torch.float16)],
+                acc=("row", "N"), mask=("col", "M1"), v0=("tile", "MN", torch.float16, "transposed"),
+                tl=("number", (), torch.float32, "contiguous", 2.0))
+
+
+@pytest.mark.parametrize("expr", ["logical_and(accum, s)", "logical_or(accum, s)",
+                                  "(s > 1.0) & (accum > 0.0)", "accum < s < 3.0",
+                                  "logical_and(s > 1.0, s < 3.0)", "logical_not(s > 1.0) | (accum > 1.0)",
+                                  "where(logical_and(accum > 0.0, s), accum, -accum)",
+                                  "logical_or(logical_not(accum > s), t) & (t > s)"])
+def test_regression_logical_and_of_scalar_and_tile_conditions(expr, device):
+    """`a & b` of a scalar condition (a number or one-element operand) and a tile condition
+    crashed Triton's interpreter: it broadcasts a scalar comparison as a float array, which
+    numpy's bitwise_and refuses next to a bool tile. logical_and/or now lower to tl.where."""
+    src = f"def epi(accum, s, t):\n    D = {expr}\n    return D\n"
+    _regression(src, 5, 6, 3, device, s=("number", (), torch.float32, "contiguous", 2.0),
+                t=("scalar", (1,), torch.float32))
+
+
+@pytest.mark.parametrize("source", ["D = clamp(accum)", "D = clamp(2.0)", "D = accum.clamp(None, None)",
+                                    "D = torch.clip(accum, min=None)"])
+def test_regression_clamp_without_bounds_is_a_user_error(source):
+    """clamp(x) with no bound crashed binding (constant folding) or the reference kernel with
+    torch's RuntimeError; torch refuses it too, so it is an EpilogueError at parse time."""
+    from epifuse.frontend import parse
+    with pytest.raises(epifuse.EpilogueError, match=r"clamp\(\) needs a bound"):
+        parse(f"def epi(accum):\n    {source}\n    return D\n")
+
+
+def test_regression_where_of_literals_folds(device):
+    """fold_constants called torch.where with a float64 condition: `where(-1, -1, 4.0)` crashed
+    binding with torch's RuntimeError (found by the fuzzer)."""
+    src = ("def epi(accum, s):\n    v1 = -1\n    C = torch.sum(epifuse.ops.where(v1, v1, 4.0), (0, -1), keepdim=True)\n"
+           "    D = where(0.0, accum, 2.0) + where(v1, accum, s)\n    return C, D\n")
+    _regression(src, 36, 50, 35, device, in_dtype=torch.float16,
+                outputs=[Output("C", "sum", (0, 1)), Output("D")],
+                s=("number", (), torch.float32, "contiguous", 0.25))
+
+
+@pytest.mark.parametrize("op", sorted(n for n, o in OPS.items() if o.kind in ("elementwise", "cast")))
+def test_every_op_folds_on_literals(op):
+    """Every elementwise op of the registry applied to literals folds to a literal (no crash)."""
+    from epifuse.ir import Node, const
+    from epifuse.passes.fold import fold_literal_op
+    args = [const(0.5)] + [const(0.25)] * (OPS[op].arity - 1)
+    params = (("min", -1.0),) if op == "clamp" else None  # clamp() without bounds does not parse
+    folded = fold_literal_op(Node(op, args, params))
+    assert folded is not None and folded.op == "const"
+
+
+def test_regression_max_with_a_negative_int_reduces(device):
+    """max(x, -1) was read as the elementwise maximum with -1, while torch.max(x, -1) (and
+    epifuse.ops.max on tensors) reduce the last dim; found when the fuzzer spelled a reduction
+    with a negative dim."""
+    src = ("def epi(accum):\n    r = torch.max(accum, -1)\n    s = min(accum, -2, keepdim=True)\n"
+           "    D = max(accum, -1.0)\n    return r, s, D\n")
+    _regression(src, 20, 30, 7, device, outputs=[Output("r", "max", (1,)), Output("s", "min", (0,), True),
+                                                 Output("D")])
+    from epifuse.ops import max as max_op
+    x = torch.randn(4, 5)
+    assert torch.equal(max_op(x, -1), x.amax(-1))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_regression_persistent_kernel_with_one_column(batched, device):
+    """Found by the fuzzer: A (16, 40) bf16 times B (40, 1)."""
+    L = (2,) if batched else ()
+    A = torch.ones(L + (16, 40), dtype=torch.bfloat16, device=device)
+    B = torch.ones(L + (40, 1), dtype=torch.bfloat16, device=device)
+    D = torch.empty(L + (16, 1), device=device)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        "def epi(accum):\n    D = accum\n    return D\n", D=D))
+    for kernel in epifuse.get_kernels(args):
+        D.fill_(float("nan"))
+        kernel.run(args)
+        assert torch.equal(D, torch.full_like(D, 40.0)), kernel
