@@ -116,3 +116,29 @@ def test_sites_are_bounded(monkeypatch, device):
     for alpha in (1.0, 2.0, 3.0, 4.0):
         epifuse.gemm(A, B, SRC, bias=bias, alpha=alpha)
     assert len(callsite._SITES) <= 2
+
+
+def test_split_k_launches_are_kept_with_their_workspace(device, monkeypatch):
+    """A kept split-K launch reuses its workspace and counters; every call must still be exact
+    (the counters reset themselves), with new inputs each time."""
+    from epifuse import api
+    from epifuse.backends.triton import splitk
+    config = splitk.SplitKConfig(16, 16, 16, 2, 1, 1, split_k=3) if device == "cpu" else None
+    chosen = {}
+
+    def choose_split_k(args):
+        kernels = [k for k in api.get_kernels(args) if k.name == "triton_splitk"]
+        if config is not None:
+            kernels = [splitk.TritonSplitK(config)]
+        return chosen.setdefault("k", kernels[0])
+    monkeypatch.setattr(api, "_choose_kernel", choose_split_k)
+    K = 160 if device == "cpu" else 1024
+    B = integer_tensor(K, 40, dtype=torch.float16, device=device)
+    bias = integer_tensor(40, dtype=torch.float32, device=device)
+    hits = callsite.HITS[0]
+    for _ in range(3):
+        A = integer_tensor(24, K, dtype=torch.float16, device=device)
+        D, F = epifuse.gemm(A, B, SRC, bias=bias, alpha=2.0)
+        expected_D, expected_F = _expected(A, B, bias, 2.0)
+        assert torch.equal(D.double(), expected_D) and torch.equal(F.double(), expected_F)
+    assert callsite.HITS[0] - hits == 2

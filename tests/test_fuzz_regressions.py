@@ -99,3 +99,30 @@ def test_regression_persistent_kernel_with_one_column(batched, device):
         D.fill_(float("nan"))
         kernel.run(args)
         assert torch.equal(D, torch.full_like(D, 40.0)), kernel
+
+
+def _poison_allocator(device) -> None:
+    """Leave freed memory full of a large value, so a reduction slot the kernel never writes
+    shows up as that value instead of depending on what the last test left behind."""
+    junk = torch.full((1 << 22,), 1.0e30, device=device)
+    del junk
+
+
+@pytest.mark.parametrize("batch", ["", "b"])
+def test_regression_max_over_every_dim_reads_only_written_partials(batch, device):
+    """Found by the GPU fuzz run (1800 examples, 2026-11-22): a max over every dim of a
+    bf16 GEMM came out as 2.0 against 28.4 (and 6.0625 for a relu6 bounded by 6) on the first
+    call of an example, right on its re-run: a sign of a partial the persistent kernel did not
+    write. Fresh arguments each round, on poisoned memory."""
+    src = ("def epi(accum):\n    P = torch.square(silu(accum))\n"
+           "    m = torch.max(clip(accum, min=0.0))\n    s = torch.max(accum.relu6(), (-3, -2, -1))\n"
+           "    return P, m, s\n")
+    dims = (0, 1, 2) if batch else (0, 1)
+    on_gpu = str(device).startswith("cuda")
+    for M, N, K in ((47, 60, 32), (23, 40, 8), *(((300, 200, 64),) if on_gpu else ())):
+        for _ in range(3 if on_gpu else 1):
+            _poison_allocator(device)
+            _regression(src if batch else src.replace("(-3, -2, -1)", "(-2, -1)"), M, N, K, device,
+                        in_dtype=torch.bfloat16, batch=batch,
+                        outputs=[Output("P"), Output("m", "max", None, True),
+                                 Output("s", "max", dims, False, torch.bfloat16)])

@@ -9,7 +9,10 @@ no reduction to initialize or finish) and every tensor it launched with is one t
 passed or epifuse allocated, the launch's argument list is kept with the positions of those
 tensors. A later call with the same signature copies the list, puts its own tensors in those
 positions and launches. Tensors that share storage (an in-place update, an output aliasing an
-input) and empty tensors always take the full path, which checks them.
+input) and empty tensors always take the full path, which checks them. Buffers a kernel owns
+(`kernel.owned_buffers(args)`: split-K's workspace and counters) stay in the kept list and are
+shared by the site's calls, which is why the signature includes the current CUDA stream: calls
+on one stream run one after another.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ HITS = [0]  # calls served from a kept launch (for tests and the overhead benchm
 def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
     """The call's signature, or None when it must take the full path."""
     parts = [epilogue, options]
+    if A.is_cuda:   # kernel-owned buffers (split-K's workspace) are kept per site: one stream each
+        parts.append(torch._C._cuda_getCurrentRawStream(A.device.index))
     storages = set()
     for name, t in (("A", A), ("B", B), *sorted(tensors.items(), key=lambda kv: kv[0])):
         if isinstance(t, torch.Tensor):
@@ -85,10 +90,11 @@ def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
     by_identity = {id(args.A): "\0A", id(args.B): "\0B"}
     by_identity.update({id(t): n for n, t in args.operands.items() if isinstance(t, torch.Tensor)})
     by_identity.update({id(t): n for n, t in args.outputs.items()})
+    owned = {id(t) for t in getattr(kernel, "owned_buffers", lambda _: ())(args)}
     positions = [(i, by_identity.get(id(v))) for i, v in enumerate(plan.values)
-                 if isinstance(v, torch.Tensor)]
+                 if isinstance(v, torch.Tensor) and id(v) not in owned]
     if any(name is None for _, name in positions):
-        return  # the kernel launches with a view or a buffer of its own: keep the full path
+        return  # the kernel launches with a view or a buffer of unknown owner: keep the full path
     if {name for _, name in positions} != set(by_identity.values()):
         return
     allocate = tuple((name, tuple(args.outputs[name].shape), args.outputs[name].dtype)

@@ -94,6 +94,10 @@ class TritonSplitK(TritonTiled):
         start = len(super()._gemm_values(args))
         return values[start], values[start + 1]
 
+    def owned_buffers(self, args) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the launch carries besides the caller's tensors (see epifuse.callsite)."""
+        return self.workspace(args)
+
     def _gemm_values(self, args) -> list:
         return [*super()._gemm_values(args), *self._workspace(args)]
 
