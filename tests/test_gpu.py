@@ -142,4 +142,4 @@ def test_repeated_gemm_calls_reuse_the_launch_with_new_tensors():
         accum = A.double() @ B.double()
         assert torch.equal(F.double(), accum + bias.double()), step
         assert torch.equal(D.double(), torch.relu(accum + bias.double()) + C.double()), step
-    assert callsite.HITS[0] - hits == 4
+    assert callsite.HITS[0] - hits == 3   # the first call on each of the two streams is a full one
