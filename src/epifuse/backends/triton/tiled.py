@@ -117,7 +117,6 @@ class TritonTiled(Kernel):
     shape = "tiled"
     _modules: dict = {}
     _layouts: dict = {}
-    _warmed: set = set()
     _fallback: dict = {}
     _before_launch = None  # called in the launching thread before every launch (CUDA only)
 
@@ -220,8 +219,28 @@ class TritonTiled(Kernel):
         return plan
 
     def compile(self, args) -> None:
-        if not uses_interpreter(args.A.device):
-            self._launch(args, self._plan(args), launch=False)
+        self._loaded_plan(args, self._plan(args))
+
+    def _loaded_plan(self, args, plan):
+        """`plan`, or the plan of a smaller config, whose kernel is compiled and loaded: a config
+        that needs more shared memory than the GPU has fails here, before any output or buffer
+        is touched, so what run() initializes and finishes belongs to the plan it launches."""
+        if plan.loaded or uses_interpreter(args.A.device):
+            return plan
+        while True:
+            compiled = plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
+            try:
+                getattr(compiled, "_init_handles", lambda: None)()  # where Triton checks resources
+            except triton.runtime.errors.OutOfResources:
+                smaller = _smaller(self._config(args))
+                if smaller is None:
+                    raise
+                self._fallback[(args.key, self.config)] = smaller
+                args._plans.pop(self, None)
+                plan = self._plan(args)
+                continue
+            plan.loaded = True
+            return plan
 
     def run(self, args, verify: bool = False) -> None:
         """Write every output of `args`. `verify=True` also checks them against the float64
@@ -233,13 +252,7 @@ class TritonTiled(Kernel):
         if plan is not None and plan.fast is not None and plan.simple:
             plan.fast()  # the common repeated call: no reductions, nothing else to do
             return
-        plan = plan or self._plan(args)
-        if args.reductions and not uses_interpreter(args.A.device):
-            signature = (args.key, args.deterministic, args.A.dtype, self.config)
-            if signature not in self._warmed:
-                # Compile before the outputs are initialized, so a failure leaves them untouched.
-                plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
-                self._warmed.add(signature)
+        plan = self._loaded_plan(args, plan or self._plan(args))
         for y in plan.layout.outputs:
             if y.mode == "atomic":
                 buffer = plan.buffers[y.name][0]
@@ -254,47 +267,33 @@ class TritonTiled(Kernel):
         for y, work in plan.finish:
             _finish_reduction(args, y, work)
 
-    def _launch(self, args, plan, launch: bool = True) -> None:
-        """Launch; if this config needs more shared memory than the GPU has (known only once
-        compiled), fall back to a smaller one. The failure happens before the kernel starts,
-        so nothing has been written."""
-        if launch and plan.fast is not None:
+    def _launch(self, args, plan) -> None:
+        """Launch a loaded plan (see _loaded_plan): its first launch goes through Triton, which
+        also yields the compiled kernel for the direct launches after it."""
+        if plan.fast is not None:
             plan.fast()
             return
         interpret = uses_interpreter(args.A.device)
         if self._before_launch is not None and not interpret:
             self._before_launch()
-        while True:
-            try:
-                if launch:
-                    with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
-                        compiled = plan.kernel[plan.grid](*plan.values, **plan.meta)
-                    if not interpret:
-                        plan.fast = _direct_launcher(plan, compiled, args.A.device.index or 0,
-                                                     self._before_launch)
-                    else:
-                        plan.launch_with = _interpreted_launcher(plan)
-                else:
-                    plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
-                return
-            except triton.runtime.errors.OutOfResources:
-                smaller = _smaller(self._config(args))
-                if smaller is None:
-                    raise
-                self._fallback[(args.key, self.config)] = smaller
-                args._plans.pop(self, None)
-                plan = self._plan(args)
+        with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
+            compiled = plan.kernel[plan.grid](*plan.values, **plan.meta)
+        if not interpret:
+            plan.fast = _direct_launcher(plan, compiled, args.A.device.index or 0, self._before_launch)
+        else:
+            plan.launch_with = _interpreted_launcher(plan)
 
 
 class _Plan:
     __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid", "fast", "simple",
-                 "launch_with")
+                 "launch_with", "loaded")
 
     def __init__(self, kernel, layout, buffers, finish, values, meta, grid):
         self.kernel, self.layout, self.buffers, self.finish = kernel, layout, buffers, finish
         self.values, self.meta, self.grid = values, meta, grid
         self.fast = None          # launch with `values`, skipping Triton's binding (CUDA)
         self.launch_with = None   # launch with other values of the same specialization
+        self.loaded = False       # compiled and loaded on the GPU (see _loaded_plan)
         # a launch and nothing else: no reduction to initialize or finish, a non-empty grid
         self.simple = not finish and all(y.mode == "tile" for y in layout.outputs) and \
             all(g > 0 for g in grid)
