@@ -29,6 +29,10 @@ HITS = [0]  # calls served from a kept launch (for tests and the overhead benchm
 
 def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
     """The call's signature, or None when it must take the full path."""
+    try:
+        hash(epilogue)
+    except TypeError:
+        return None
     parts = [epilogue, options]
     if A.is_cuda:   # kernel-owned buffers (split-K's workspace) are kept per site: one stream each
         parts.append(torch._C._cuda_getCurrentRawStream(A.device.index))
@@ -47,10 +51,7 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
             parts.append((name, type(t), t))
         else:
             return None
-    try:
-        return tuple(parts) if hash(epilogue) is not None else None
-    except TypeError:
-        return None
+    return tuple(parts)
 
 
 class Site:

@@ -28,7 +28,7 @@ from .tiled import (
     _conversion_meta,
     _direct_launcher,
     _finish_reduction,
-    _smaller,
+    _smaller_plan,
     uses_interpreter,
 )
 
@@ -170,12 +170,9 @@ class TritonGrouped(Kernel):
                     plan.fast = _direct_launcher(plan, compiled, grouped.device.index or 0)
                 return plan
             except triton.runtime.errors.OutOfResources:
-                smaller = _smaller(self._config(grouped))
-                if smaller is None:
+                plan = _smaller_plan(self, grouped)
+                if plan is None:
                     raise
-                self._fallback[(grouped.key, self.config)] = smaller
-                grouped._plans.pop(self, None)
-                plan = self._plan(grouped)
 
 
 class _GroupedPlan:

@@ -232,15 +232,13 @@ class TritonTiled(Kernel):
             try:
                 getattr(compiled, "_init_handles", lambda: None)()  # where Triton checks resources
             except triton.runtime.errors.OutOfResources:
-                smaller = _smaller(self._config(args))
-                if smaller is None:
+                plan = _smaller_plan(self, args)
+                if plan is None:
                     raise
-                self._fallback[(args.key, self.config)] = smaller
-                args._plans.pop(self, None)
-                plan = self._plan(args)
                 continue
             plan.loaded = True
             return plan
+
 
     def run(self, args, verify: bool = False) -> None:
         """Write every output of `args`. `verify=True` also checks them against the float64
@@ -337,6 +335,17 @@ def _hooked(hook) -> bool:
     object, which is always truthy, with functions in its `calls`."""
     calls = getattr(hook, "calls", None)
     return bool(calls) if calls is not None else hook is not None
+
+
+def _smaller_plan(kernel, args):
+    """After an out-of-resources failure: remember the next smaller config of `kernel` for
+    these arguments (single or grouped) and return its plan, or None when there is none."""
+    smaller = _smaller(kernel._config(args))
+    if smaller is None:
+        return None
+    kernel._fallback[(args.key, kernel.config)] = smaller
+    args._plans.pop(kernel, None)
+    return kernel._plan(args)
 
 
 def _smaller(cfg: TileConfig) -> TileConfig | None:
