@@ -17,8 +17,8 @@ def load_cache_module(path: str):
     return module
 
 
-def write_entry(cache_file: str, cache_root: str, stem: str, body: str, log: str, barrier,
-                locking: bool, queue) -> None:
+def write_entry(cache_file: str, cache_root: str, stem: str, body: str, log: str, locking: bool,
+                barrier, index: int, queue) -> None:
     """Write the shared entry once every process is ready; each real write is logged and
     slowed down, so writers that do not exclude each other overlap."""
     try:

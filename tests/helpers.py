@@ -32,3 +32,18 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 def integer_tensor(*shape, low=-3, high=4, dtype=torch.float16, device="cpu"):
     """Random integer-valued tensor: exact in fp16/bf16/fp32 and in every product we take."""
     return torch.randint(low, high, shape, device=device).to(dtype)
+
+
+def run_spawned(target, count: int, *args) -> list:
+    """Start `count` spawned processes at once, each running target(*args, barrier, index, queue)
+    behind a shared barrier, and return what each put on the queue (one item per process)."""
+    import multiprocessing
+    context = multiprocessing.get_context("spawn")
+    barrier, queue = context.Barrier(count), context.Queue()
+    processes = [context.Process(target=target, args=(*args, barrier, i, queue)) for i in range(count)]
+    for p in processes:
+        p.start()
+    results = [queue.get(timeout=300) for _ in processes]
+    for p in processes:
+        p.join(timeout=60)
+    return results

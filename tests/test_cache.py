@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import torch
 
 import epifuse
 from epifuse.runtime import cache, tune
-from helpers import integer_tensor, reference_outputs, rel_error
+from helpers import integer_tensor, reference_outputs, rel_error, run_spawned
 
 HAS_CUDA = torch.cuda.is_available()
 M, N, K = 37, 45, 21
@@ -300,16 +299,7 @@ def test_processes_sharing_a_cache_directory(tmp_path):
     constant = float(_fresh_constant())
     source = (f"def epi(accum, C):\n    D = sigmoid(accum * {constant!r} + C)\n"
               "    r = sum(D, dim=(1, 2))\n    return D, r\n")
-    context = multiprocessing.get_context("spawn")
-    barrier, queue = context.Barrier(3), context.Queue()
-    processes = [context.Process(target=_process_worker,
-                                 args=(str(tmp_path / "cache"), source, constant, barrier, i, queue))
-                 for i in range(3)]
-    for p in processes:
-        p.start()
-    results = [queue.get(timeout=300) for _ in processes]
-    for p in processes:
-        p.join(timeout=60)
+    results = run_spawned(_process_worker, 3, str(tmp_path / "cache"), source, constant)
     errors = [r for r in results if r[1] != "ok"]
     assert not errors, errors[0][2]
     outputs = {r[2] for r in results}, {r[3] for r in results}

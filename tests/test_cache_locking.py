@@ -7,7 +7,6 @@ while another process holds the lock for too long, the write goes ahead unlocked
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import threading
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cache_lock_worker import write_entry
+from helpers import run_spawned
 from epifuse.runtime import cache
 
 STEM = "locked_stem"
@@ -37,19 +37,10 @@ def _valid(text: str) -> bool:
 
 def _race(tmp_path: Path, locking: bool) -> tuple[list, list[str]]:
     """Run PROCESSES writers of one entry at once; their results and the logged writers."""
-    context = multiprocessing.get_context("spawn")
-    barrier, queue = context.Barrier(PROCESSES), context.Queue()
     log = tmp_path / "writes.log"
     log.touch()
-    processes = [context.Process(target=write_entry,
-                                 args=(cache.__file__, str(tmp_path / "cache"), STEM, BODY, str(log),
-                                       barrier, locking, queue))
-                 for _ in range(PROCESSES)]
-    for p in processes:
-        p.start()
-    results = [queue.get(timeout=300) for _ in processes]
-    for p in processes:
-        p.join(timeout=60)
+    results = run_spawned(write_entry, PROCESSES, cache.__file__, str(tmp_path / "cache"), STEM, BODY,
+                          str(log), locking)
     errors = [r for r in results if r[0] != "ok"]
     assert not errors, errors[0][1]
     return results, log.read_text().split()
