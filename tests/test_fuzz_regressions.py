@@ -129,16 +129,12 @@ def test_regression_max_over_every_dim_reads_only_written_partials(batch, device
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=False, reason=(
-    "OPEN BUG (GPU fuzz 2026-11-22, 4-7 of ~1800 examples per run, seed 20261122 reproduces it; "
-    "logs in benchmarks/results/fuzz/): the persistent 128x256 kernel's first run of some examples "
-    "with K <= 40 gives wrong reductions (and once a wrong tile output); Hypothesis's re-run of the "
-    "same example passes. Cause found after the last GPU run, fix not yet run on a GPU: when a "
-    "config needed more shared memory than the GPU has, the launch fell back to a smaller config "
-    "with a new plan, but run() initialized and finished the old plan's reduction buffers. "
-    "TritonTiled._loaded_plan now settles the config before anything is touched; drop this mark "
-    "once this test passes on the GPU."))
-def test_known_bug_persistent_first_run_with_short_k():
+def test_regression_persistent_first_run_with_short_k():
+    """Found by the GPU fuzz runs of 2026-11-22 (4-7 of ~1800 examples per run, seed 20261122):
+    the first run of some examples gave wrong reductions. A config that needed more shared memory
+    than the GPU has fell back to a smaller config with a new plan while run() initialized and
+    finished the old plan's reduction buffers; TritonTiled._loaded_plan now settles the config
+    before anything is touched (passed on an H100 on 2026-11-23, in a fresh process)."""
     src = "def epi(accum, z, Tensor):\n    aux = accum.silu()\n    _clamp = max(abs(accum))\n    return aux, accum, _clamp\n"
     for _ in range(3):
         _poison_allocator("cuda")
@@ -146,3 +142,20 @@ def test_known_bug_persistent_first_run_with_short_k():
                     outputs=[Output("aux"), Output("accum", dtype=torch.bfloat16), Output("_clamp", "max")],
                     z=("tile", "MN", torch.bfloat16, "expanded_row"),
                     Tensor=("tile", "MN", torch.bfloat16, "expanded_row"))
+
+
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("batch", ["", "both"])
+@pytest.mark.parametrize("over", ["all", "last"])
+def test_regression_amax_alone_with_k_of_one(in_dtype, batch, over, device):
+    """Found by the GPU fuzz run (seed 20261122, process 8, 2026-11-23): amax(0.5 + accum) of a
+    16-bit GEMM with K = 1 gave 0.5 (as if accum were 0) in every tiled config that used Hopper's
+    MMA, whenever the reduction was the only output; sum, max, K = 2 and a tile output beside it
+    were right. Triton specialized K == 1 to a constexpr; the tiled kernels now keep K a runtime
+    value."""
+    dims = None if over == "all" else ((2,) if batch else (1,))
+    dim = "" if dims is None else f", dim={dims[0]}"
+    src = f"def epi(accum):\n    a = F.add(0.5, accum)\n    aux = torch.amax(a{dim})\n    return aux\n"
+    for M, N in ((49, 34), (16, 16)):
+        _regression(src, M, N, 1, device, in_dtype=in_dtype, batch=batch,
+                    outputs=[Output("aux", "amax", dims, False, torch.float32)])

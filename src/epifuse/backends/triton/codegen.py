@@ -333,9 +333,13 @@ def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: 
         halves = _TILED_EPILOGUE_START + body
     params = ",\n    ".join([*gemm_params, *layout.param_names(), *(f"{m}: tl.constexpr" for m in meta)])
     libdevice = "from triton.language.extra import libdevice\n" if target == "cuda" else ""
+    # With K == 1 specialized to a constexpr (a K loop of one constant trip), Triton 3.6 on Hopper
+    # handed accum = 0 to an epilogue that only reduced |accum| (fp16/bf16 MMA; GPU fuzz
+    # 2026-11-23): K stays a runtime value in the kernels that can see K == 1.
+    jit = "@triton.jit" if tma else '@triton.jit(do_not_specialize=["K"])'
     return (_HEADER.format(key=key, target=target, libdevice=libdevice)
             + helper_source(helpers, target)
-            + f"\n\n@triton.jit\ndef epifuse_kernel(\n    {params},\n):"
+            + f"\n\n{jit}\ndef epifuse_kernel(\n    {params},\n):"
             + mainloop + halves)
 
 
