@@ -208,7 +208,7 @@ def expected_outputs(args, prior: dict, dtype) -> dict:
     if dtype == torch.float64:
         results = reference_outputs(args)
     else:
-        accum = reference_accum(args.A, args.B, dtype).reshape(args.accum_shape)
+        accum = reference_accum(args.A, args.B, dtype, args.accumulator_type).reshape(args.accum_shape)
         results = {k: v.reshape(args.outputs[k].shape)
                    for k, v in evaluate(args.graph, accum, args.operands, dtype).items()}
     if args.accumulate:

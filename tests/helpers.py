@@ -10,7 +10,7 @@ from epifuse.reference import evaluate
 
 def reference_outputs(args: epifuse.GemmArguments) -> dict:
     """Every output of `args` by the reference interpreter in float64, in destination shapes."""
-    accum = reference_accum(args.A, args.B, torch.float64).reshape(args.accum_shape)
+    accum = reference_accum(args.A, args.B, torch.float64, args.accumulator_type).reshape(args.accum_shape)
     operands = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in args.operands.items()}
     results = evaluate(args.graph, accum, operands, torch.float64)
     return {k: v.reshape(args.outputs[k].shape) for k, v in results.items()}

@@ -168,8 +168,20 @@ CASES: list = [
     Case("dtype-fp8-inputs", lambda d: Problem(*ab(d, dtype=torch.float8_e4m3fn), tensors={"bias": ints(N, device=d), "D": out(device=d)})),
     Case("dtype-int32-accumulator-for-float", lambda d: bias_problem(d, gemm_options={"accumulator_type": torch.int32}),
          ShapeError, "accumulator_type torch.int32 does not fit torch.float32 inputs"),
-    Case("dtype-fp16-accumulator", lambda d: bias_problem(d, gemm_options={"accumulator_type": torch.float16}),
-         ShapeError, "accumulator_type torch.float16 is not supported yet"),
+    Case("dtype-fp16-accumulator-for-fp32", lambda d: bias_problem(d, gemm_options={"accumulator_type": torch.float16}),
+         ShapeError, "accumulator_type torch.float16 does not fit torch.float32 inputs; use torch.float32."),
+    Case("dtype-fp16-accumulator-for-bf16", lambda d: Problem(
+        *ab(d, dtype=torch.bfloat16), BIAS, {"bias": ints(N, device=d), "D": out(device=d)},
+        gemm_options={"accumulator_type": torch.float16}),
+         ShapeError, "accumulator_type torch.float16 does not fit torch.bfloat16 inputs; use torch.float32."),
+    Case("dtype-fp16-accumulator-for-fp16", lambda d: Problem(
+        *ab(d, dtype=torch.float16), BIAS, {"bias": ints(N, device=d), "D": out(device=d)},
+        gemm_options={"accumulator_type": torch.float16},
+        check=expect_tensor("D", lambda p: accum_of(p) + p.tensors["bias"].double().cpu()))),
+    Case("dtype-fp16-accumulator-overflows-to-inf", lambda d: Problem(
+        torch.full((M, K), 128.0, dtype=torch.float16, device=d), torch.full((K, N), 128.0, dtype=torch.float16, device=d),
+        BIAS, {"bias": ints(N, device=d), "D": out(device=d)}, gemm_options={"accumulator_type": torch.float16},
+        check=expect_tensor("D", lambda p: torch.full((M, N), float("inf"))))),
     Case("dtype-compute-fp16", lambda d: bias_problem(d, options={"compute_dtype": torch.float16}),
          ShapeError, "compute_dtype must be torch.float32 or torch.float64, got torch.float16."),
     Case("dtype-compute-fp64", lambda d: bias_problem(d, options={"compute_dtype": torch.float64})),

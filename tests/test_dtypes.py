@@ -15,8 +15,9 @@ M, N, K = 64, 48, 32
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 
-def _run_all(A, B, src, **tensors):
-    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors))
+def _run_all(A, B, src, accumulator_type=None, **tensors):
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors),
+                                 accumulator_type=accumulator_type)
     kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
     assert kernels, epifuse.kernel_statuses(args)
     refs = {n: saturate(r, args.outputs[n].dtype) for n, r in reference_outputs(args).items()}
@@ -46,6 +47,41 @@ def test_k_major_fp8_b_as_for_scaled_mm(device):
     D = torch.empty(M, N, device=device, dtype=torch.bfloat16)
     for kernel, args, refs in _run_all(A, B, "def e(accum):\n    D = accum\n    return D\n", D=D):
         assert torch.equal(D.double(), refs["D"]), kernel
+
+
+HALF_ACCUMULATING = [(torch.float16, torch.float16), *[(a, b) for a in FP8 for b in FP8]]
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", HALF_ACCUMULATING)
+def test_fp16_accumulator_is_exact_on_small_integers(a_dtype, b_dtype, device):
+    """Every partial sum of these (|sum| <= 288) is an fp16 integer: exact in every kernel."""
+    A, B = _ints(M, K, dtype=a_dtype, device=device), _ints(K, N, dtype=b_dtype, device=device)
+    bias = integer_tensor(N, dtype=torch.float32, device=device)
+    D = torch.empty(M, N, device=device, dtype=torch.float16)
+    ran = set()
+    for kernel, args, refs in _run_all(A, B, "def e(accum, bias):\n    D = accum * 2.0 + bias\n    return D\n",
+                                       accumulator_type=torch.float16, bias=bias, D=D):
+        assert torch.equal(D.double(), refs["D"]), kernel
+        ran.add(kernel.name)
+    assert "triton_tiled" in ran
+
+
+@pytest.mark.parametrize("in_dtype", [torch.float16, *FP8])
+def test_fp16_accumulator_rounds_to_fp16(in_dtype, device):
+    """accum = 2048 + t (t in 1..3) needs 12 bits: an fp16 accumulator rounds 2049 to 2048 and
+    2051 to 2052 (nearest even), in one rounding whatever the order of the sums."""
+    A = torch.zeros(M, K, device=device)
+    A[:, 0], A[:, 1] = 256.0, torch.randint(1, 4, (M,), device=device).float()
+    B = torch.zeros(K, N, device=device)
+    B[0], B[1] = 8.0, 1.0
+    A, B = A.to(in_dtype), B.to(in_dtype)
+    exact = 2048.0 + A[:, 1].double().cpu()[:, None].expand(M, N)
+    D = torch.empty(M, N, device=device)
+    for kernel, args, refs in _run_all(A, B, "def e(accum):\n    D = accum\n    return D\n",
+                                       accumulator_type=torch.float16, D=D):
+        assert torch.equal(D.double().cpu(), exact.half().double()), kernel
+        assert torch.equal(D.double(), refs["D"]), kernel
+    assert not torch.equal(exact.half().double(), exact)  # some row did round
 
 
 @pytest.mark.parametrize("out_dtype", [torch.int32, torch.int8, torch.uint8])

@@ -30,11 +30,12 @@ def ints(*shape, device=DEVICE, dtype=torch.float16):
     return integer_tensor(*shape, device=device, dtype=dtype)
 
 
-def problem(M, N, K, source, device=DEVICE, dtype=torch.float16, precision="highest", **tensors):
+def problem(M, N, K, source, device=DEVICE, dtype=torch.float16, precision="highest",
+            accumulator_type=None, **tensors):
     """A, B of integer values; every output (named with a shape and dtype) poisoned with NaN."""
     A, B = ints(M, K, device=device, dtype=dtype), ints(K, N, device=device, dtype=dtype)
     epi = epifuse.EpilogueArguments(source, **tensors)
-    return epifuse.GemmArguments(A, B, epilogue=epi, precision=precision)
+    return epifuse.GemmArguments(A, B, epilogue=epi, precision=precision, accumulator_type=accumulator_type)
 
 
 def bias_relu_aux(M, N, K, device=DEVICE, dtype=torch.float16, out_dtype=torch.float16):
@@ -63,6 +64,15 @@ def run_exact(grouped):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_bias_relu_two_outputs_ragged_groups(dtype):
     grouped = epifuse.GroupedGemmArguments([bias_relu_aux(M, N, K, dtype=dtype) for M, N, K in SIZES])
+    run_exact(grouped)
+
+
+def test_fp16_accumulator_groups():
+    groups = [problem(M, N, K, BIAS_RELU_AUX, accumulator_type=torch.float16, alpha=2.0,
+                      bias=ints(N, dtype=torch.float32), D=torch.full((M, N), float("nan"), dtype=torch.float16),
+                      F=torch.full((M, N), float("nan"))) for M, N, K in SIZES]
+    grouped = epifuse.GroupedGemmArguments(groups)
+    assert grouped.accumulator_type == torch.float16
     run_exact(grouped)
 
 

@@ -26,7 +26,7 @@ from .frontend import Program, parse
 from .ir import AXES, Graph, Operand
 from .ops import OPS
 from .passes import canonical_hash, optimize
-from .shapes import accum_shape_of, classify_operand, output_strides, overlaps, span
+from .shapes import accum_shape_of, accumulator_types, classify_operand, output_strides, overlaps, span
 
 IDENTITY_EPILOGUE = "def identity(accum):\n    D = accum\n    return D\n"
 
@@ -175,12 +175,10 @@ class GemmArguments:
         A, B = self.A, self.B
         if A.dtype.is_floating_point != B.dtype.is_floating_point:
             raise ShapeError(f"A is {A.dtype} and B is {B.dtype}: both must be floating point or both integer.")
-        allowed = (torch.float32,) if A.is_floating_point() else (torch.int32,)
-        if self.accumulator_type == torch.float16 and A.is_floating_point():
-            raise ShapeError("accumulator_type torch.float16 is not supported yet: no kernel accumulates "
-                             "in fp16.", hint="Use torch.float32 (the default).")
+        allowed = accumulator_types(A.dtype, B.dtype)
         if self.accumulator_type not in allowed:
-            raise ShapeError(f"accumulator_type {self.accumulator_type} does not fit {A.dtype} inputs; "
+            inputs = A.dtype if A.dtype == B.dtype else f"{A.dtype} x {B.dtype}"
+            raise ShapeError(f"accumulator_type {self.accumulator_type} does not fit {inputs} inputs; "
                              f"use {' or '.join(str(t) for t in allowed)}.")
         if self.compute_dtype not in (torch.float32, torch.float64):
             raise ShapeError(f"compute_dtype must be torch.float32 or torch.float64, got {self.compute_dtype}.")

@@ -111,7 +111,7 @@ def reference_outputs(args, dtype: torch.dtype = torch.float64) -> dict[str, tor
     shape, folded into the destination's current value for `accumulate=True` reductions."""
     from .backends.reference import reference_accum
     from .reference import evaluate
-    accum = reference_accum(args.A, args.B, dtype).to(dtype).reshape(args.accum_shape)
+    accum = reference_accum(args.A, args.B, dtype, args.accumulator_type).to(dtype).reshape(args.accum_shape)
     operands = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else v) for k, v in args.operands.items()}
     results = evaluate(args.graph, accum, operands, dtype)
     out = {}
@@ -287,7 +287,7 @@ def trace(args, tile: tuple[int, int] = (0, 0), tile_shape: tuple[int, int] | No
                                     hint=f"Pick i in [0, {grid[0] - 1}] and j in [0, {grid[1] - 1}], or pass tile_shape=.")
     rows, cols = range(i * bm, min((i + 1) * bm, args.M)), range(j * bn, min((j + 1) * bn, args.N))
     r, c = slice(rows.start, rows.stop), slice(cols.start, cols.stop)
-    accum = reference_accum(args.A[..., r, :], args.B[..., :, c], dtype).to(dtype)
+    accum = reference_accum(args.A[..., r, :], args.B[..., :, c], dtype, args.accumulator_type).to(dtype)
     accum = accum.reshape(*args.accum_shape[:-2], len(rows), len(cols))
     operands, roles = {}, {}
     for name, value in args.epilogue.operands.items():

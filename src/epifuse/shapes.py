@@ -14,6 +14,18 @@ from .errors import ShapeError
 from .ir import AXES, Operand
 
 
+HALF_ACCUMULATING = (torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def accumulator_types(a_dtype: torch.dtype, b_dtype: torch.dtype) -> tuple[torch.dtype, ...]:
+    """The accumulator types a GEMM of these input dtypes may use, the default first."""
+    if not a_dtype.is_floating_point:
+        return (torch.int32,)
+    if a_dtype in HALF_ACCUMULATING and b_dtype in HALF_ACCUMULATING:
+        return (torch.float32, torch.float16)
+    return (torch.float32,)
+
+
 def _shape(shape) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 

@@ -12,11 +12,17 @@ from ..reference import evaluate
 from .base import Kernel, Status, supported
 
 
-def reference_accum(A: torch.Tensor, B: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """accum = A @ B in `dtype` (int64 for integer inputs, exact), broadcasting batch dims."""
+def reference_accum(A: torch.Tensor, B: torch.Tensor, dtype=torch.float32,
+                    accumulator_type: torch.dtype | None = None) -> torch.Tensor:
+    """accum = A @ B in `dtype` (int64 for integer inputs, exact), broadcasting batch dims.
+    An fp16 `accumulator_type` holds accum rounded to fp16 (the kernels' sums round at every
+    step, so they agree with this within fp16's accumulated rounding, exactly on small integers)."""
     if not A.is_floating_point():
         return torch.matmul(A.to(torch.int64).cpu(), B.to(torch.int64).cpu()).to(A.device)
-    return torch.matmul(A.to(dtype), B.to(dtype))
+    accum = torch.matmul(A.to(dtype), B.to(dtype))
+    if accumulator_type == torch.float16:
+        accum = accum.to(torch.float16).to(dtype)
+    return accum
 
 
 class ReferenceKernel(Kernel):
@@ -33,7 +39,7 @@ class ReferenceKernel(Kernel):
             from ..debug import run as run_verified
             return run_verified(self, args)
         dtype = torch.float64 if args.compute_dtype == torch.float64 else torch.float32
-        accum = reference_accum(args.A, args.B, dtype).reshape(args.accum_shape)
+        accum = reference_accum(args.A, args.B, dtype, args.accumulator_type).reshape(args.accum_shape)
         results = evaluate(args.graph, accum, args.operands, dtype)
         write_results(args, results)
 

@@ -156,6 +156,8 @@ _TILED_MAINLOOP = '''
     b_ptrs = b_ptr + pid_l * stride_bl + rk[:, None] * stride_bk + (rn % N)[None, :] * stride_bn
     if ACC_INT:
         acc = tl.full((BLOCK_M, BLOCK_N), 0, tl.int32)
+    elif ACC_F16:
+        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float16)
     else:
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):
@@ -169,7 +171,10 @@ _TILED_MAINLOOP = '''
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
+        if ACC_F16 and UPCAST:  # the interpreter: fp32 products, the sum rounded to fp16 each step
+            acc = (acc.to(tl.float32) + tl.dot(a, b, input_precision=PRECISION)).to(tl.float16)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     mask = mask_m[:, None] & mask_n[None, :]
@@ -216,6 +221,8 @@ _PERSISTENT_MAINLOOP = '''
         offs_n = pid_n * BLOCK_N
         if ACC_INT:
             acc = tl.full((BLOCK_M, BLOCK_N), 0, tl.int32)
+        elif ACC_F16:
+            acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float16)
         else:
             acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         for ki in range(k_tiles):
@@ -237,7 +244,10 @@ _PERSISTENT_MAINLOOP = '''
             if UPCAST:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
+            if ACC_F16 and UPCAST:
+                acc = (acc.to(tl.float32) + tl.dot(a, b, input_precision=PRECISION)).to(tl.float16)
+            else:
+                acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
         rm = offs_m + tl.arange(0, BLOCK_M)
         mask_m = rm < M
         acc_lo, acc_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, EPI_N)), (0, 2, 1)))
@@ -287,7 +297,8 @@ _SPLITK_FIXUP = '''
     tl.atomic_add(counter_ptr + tile_id, -SPLIT_K, sem="relaxed", scope="gpu")
     # Never true: it starts the sum in the MMA accumulator's register layout, as the tiled
     # kernel's epilogue runs (summing in the load layout made ptxas serialize the wgmmas).
-    acc = tl.where(pid_s < 0, acc, 0)
+    # The sum runs in the workspace's type (fp32 for an fp16 accumulator: the slabs are rounded).
+    acc = tl.where(pid_s < 0, acc, 0).to(ws_ptr.dtype.element_ty)
     for s in range(SPLIT_K):
         acc += tl.load(ws_tile + s * slab, cache_modifier=".cg")
 '''
@@ -303,7 +314,7 @@ def _split_k_mainloop(tiled: str) -> str:
 _GEMM_PARAMS = ["a_ptr", "b_ptr", "M", "N", "K", "stride_al", "stride_am", "stride_ak",
                 "stride_bl", "stride_bk", "stride_bn"]
 _COMMON_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UPCAST", "PRECISION"]
-_COMMON_META += ["EPI_N", "ACC_INT"]
+_COMMON_META += ["EPI_N", "ACC_INT", "ACC_F16"]
 KERNEL_SHAPES = {
     "tiled": (_GEMM_PARAMS, _COMMON_META + ["EVEN_K"], _TILED_MAINLOOP, 4),
     "persistent": (_GEMM_PARAMS + ["L"], _COMMON_META + ["A_BATCHED", "B_BATCHED", "B_KMAJOR",

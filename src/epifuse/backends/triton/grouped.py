@@ -116,6 +116,7 @@ class TritonGrouped(Kernel):
                     GROUP_M=cfg.group_m, UPCAST=interpret,
                     PRECISION="ieee" if grouped.precision == "highest" else "tf32",
                     EPI_N=cfg.block_n, ACC_INT=first.A.dtype == torch.int8 and not interpret,
+                    ACC_F16=first.accumulator_type == torch.float16,
                     EVEN_K=all(p.K % cfg.block_k == 0 for p in grouped.problems),
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         for y in layout.outputs:

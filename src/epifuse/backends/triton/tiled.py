@@ -18,7 +18,7 @@ from ...ops import OPS
 from ...runtime.cache import load_kernel_module
 from ..base import Kernel, Status, supported, unsupported
 from ...ir import AXES
-from ...shapes import output_strides
+from ...shapes import accumulator_types, output_strides
 from ..reference import FP8_MAX, saturate
 from .codegen import emit_kernel, launch_layout
 from .rules import missing_rules
@@ -94,10 +94,10 @@ class TritonTiled(Kernel):
         if args.A.dtype not in INPUT_DTYPES:
             return unsupported(f"input dtype {args.A.dtype} is not one of fp16, bf16, fp32, int8, "
                                "fp8 e4m3fn/e5m2 (uint8 GEMMs run in the reference kernel)")
-        expected = torch.int32 if args.A.dtype == torch.int8 else torch.float32
-        if args.accumulator_type != expected:
+        allowed = accumulator_types(args.A.dtype, args.B.dtype)
+        if args.accumulator_type not in allowed:
             return unsupported(f"accumulator type {args.accumulator_type}: this kernel accumulates "
-                               f"{args.A.dtype} in {expected}")
+                               f"{args.A.dtype} in {' or '.join(str(t) for t in allowed)}")
         if args.A.dtype in FP8 and cc is not None and cc < 89:
             return unsupported(f"fp8 inputs need compute capability 8.9 or newer, not {cc}")
         if args.compute_dtype != torch.float32:
@@ -176,6 +176,7 @@ class TritonTiled(Kernel):
                     GROUP_M=cfg.group_m, UPCAST=interpret, PRECISION=precision,
                     EPI_N=cfg.block_n // self.subtiles,
                     ACC_INT=args.A.dtype == torch.int8 and not interpret,
+                    ACC_F16=args.accumulator_type == torch.float16,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         for y in layout.outputs:
             if y.mode == "tile":
