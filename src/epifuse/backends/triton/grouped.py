@@ -27,7 +27,8 @@ from .tiled import (
     TritonTiled,
     _conversion_meta,
     _direct_launcher,
-    _finish_reduction,
+    finish_reduction,
+    prepare_reduction,
     _smaller_plan,
     uses_interpreter,
 )
@@ -150,7 +151,8 @@ class TritonGrouped(Kernel):
             plan = self._launch(grouped, plan)
         for problem, _, finish in plan.groups:
             for y, work in finish:
-                _finish_reduction(problem, y, work)
+                finish_reduction(y, work, problem.outputs[y.name], problem.accumulate,
+                                 problem.reduced_count(y.name))
 
     def _launch(self, grouped, plan: _GroupedPlan, launch: bool = True) -> _GroupedPlan:
         """Launch (or only compile); when the config needs more shared memory than the GPU has,
@@ -269,12 +271,6 @@ def _prepare_reductions(grouped, plan: _GroupedPlan) -> None:
     accumulating (a work tensor gets a copy of it)."""
     for problem, buffers, _ in plan.groups:
         for y in plan.layout.outputs:
-            if y.mode != "atomic":
-                continue
-            buffer = buffers[y.name][0]
-            if not grouped.accumulate:
-                buffer.fill_(0.0)
-            elif buffer is not problem.outputs[y.name]:
-                buffer.copy_(problem.outputs[y.name])
-            if y.reduce == "mean" and problem.reduced_count(y.name) == 0:
-                buffer.fill_(float("nan"))  # 0 / 0, as torch's mean over nothing
+            if y.mode == "atomic":
+                prepare_reduction(y, buffers[y.name][0], problem.outputs[y.name], grouped.accumulate,
+                                  problem.reduced_count(y.name))

@@ -254,17 +254,12 @@ class TritonTiled(Kernel):
         plan = self._loaded_plan(args, plan or self._plan(args))
         for y in plan.layout.outputs:
             if y.mode == "atomic":
-                buffer = plan.buffers[y.name][0]
-                if args.accumulate and buffer is not args.outputs[y.name]:
-                    buffer.copy_(args.outputs[y.name])
-                elif not args.accumulate:
-                    buffer.fill_(0.0)
-                if y.reduce == "mean" and args.reduced_count(y.name) == 0:
-                    buffer.fill_(float("nan"))  # 0 / 0, as torch's mean over nothing
+                prepare_reduction(y, plan.buffers[y.name][0], args.outputs[y.name], args.accumulate,
+                                  args.reduced_count(y.name))
         if args.M > 0 and args.N > 0 and args.L > 0:
             self._launch(args, plan)
         for y, work in plan.finish:
-            _finish_reduction(args, y, work)
+            finish_reduction(y, work, args.outputs[y.name], args.accumulate, args.reduced_count(y.name))
 
     def _launch(self, args, plan) -> None:
         """Launch a loaded plan (see _loaded_plan): its first launch goes through Triton, which
@@ -374,17 +369,28 @@ def _conversion_meta(prefix: str, dtype: torch.dtype) -> dict:
     return {f"{upper}_KIND": 0, f"{upper}_LO": 0.0, f"{upper}_HI": 0.0}
 
 
-def _finish_reduction(args, y, work: torch.Tensor) -> None:
-    dest = args.outputs[y.name]
+def prepare_reduction(y, buffer: torch.Tensor, dest: torch.Tensor, accumulate: bool, count: int) -> None:
+    """Start an atomic reduction's buffer from zero, or from what its destination holds when
+    accumulating (a work buffer gets a copy of it); a mean over nothing is NaN (0 / 0, as torch)."""
+    if not accumulate:
+        buffer.fill_(0.0)
+    elif buffer is not dest:
+        buffer.copy_(dest)
+    if y.reduce == "mean" and count == 0:
+        buffer.fill_(float("nan"))
+
+
+def finish_reduction(y, work: torch.Tensor, dest: torch.Tensor, accumulate: bool, count: int) -> None:
+    """Write a reduction computed into `work` (partials or an fp32 atomic buffer) to `dest`."""
     if y.mode == "partials":
         dims = tuple(AXES.index(a) for a in AXES if a in y.dims)
         fold = {"sum": torch.sum, "mean": torch.sum, "max": torch.amax, "min": torch.amin,
                 "amax": torch.amax}[y.reduce]
         result = fold(work, dim=dims)
         if y.reduce == "mean":
-            result = result / args.reduced_count(y.name)  # 0 / 0 = NaN over an empty dim, as torch
+            result = result / count  # 0 / 0 = NaN over an empty dim, as torch
         result = result.reshape(dest.shape)
-        if args.accumulate:
+        if accumulate:
             combine = {"max": torch.maximum, "amax": torch.maximum, "min": torch.minimum}.get(y.reduce, torch.add)
             result = combine(dest.to(torch.float32), result)
     else:
