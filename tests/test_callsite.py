@@ -82,15 +82,44 @@ def test_in_place_update_takes_the_full_path(device):
     assert callsite.HITS[0] == hits
 
 
-def test_reductions_take_the_full_path(device):
-    src = "def epi(accum):\n    r = sum(accum, dim=1)\n    return r\n"
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_reductions_are_kept_and_start_over_every_call(deterministic, device):
+    """A kept launch with reductions initializes them and writes them out on every call: an
+    fp32 sum (atomic into the output itself), a sum into fp16 (a work buffer), a max (partials
+    folded after the launch), beside a tile output; each call with new inputs."""
+    src = ("def epi(accum, bias):\n    D = accum + bias\n    r = sum(D, dim=1)\n    h = sum(D, dim=0)\n"
+           "    m = amax(D)\n    return D, r, h, m\n")
     B = integer_tensor(16, 24, dtype=torch.float16, device=device)
     hits = callsite.HITS[0]
     for _ in range(3):
+        A = integer_tensor(40, 16, dtype=torch.float16, device=device)
+        bias = integer_tensor(24, dtype=torch.float32, device=device)
+        h = torch.full((24,), float("nan"), device=device, dtype=torch.float16)
+        D, r, h_out, m = epifuse.gemm(A, B, src, bias=bias, h=h, out_dtype=torch.float32,
+                                      deterministic=deterministic)
+        expected = A.double() @ B.double() + bias.double()
+        assert torch.equal(D.double(), expected)
+        assert torch.equal(r.double(), expected.sum(1))
+        assert h_out is h and torch.equal(h.double(), expected.sum(0).half().double())
+        assert torch.equal(m.double(), expected.abs().amax().reshape(1))
+    assert callsite.HITS[0] - hits == 2
+
+
+def test_kept_reductions_fold_into_their_destination_when_accumulating(device):
+    src = "def epi(accum):\n    r = sum(accum, dim=1)\n    top = max(accum, dim=0)\n    return r, top\n"
+    B = integer_tensor(16, 24, dtype=torch.float16, device=device)
+    r = integer_tensor(32, dtype=torch.float32, device=device)
+    top = integer_tensor(24, dtype=torch.float32, device=device)
+    expected_r, expected_top = r.double().clone(), top.double().clone()
+    hits = callsite.HITS[0]
+    for _ in range(3):
         A = integer_tensor(32, 16, dtype=torch.float16, device=device)
-        r = epifuse.gemm(A, B, src)
-        assert torch.equal(r.double(), (A.double() @ B.double()).sum(1))
-    assert callsite.HITS[0] == hits
+        epifuse.gemm(A, B, src, r=r, top=top, accumulate=True)
+        accum = A.double() @ B.double()
+        expected_r += accum.sum(1)
+        expected_top = torch.maximum(expected_top, accum.amax(0))
+        assert torch.equal(r.double(), expected_r) and torch.equal(top.double(), expected_top)
+    assert callsite.HITS[0] - hits == 2
 
 
 def test_signature_refuses_what_it_cannot_key():

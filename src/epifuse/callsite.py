@@ -4,15 +4,16 @@ but allocating its outputs and launching.
 A signature is everything the checks, the kernel choice and Triton's specialization of the
 launch read: the epilogue object, every tensor's shape, strides, dtype, device and 16-byte
 alignment, every number's type and value, and the options. The first call of a signature
-runs the full path (checks, tuning, compile); if its launch is a plain one (tile outputs only,
-no reduction to initialize or finish) and every tensor it launched with is one the caller
-passed or epifuse allocated, the launch's argument list is kept with the positions of those
-tensors. A later call with the same signature copies the list, puts its own tensors in those
-positions and launches. Tensors that share storage (an in-place update, an output aliasing an
+runs the full path (checks, tuning, compile); if every tensor its launch took is one the caller
+passed, epifuse allocated or the kernel owns, the launch's argument list is kept with the
+positions of the caller's tensors, and with the plan's reduction steps (initialize the atomic
+sums before the launch, fold the partials into the destinations after it). A later call with
+the same signature copies the list, puts its own tensors in those positions, and runs the
+steps and the launch. Tensors that share storage (an in-place update, an output aliasing an
 input) and empty tensors always take the full path, which checks them. Buffers a kernel owns
-(`kernel.owned_buffers(args)`: split-K's workspace and counters) stay in the kept list and are
-shared by the site's calls, which is why the signature includes the current CUDA stream: calls
-on one stream run one after another.
+(`kernel.owned_buffers(args)`: split-K's workspace and counters; a plan's reduction work
+buffers) stay with the site and are shared by its calls, which is why the signature includes
+the current CUDA stream: calls on one stream run one after another.
 """
 from __future__ import annotations
 
@@ -57,11 +58,12 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
 class Site:
     """A kept launch: its argument list, where each tensor goes, and what to allocate."""
 
-    __slots__ = ("values", "positions", "launch_with", "allocate", "returns", "device")
+    __slots__ = ("values", "positions", "launch_with", "allocate", "returns", "device", "before", "after")
 
-    def __init__(self, values, positions, launch_with, allocate, returns, device):
+    def __init__(self, values, positions, launch_with, allocate, returns, device, before=None, after=None):
         self.values, self.positions, self.launch_with = values, positions, launch_with
         self.allocate, self.returns, self.device = allocate, returns, device
+        self.before, self.after = before, after  # the reductions' steps, given the outputs
 
     def call(self, A, B, tensors: dict):
         current = dict(tensors)
@@ -71,7 +73,11 @@ class Site:
         values = list(self.values)
         for index, name in self.positions:
             values[index] = current[name]
+        if self.before is not None:
+            self.before(current)
         self.launch_with(values)
+        if self.after is not None:
+            self.after(current)
         HITS[0] += 1
         outputs = tuple(current[name] for name in self.returns)
         return outputs[0] if len(outputs) == 1 else outputs
@@ -82,25 +88,27 @@ def lookup(key) -> Site | None:
 
 
 def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
-    """Keep the launch of `kernel` on `args` for `key`, if it is a plain one."""
+    """Keep the launch of `kernel` on `args` for `key`, if its tensors are all accounted for."""
     if key is None:
         return
     plan = getattr(args, "_plans", {}).get(kernel)
-    if plan is None or plan.launch_with is None or not plan.simple:
+    if plan is None or plan.launch_with is None or not all(g > 0 for g in plan.grid):
         return
     by_identity = {id(args.A): "\0A", id(args.B): "\0B"}
     by_identity.update({id(t): n for n, t in args.operands.items() if isinstance(t, torch.Tensor)})
     by_identity.update({id(t): n for n, t in args.outputs.items()})
-    owned = {id(t) for t in getattr(kernel, "owned_buffers", lambda _: ())(args)}
+    owned = {id(t) for t in (*getattr(kernel, "owned_buffers", lambda _: ())(args), *plan.owned)}
     positions = [(i, by_identity.get(id(v))) for i, v in enumerate(plan.values)
                  if isinstance(v, torch.Tensor) and id(v) not in owned]
     if any(name is None for _, name in positions):
         return  # the kernel launches with a view or a buffer of unknown owner: keep the full path
-    if {name for _, name in positions} != set(by_identity.values()):
+    written_after = {y.name for y, _ in plan.finish}  # outputs the after-step writes, not the kernel
+    if {name for _, name in positions} | written_after != set(by_identity.values()):
         return
     allocate = tuple((name, tuple(args.outputs[name].shape), args.outputs[name].dtype)
                      for name in allocated)
-    site = Site(list(plan.values), tuple(positions), plan.launch_with, allocate, returns, args.A.device)
+    steps = (None, None) if plan.simple else (plan.before, plan.after)
+    site = Site(list(plan.values), tuple(positions), plan.launch_with, allocate, returns, args.A.device, *steps)
     with _LOCK:
         _SITES[key] = site
         while len(_SITES) > MAX_SITES:

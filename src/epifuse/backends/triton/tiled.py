@@ -217,6 +217,7 @@ class TritonTiled(Kernel):
             buffers, finish = self._reduction_buffers(args, layout)
             values, meta, grid = self._launch_args(args, layout, buffers)
             plan = plans[self] = _Plan(module.epifuse_kernel, layout, buffers, finish, values, meta, grid)
+            plan.before, plan.after = _reduction_steps(args, layout, buffers, finish)
         return plan
 
     def compile(self, args) -> None:
@@ -252,14 +253,10 @@ class TritonTiled(Kernel):
             plan.fast()  # the common repeated call: no reductions, nothing else to do
             return
         plan = self._loaded_plan(args, plan or self._plan(args))
-        for y in plan.layout.outputs:
-            if y.mode == "atomic":
-                prepare_reduction(y, plan.buffers[y.name][0], args.outputs[y.name], args.accumulate,
-                                  args.reduced_count(y.name))
+        plan.before(args.outputs)
         if args.M > 0 and args.N > 0 and args.L > 0:
             self._launch(args, plan)
-        for y, work in plan.finish:
-            finish_reduction(y, work, args.outputs[y.name], args.accumulate, args.reduced_count(y.name))
+        plan.after(args.outputs)
 
     def _launch(self, args, plan) -> None:
         """Launch a loaded plan (see _loaded_plan): its first launch goes through Triton, which
@@ -280,7 +277,7 @@ class TritonTiled(Kernel):
 
 class _Plan:
     __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid", "fast", "simple",
-                 "launch_with", "loaded")
+                 "launch_with", "loaded", "before", "after", "owned")
 
     def __init__(self, kernel, layout, buffers, finish, values, meta, grid):
         self.kernel, self.layout, self.buffers, self.finish = kernel, layout, buffers, finish
@@ -291,6 +288,29 @@ class _Plan:
         # a launch and nothing else: no reduction to initialize or finish, a non-empty grid
         self.simple = not finish and all(y.mode == "tile" for y in layout.outputs) and \
             all(g > 0 for g in grid)
+        self.owned = tuple(work for _, work in finish)  # the reductions' work buffers
+        self.before = self.after = None  # see _reduction_steps
+
+
+def _reduction_steps(args, layout, buffers, finish):
+    """What runs before and after the launch for the reductions, as functions of the outputs
+    (a name -> tensor mapping: the arguments' own, or a kept launch's new ones): initialize the
+    atomic buffers, then write the partials or the fp32 buffers to their destinations."""
+    accumulate = args.accumulate
+    atomic = [(y, buffers[y.name][0], args.outputs[y.name], args.reduced_count(y.name))
+              for y in layout.outputs if y.mode == "atomic"]
+    atomic = [(y, None if buffer is dest else buffer, count) for y, buffer, dest, count in atomic]
+    finishing = [(y, work, args.reduced_count(y.name)) for y, work in finish]
+
+    def before(outputs) -> None:
+        for y, own, count in atomic:
+            dest = outputs[y.name]
+            prepare_reduction(y, dest if own is None else own, dest, accumulate, count)
+
+    def after(outputs) -> None:
+        for y, work, count in finishing:
+            finish_reduction(y, work, outputs[y.name], accumulate, count)
+    return before, after
 
 
 def _direct_launcher(plan, compiled, device: int, before=None):
