@@ -216,8 +216,8 @@ class TritonTiled(Kernel):
             module, layout = self._module(args)
             buffers, finish = self._reduction_buffers(args, layout)
             values, meta, grid = self._launch_args(args, layout, buffers)
-            plan = plans[self] = _Plan(module.epifuse_kernel, layout, buffers, finish, values, meta, grid)
-            plan.before, plan.after = _reduction_steps(args, layout, buffers, finish)
+            plan = plans[self] = _Plan(module.epifuse_kernel, layout, buffers, finish, values, meta, grid,
+                                       _reduction_steps(args, layout, buffers, finish))
         return plan
 
     def compile(self, args) -> None:
@@ -279,7 +279,7 @@ class _Plan:
     __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid", "fast", "simple",
                  "launch_with", "loaded", "before", "after", "owned")
 
-    def __init__(self, kernel, layout, buffers, finish, values, meta, grid):
+    def __init__(self, kernel, layout, buffers, finish, values, meta, grid, steps):
         self.kernel, self.layout, self.buffers, self.finish = kernel, layout, buffers, finish
         self.values, self.meta, self.grid = values, meta, grid
         self.fast = None          # launch with `values`, skipping Triton's binding (CUDA)
@@ -289,7 +289,7 @@ class _Plan:
         self.simple = not finish and all(y.mode == "tile" for y in layout.outputs) and \
             all(g > 0 for g in grid)
         self.owned = tuple(work for _, work in finish)  # the reductions' work buffers
-        self.before = self.after = None  # see _reduction_steps
+        self.before, self.after = steps  # see _reduction_steps
 
 
 def _reduction_steps(args, layout, buffers, finish):
