@@ -228,13 +228,14 @@ def kernel_statuses(args: GemmArguments, cc: int | None = None) -> list:
     if isinstance(args, GroupedGemmArguments):
         return grouped_kernel_statuses(args, cc)
     from .backends.reference import ReferenceKernel
-    from .backends.triton import persistent, splitk, tiled
+    from .backends.triton import persistent, pingpong, splitk, tiled
     if tiled.uses_interpreter(args.A.device):
         candidates = [persistent.TritonPersistent(persistent.INTERPRETER_CONFIG),
                       tiled.TritonTiled(tiled.INTERPRETER_CONFIG)]
     else:
         wide = persistent.FP32_CONFIGS if args.A.dtype == torch.float32 else persistent.CUDA_CONFIGS
         candidates = [*(persistent.TritonPersistent(c) for c in wide),
+                      *(pingpong.GluonPingPong(c) for c in pingpong.CUDA_CONFIGS),
                       *(tiled.TritonTiled(c) for c in tiled.CUDA_CONFIGS)]
     split = splitk.candidates(args)
     candidates = [*split, *candidates] if splitk.ranks_first(args) else [*candidates, *split]

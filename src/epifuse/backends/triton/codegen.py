@@ -330,7 +330,7 @@ def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: 
     gemm_params, meta, mainloop, indent = KERNEL_SHAPES[shape]
     layout = launch_layout(graph, deterministic)
     tma = shape == "persistent"
-    lines, helpers = _emit_epilogue(graph, layout, tma)
+    lines, helpers = _emit_epilogue(graph, layout, "tma" if tma else "pointer")
     body = "".join(" " * indent + line + "\n" for line in lines)
     meta = meta + [f"{y.prefix.upper()}_{part}" for y in layout.outputs if y.mode == "tile"
                    for part in ("KIND", "LO", "HI")]
@@ -367,10 +367,19 @@ def _tma_descriptors(layout: Layout) -> list[str]:
     return lines
 
 
-def _emit_epilogue(graph: Graph, layout: Layout, tma: bool = False) -> tuple[list[str], set[str]]:
+STYLES = ("pointer", "tma", "gluon")
+
+
+def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tuple[list[str], set[str]]:
     """The epilogue's lines, unindented, over one (BLOCK_M, EPI_N) piece of the tile. They read
-    acc_e, rm, rn, mask_m, mask_n, mask, pid_l, pid_m, pid_en, offs_m, offs_en (and batch and
-    the TMA descriptors when `tma`), which the main loops define."""
+    acc_e, rm, rn, mask_m, mask_n, mask, pid_l, pid_m, pid_en, offs_m, offs_en, which the main
+    loops define. `style` says how tiles move: "pointer" loads and stores; "tma" (the persistent
+    kernel) also device-side descriptors, and batch; "gluon" (the warp-specialized Gluon kernel)
+    stores tiles through shared memory and host descriptors (y*_smem, y*_desc) and makes
+    tensors in the accumulator's layout (acc_layout)."""
+    if style not in STYLES:
+        raise InternalError(f"unknown epilogue style {style!r}")
+    tma = style == "tma"
     lines: list[str] = []
     helpers: set[str] = set()
     names: dict[int, str] = {}
@@ -395,10 +404,10 @@ def _emit_epilogue(graph: Graph, layout: Layout, tma: bool = False) -> tuple[lis
             lines.append(f"{var} = {rule.emit(*srcs, **node.params)}")
     for y, out in zip(layout.outputs, graph.outputs):
         if y.reduce is None:
-            lines.extend(_store_tile(y, names[id(out.node)], out.node, tma))
+            lines.extend(_store_tile(y, names[id(out.node)], out.node, style))
         else:
             source = out.node.src[0]
-            lines.extend(_store_reduction(y, names[id(source)], source))
+            lines.extend(_store_reduction(y, names[id(source)], source, style))
     return lines, helpers
 
 
@@ -445,22 +454,34 @@ def _load_operand(var: str, o: OperandParams, tma: bool) -> list[str]:
             f"    {pointer_load}"]
 
 
-def _as_full_tile(expr: str, node: Node) -> str:
+def _as_full_tile(expr: str, node: Node, style: str) -> str:
     if node.dtype == "bool":
         expr = f"{expr}.to(tl.float32)"
     if {"M", "N"} <= set(node.axes):
         return expr
+    if style == "gluon":  # Gluon makes tensors only with an explicit layout
+        return f"({expr} + gl.full((BLOCK_M, EPI_N), 0.0, gl.float32, acc_layout))"
     return f"({expr} + tl.full((BLOCK_M, EPI_N), 0.0, tl.float32))"
 
 
-def _store_tile(y: OutputParams, expr: str, node: Node, tma: bool) -> list[str]:
+def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]:
     upper = y.prefix.upper()
-    value = (f"_convert({_as_full_tile(expr, node)}, {upper}_KIND, {upper}_LO, {upper}_HI)"
+    value = (f"_convert({_as_full_tile(expr, node, style)}, {upper}_KIND, {upper}_LO, {upper}_HI)"
              f".to({y.prefix}_ptr.dtype.element_ty)")
     pointer_store = f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, {value}, mask=mask)"
-    if not tma:
-        return [pointer_store]
     flag = f"{y.prefix.upper()}_TMA"
+    if style == "gluon":  # the previous tile's TMA stores were waited for before the epilogue
+        own = int(y.prefix[1:])
+        return [f"if {flag}:",
+                f"    if {upper}_BUF != {own}:  # shared with an earlier output of this tile",
+                "        tma.store_wait(pendings=0)",
+                f"    {y.prefix}_smem.store({value})",
+                "    fence_async_shared()",
+                f"    tma.async_copy_shared_to_global({y.prefix}_desc, [offs_m, offs_en], {y.prefix}_smem)",
+                "else:",
+                f"    {pointer_store}"]
+    if style != "tma":
+        return [pointer_store]
     return [f"if {flag} == 2:",
             f"    {y.prefix}_desc.store([offs_m, offs_en], {value})",
             f"elif {flag} == 3:",
@@ -469,9 +490,9 @@ def _store_tile(y: OutputParams, expr: str, node: Node, tma: bool) -> list[str]:
             f"    {pointer_store}"]
 
 
-def _store_reduction(y: OutputParams, expr: str, node: Node) -> list[str]:
+def _store_reduction(y: OutputParams, expr: str, node: Node, style: str) -> list[str]:
     """Reduce the tile over its in-tile dims; fold it in atomically or store it as a partial."""
-    tile = _as_full_tile(expr, node)
+    tile = _as_full_tile(expr, node, style)
     if y.reduce == "amax":
         tile = f"tl.abs({tile})"
     r = f"r_{y.prefix}"

@@ -128,7 +128,7 @@ class TritonTiled(Kernel):
         cache_key = (self.shape, args.key, target, args.deterministic)
         module = self._modules.get(cache_key)
         if module is None:
-            source = emit_kernel(args.graph, self.shape, target, args.key, args.deterministic)
+            source = self._source(args, target)
             stem = f"{self.shape}_{args.key}_{target}" + ("_det" if args.deterministic else "")
             module = self._modules[cache_key] = load_kernel_module(stem, source, interpret)
         entry = self._layouts.get((id(args.graph), args.deterministic))
@@ -136,6 +136,9 @@ class TritonTiled(Kernel):
             entry = (args.graph, launch_layout(args.graph, args.deterministic))
             self._layouts[(id(args.graph), args.deterministic)] = entry
         return module, entry[1]
+
+    def _source(self, args, target: str) -> str:
+        return emit_kernel(args.graph, self.shape, target, args.key, args.deterministic)
 
     def _config(self, args) -> TileConfig:
         """The config this launch uses: the interpreter's small tiles, a smaller fallback after
@@ -156,20 +159,7 @@ class TritonTiled(Kernel):
 
     def _launch_args(self, args, layout, buffers):
         cfg = self._config(args)
-        values: list = self._gemm_values(args)
-        for o in layout.operands:
-            value = args.operands[o.name]
-            if o.kind == "number":
-                values.append(float(value))
-            else:
-                values.append(value)
-                values.extend(args.strides[o.name][a] for a in o.axes)
-        for y in layout.outputs:
-            tensor, strides = buffers[y.name]
-            values.append(tensor)
-            values.extend(strides[a] for a in y.axes)
-            if y.reduce == "mean" and y.mode == "atomic":
-                values.append(1.0 / max(args.reduced_count(y.name), 1))
+        values = self._gemm_values(args) + epilogue_values(args, layout, buffers)
         precision = "ieee" if args.precision == "highest" else "tf32"
         interpret = uses_interpreter(args.A.device)
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -218,7 +208,12 @@ class TritonTiled(Kernel):
             values, meta, grid = self._launch_args(args, layout, buffers)
             plan = plans[self] = _Plan(module.epifuse_kernel, layout, buffers, finish, values, meta, grid,
                                        _reduction_steps(args, layout, buffers, finish))
+            plan.convert = self._argument_converter(args, values, meta)
         return plan
+
+    def _argument_converter(self, args, values, meta):
+        """See _Plan.convert; the Triton kernels take their values as they are."""
+        return None
 
     def compile(self, args) -> None:
         self._loaded_plan(args, self._plan(args))
@@ -230,7 +225,7 @@ class TritonTiled(Kernel):
         if plan.loaded or uses_interpreter(args.A.device):
             return plan
         while True:
-            compiled = plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
+            compiled = plan.kernel.warmup(*plan.jit_values(plan.values), grid=plan.grid, **plan.meta)
             try:
                 getattr(compiled, "_init_handles", lambda: None)()  # where Triton checks resources
             except triton.runtime.errors.OutOfResources:
@@ -240,7 +235,6 @@ class TritonTiled(Kernel):
                 continue
             plan.loaded = True
             return plan
-
 
     def run(self, args, verify: bool = False) -> None:
         """Write every output of `args`. `verify=True` also checks them against the float64
@@ -268,7 +262,7 @@ class TritonTiled(Kernel):
         if self._before_launch is not None and not interpret:
             self._before_launch()
         with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
-            compiled = plan.kernel[plan.grid](*plan.values, **plan.meta)
+            compiled = plan.kernel[plan.grid](*plan.jit_values(plan.values), **plan.meta)
         if not interpret:
             plan.fast = _direct_launcher(plan, compiled, args.A.device.index or 0, self._before_launch)
         else:
@@ -277,7 +271,7 @@ class TritonTiled(Kernel):
 
 class _Plan:
     __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid", "fast", "simple",
-                 "launch_with", "loaded", "before", "after", "owned")
+                 "launch_with", "loaded", "before", "after", "owned", "convert")
 
     def __init__(self, kernel, layout, buffers, finish, values, meta, grid, steps):
         self.kernel, self.layout, self.buffers, self.finish = kernel, layout, buffers, finish
@@ -290,6 +284,31 @@ class _Plan:
             all(g > 0 for g in grid)
         self.owned = tuple(work for _, work in finish)  # the reductions' work buffers
         self.before, self.after = steps  # see _reduction_steps
+        # values -> the kernel's arguments, given whether Triton's JIT will bind them
+        # (the Gluon kernel turns tensors into TMA descriptors); None: the values themselves
+        self.convert = None
+
+    def jit_values(self, values) -> list:
+        return values if self.convert is None else self.convert(values, True)
+
+
+def epilogue_values(args, layout, buffers) -> list:
+    """The epilogue's launch arguments, in `layout.param_names()` order."""
+    values: list = []
+    for o in layout.operands:
+        value = args.operands[o.name]
+        if o.kind == "number":
+            values.append(float(value))
+        else:
+            values.append(value)
+            values.extend(args.strides[o.name][a] for a in o.axes)
+    for y in layout.outputs:
+        tensor, strides = buffers[y.name]
+        values.append(tensor)
+        values.extend(strides[a] for a in y.axes)
+        if y.reduce == "mean" and y.mode == "atomic":
+            values.append(1.0 / max(args.reduced_count(y.name), 1))
+    return values
 
 
 def _reduction_steps(args, layout, buffers, finish):
@@ -325,10 +344,13 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     grid = (*plan.grid, 1, 1)[:3]
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher asks
+    convert = plan.convert
 
     def launch_with(values):
         if before is not None:
             before()
+        if convert is not None:
+            values = convert(values, False)
         run(grid[0], grid[1], grid[2], raw_stream(device), function, packed, None, None, None,
             *values, *constexprs)
     plan.launch_with = launch_with
@@ -342,7 +364,7 @@ def _interpreted_launcher(plan):
 
     def launch_with(values):
         with _INTERPRETER_LOCK:
-            kernel[grid](*values, **meta)
+            kernel[grid](*plan.jit_values(values), **meta)
     return launch_with
 
 

@@ -1,0 +1,198 @@
+"""Emit the Gluon source of a warp-specialized "ping-pong" GEMM whose epilogue is a Graph.
+
+Hopper only (wgmma, TMA, mbarriers). One program per SM loops over output tiles with three
+partitions: a producer warp issues the TMA loads of A and B into a ring of shared-memory
+stages, and two consumer warpgroups take alternate tiles, so one runs its epilogue while the
+other runs its wgmma main loop. The epilogue is the same code the Triton kernels run
+(`codegen._emit_epilogue` in its "gluon" style) over the whole (BLOCK_M, BLOCK_N) tile in the
+wgmma accumulator's layout; tile outputs leave through shared memory and TMA stores when their
+launch says so (Y*_TMA), else through pointer stores.
+
+Ring protocol (per CTA): ring index i -> stage i % STAGES, phase (i // STAGES) & 1. Consumer c
+takes the CTA's tiles t = 2 j + c; tile t uses ring indices t k_tiles ... (t + 1) k_tiles - 1.
+turn[c] orders the consumers: c waits on it before its tile's first ready-wait, and the other
+consumer arrives on it once it has passed all ready-waits of the tile before (otherwise the
+later consumer could test a stage's parity a whole ring ahead and pass on a stale phase).
+Every barrier counts one arrival (Gluon arrives once per partition).
+"""
+from __future__ import annotations
+
+from ...ir import Graph
+from .codegen import _HEADER, _emit_epilogue, launch_layout
+from .rules import helper_source
+
+_GLUON_IMPORTS = '''from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+
+@gluon.constexpr_function
+def _wgmma_instr_n(BLOCK_N):
+    BLOCK_N = getattr(BLOCK_N, "value", BLOCK_N)
+    n = 256
+    while n > BLOCK_N or BLOCK_N % n != 0:
+        n -= 8
+    return n
+
+
+@gluon.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (tile // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    return first_pid_m + (tile % group_size_m), (tile % num_pid_in_group) // group_size_m
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr):
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    i = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        for kk in range(k_tiles):
+            s = i % STAGES
+            mbarrier.wait(empty_bars.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes
+            mbarrier.expect(ready_bars.index(s), nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kk * BLOCK_K], ready_bars.index(s),
+                                            a_bufs.index(s))
+            if B_KMAJOR:
+                tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, kk * BLOCK_K], ready_bars.index(s),
+                                                b_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, pid_n * BLOCK_N], ready_bars.index(s),
+                                                b_bufs.index(s))
+            i += 1
+'''
+
+_CONSUMER = '''
+
+@gluon.jit
+def _consumer(CID: gl.constexpr, {params}):
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _wgmma_instr_n(BLOCK_N), 16])
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+{smem}    j = 0
+    for tile in range(pid + CID * nprog, num_pid_m * num_pid_n, 2 * nprog):
+        t = 2 * j + CID
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        mbarrier.wait(turn_bars.index(CID), (j + CID + 1) & 1, pred=t > 0)
+        base = t * k_tiles
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        for kk in range(k_tiles):
+            i = base + kk
+            s = i % STAGES
+            mbarrier.wait(ready_bars.index(s), (i // STAGES) & 1)
+            if B_KMAJOR:
+                b = b_bufs.index(s).permute((1, 0))
+            else:
+                b = b_bufs.index(s)
+            acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=kk > 0)
+        mbarrier.arrive(turn_bars.index(1 - CID))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty_bars.index((base + k_tiles - 1) % STAGES), pred=k_tiles > 0)
+        offs_m = pid_m * BLOCK_M
+        offs_en = pid_n * BLOCK_N
+        pid_en = pid_n
+        pid_l = 0
+        rm = offs_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        rn = offs_en + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        mask_m = rm < M
+        mask_n = rn < N
+        mask = mask_m[:, None] & mask_n[None, :]
+        acc_e = acc
+{wait}{body}        j += 1
+{drain}
+
+@gluon.jit
+def _consumer0({params}):
+    _consumer(0, {args})
+
+
+@gluon.jit
+def _consumer1({params}):
+    _consumer(1, {args})
+
+
+@gluon.jit
+def epifuse_kernel(
+    {kernel_params},
+):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(s), count=1)
+        mbarrier.init(empty_bars.index(s), count=1)
+    for c in gl.static_range(2):
+        mbarrier.init(turn_bars.index(c), count=1)
+{allocate}    # The argument tuples are written out: a tuple kept in a variable turns its constexpr
+    # members into runtime values.
+    gl.warp_specialize([
+        (_consumer0, ({args})),
+        (_consumer1, ({args})),
+        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
+                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, B_KMAJOR)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+'''
+
+GEMM_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "EPI_N", "GROUP_M", "STAGES", "B_KMAJOR",
+             "CONSUMER_REGS", "PRODUCER_REGS"]
+
+
+def tile_outputs(layout) -> list[str]:
+    return [y.prefix for y in layout.outputs if y.mode == "tile"]
+
+
+def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False) -> str:
+    """The module source of the Gluon `epifuse_kernel` for `graph` (CUDA, compute capability 9.0).
+
+    Its parameters: a_desc, b_desc, M, N, K, the epilogue's (launch_layout order), then
+    y*_desc for each tile output (None when that output is stored through pointers), then
+    the constexprs: GEMM_META, each tile output's KIND/LO/HI and TMA flag."""
+    layout = launch_layout(graph, deterministic)
+    lines, helpers = _emit_epilogue(graph, layout, "gluon")
+    tiles = tile_outputs(layout)
+    meta = GEMM_META + [f"{p.upper()}_{part}" for p in tiles for part in ("KIND", "LO", "HI", "TMA", "BUF")]
+    runtime = ["M", "N", "K", *layout.param_names(), *(f"{p}_desc" for p in tiles)]
+    consumer_runtime = ["a_bufs", "b_bufs", "ready_bars", "empty_bars", "turn_bars",
+                        *runtime, *(f"{p}_bufs" for p in tiles)]
+    params = ", ".join([*consumer_runtime, *(f"{m}: gl.constexpr" for m in meta)])
+    args = ", ".join([*consumer_runtime, *meta])
+    kernel_params = ",\n    ".join(["a_desc", "b_desc", *runtime, *(f"{m}: gl.constexpr" for m in meta)])
+    any_tma = " or ".join(f"{p.upper()}_TMA" for p in tiles) or "False"
+    # Output p's shared-memory buffer (one per consumer) is that of output yP_BUF:
+    # its own, or an earlier output's of the same dtype, which it reuses once the TMA store
+    # out of it has read it.
+    smem = "".join(f"    {'if' if k == 0 else 'elif'} {q.upper()}_BUF == {p[1:]}:\n"
+                   f"        {q}_smem = {p}_bufs.index(CID)\n"
+                   for q in tiles for k, p in enumerate(tiles))
+    # One wait for this consumer's stores of the tile before (issued a whole main loop ago)
+    # covers every output's shared-memory buffer.
+    wait = f"        if {any_tma}:\n            tma.store_wait(pendings=0)\n"
+    drain = f"    if {any_tma}:\n        tma.store_wait(pendings=0)\n"
+    allocate = "".join(
+        f"    if {p.upper()}_TMA and {p.upper()}_BUF == {p[1:]}:\n"
+        f"        {p}_bufs = gl.allocate_shared_memory({p}_desc.dtype, [2] + {p}_desc.block_type.shape, "
+        f"{p}_desc.layout)\n"
+        f"    else:\n"
+        f"        {p}_bufs = turn_bars  # never used\n" for p in tiles)
+    body = "".join(" " * 8 + line + "\n" for line in lines)
+    return (_HEADER.format(key=key, target="cuda (Gluon, sm_90)",
+                           libdevice="from triton.language.extra import libdevice\n")
+            + _GLUON_IMPORTS + helper_source(helpers, "cuda")
+            + _CONSUMER.format(params=params, args=args, kernel_params=kernel_params, smem=smem,
+                               wait=wait, body=body, drain=drain, allocate=allocate))
