@@ -38,6 +38,12 @@ def measure() -> dict:
     kernel.compile(args)
     result = {"kernel": repr(kernel)}
     result["kernel_run_us"] = _per_call_us(lambda: kernel.run(args))
+    from epifuse.backends.triton import pingpong
+    gluon = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0])
+    if gluon.supports(args):  # its launches also rebuild three TMA descriptors
+        gluon_args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, bias=bias, alpha=2.0, D=D))
+        gluon.compile(gluon_args)
+        result["gluon_kernel_run_us"] = _per_call_us(lambda: gluon.run(gluon_args))
     result["build_args_and_run_us"] = _per_call_us(lambda: kernel.run(epifuse.GemmArguments(
         A, B, epilogue=epifuse.EpilogueArguments(src, bias=bias, alpha=2.0, D=D))))
     result["epifuse_gemm_us"] = _per_call_us(lambda: epifuse.gemm(A, B, src, bias=bias, alpha=2.0, D=D))
@@ -69,7 +75,7 @@ def breakdown() -> dict:
     import pstats
 
     import triton
-    from epifuse.backends.triton import persistent, tiled
+    from epifuse.backends.triton import persistent, pingpong, tiled
     dev = "cuda"
     A = torch.randn(256, 256, device=dev, dtype=torch.float16)
     B = torch.randn(256, 256, device=dev, dtype=torch.float16)
@@ -77,6 +83,7 @@ def breakdown() -> dict:
     src = "def epi(accum, alpha):\n    D = relu(accum * alpha)\n    return D\n"
     result = {}
     for kernel in (persistent.TritonPersistent(persistent.CUDA_CONFIGS[1]),
+                   pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]),
                    tiled.TritonTiled(tiled.CUDA_CONFIGS[0])):
         args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, alpha=2.0, D=D))
         kernel.run(args)

@@ -18,7 +18,7 @@ from .gluon_codegen import emit_gluon_kernel
 from .persistent import TritonPersistent, _install_allocator, _sm_count, _tma_mode
 from .tiled import TileConfig, _conversion_meta, epilogue_values, uses_interpreter
 
-CUDA_CONFIGS = (TileConfig(128, 128, 64, 8, 4, 4), TileConfig(64, 256, 64, 8, 4, 4))
+CUDA_CONFIGS = (TileConfig(128, 128, 64, 8, 4, 4),)
 SHARED_MEMORY = 220 * 1024  # of the 227 KiB a Hopper CTA may use; the rest for barriers and scratch
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
 OFFLINE_SMS = 132  # the grid of a compile_offline (an H100's SM count; it changes no code)
