@@ -64,22 +64,25 @@ class FuzzTally:
     passed: int = 0
     failing: set = field(default_factory=set)   # descriptions: Hypothesis replays a failure
     skipped: int = 0                            # drawn after EPIFUSE_FUZZ_DEADLINE, not run
+    kernels: dict = field(default_factory=dict)  # kernel class name -> examples it ran
 
     def run(self, ex: Example, device) -> None:
         if time.time() > DEADLINE:
             self.skipped += 1
             return
         try:
-            fuzz_once(ex, device)
+            ran = fuzz_once(ex, device)
         except Exception:
             self.failing.add(describe(ex))
             raise
         self.passed += 1
+        for name in ran:
+            self.kernels[name] = self.kernels.get(name, 0) + 1
 
     def summary(self) -> dict:
         return {"test": self.test, "examples": self.passed + len(self.failing),
                 "failures": len(self.failing), "skipped_after_deadline": self.skipped,
-                "seed": SEED, "pid": os.getpid()}
+                "kernels": dict(sorted(self.kernels.items())), "seed": SEED, "pid": os.getpid()}
 
     def write(self) -> None:
         line = json.dumps(self.summary())
@@ -271,7 +274,8 @@ def describe(ex: Example) -> str:
             f"seed={ex.seed}\noperands: {ops}\noutputs: {outs}")
 
 
-def fuzz_once(ex: Example, device) -> None:
+def fuzz_once(ex: Example, device) -> list[str]:
+    """Build `ex` and check every kernel on it; the names of the kernels that ran."""
     note(describe(ex))
     args, prior = build(ex, device)
     ran = check_kernels(ex, args, prior)
@@ -280,3 +284,4 @@ def fuzz_once(ex: Example, device) -> None:
     event(f"batch: {ex.batch or 'none'}")
     for node in args.graph.nodes():
         event(f"op: {node.op}")
+    return ran

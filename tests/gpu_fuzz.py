@@ -126,6 +126,8 @@ def summarize(opts, workers: list[Worker], elapsed: float) -> dict:
         "examples": sum(r["examples"] for r in reports if r),
         "failures": sum(r["failures"] for r in reports if r),
         "skipped_after_deadline": sum(r["skipped_after_deadline"] for r in reports if r),
+        "kernels": {name: sum(r.get("kernels", {}).get(name, 0) for r in reports if r)
+                    for name in sorted({n for r in reports if r for n in r.get("kernels", {})})},
         "failed_processes": [w.index for w, r in zip(workers, reports) if r and r["failures"]],
         "processes_without_report": missing,
         "processes_with_errors": errors,
@@ -143,7 +145,10 @@ def summary_line(summary: dict) -> str:
         line += f"; no report from processes {summary['processes_without_report']}"
     if summary["processes_with_errors"]:
         line += f"; errors in processes {summary['processes_with_errors']}"
-    return line + ")"
+    line += ")"
+    if summary.get("kernels"):
+        line += "; kernels run: " + ", ".join(f"{n} {c}" for n, c in summary["kernels"].items())
+    return line
 
 
 def main(argv=None) -> int:

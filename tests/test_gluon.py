@@ -176,3 +176,24 @@ def test_repeated_launches_take_new_tensors():
     kernel.run(args)
     torch.cuda.synchronize()
     _check(args, reference_outputs(args))
+
+
+@pytest.mark.gpu
+def test_kept_epifuse_gemm_calls(monkeypatch):
+    """epifuse.gemm with the Gluon kernel chosen: the second and third calls take the kept
+    launch (epifuse.callsite) with new inputs and new outputs, and stay exact."""
+    from epifuse import api, callsite
+    kernel = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0])
+    monkeypatch.setattr(api, "_choose_kernel", lambda args: kernel)
+    M, N, K = 1000, 744, 520
+    B = integer_tensor(K, N, low=-1, high=2, device="cuda")
+    bias = integer_tensor(N, dtype=torch.float32, device="cuda")
+    hits = callsite.HITS[0]
+    for _ in range(3):
+        A = integer_tensor(M, K, device="cuda")
+        C = integer_tensor(M, N, dtype=torch.float16, device="cuda")
+        D, F = epifuse.gemm(A, B, AUX, alpha=2.0, C=C, bias=bias)
+        F_expected = (A.double() @ B.double()) * 2.0 + C.double() * 2.0 + bias.double()
+        assert torch.equal(F.double(), F_expected.to(F.dtype).double())
+        assert torch.equal(D.double(), F_expected.clamp(0, 200).to(D.dtype).double())
+    assert callsite.HITS[0] - hits == 2

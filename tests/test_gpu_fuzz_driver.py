@@ -19,6 +19,11 @@ def test_the_driver_runs_seeded_processes_and_sums_their_reports(tmp_path, capsy
     assert [r["seed"] for r in reports] == ["17", "18"]
     assert [r["examples"] for r in reports] == [2, 2]
     assert "gpu fuzz: 4 examples run in 2 processes, 0 failures" in printed
+    summed = {}
+    for r in reports:
+        for name, count in r["kernels"].items():
+            summed[name] = summed.get(name, 0) + count
+    assert summary["kernels"] == summed and all(0 < c <= 4 for c in summed.values())
     assert (out / "cache" / "kernels").is_dir()  # the shared kernel cache
 
 
