@@ -375,9 +375,8 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
     acc_e, rm, rn, mask_m, mask_n, mask, pid_l, pid_m, pid_en, offs_m, offs_en, which the main
     loops define. `style` says how tiles move: "pointer" loads and stores; "tma" (the persistent
     kernel) also device-side descriptors, and batch; "gluon" (the warp-specialized Gluon kernel)
-    stores tiles through shared memory and host descriptors (y*_smem, y*_desc), reads tile
-    operands that TMA loaded into shared memory (x*_smem, once x*_bar's phase j & 1 completes)
-    and makes tensors in the accumulator's layout (acc_layout)."""
+    stores tiles through shared memory and host descriptors (y*_smem, y*_desc) and makes
+    tensors in the accumulator's layout (acc_layout)."""
     if style not in STYLES:
         raise InternalError(f"unknown epilogue style {style!r}")
     tma = style == "tma"
@@ -393,7 +392,7 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
         elif node.op == "const":
             names[id(node)] = _f(node.arg)
         elif node.op == "input":
-            lines.extend(_load_operand(var, operand_prefix[node.arg.name], style))
+            lines.extend(_load_operand(var, operand_prefix[node.arg.name], tma))
         elif OPS[node.op].kind == "reduce":
             continue  # emitted by its output's store
         else:
@@ -438,21 +437,15 @@ def _mask_of(axes) -> str | None:
     return None
 
 
-def _load_operand(var: str, o: OperandParams, style: str) -> list[str]:
+def _load_operand(var: str, o: OperandParams, tma: bool) -> list[str]:
     if o.kind == "number":
         return [f"{var} = {o.prefix}"]
     mask = _mask_of(o.axes)
     masked = f", mask={mask}, other=0.0" if mask else ""
     pointer_load = f"{var} = tl.load({o.prefix}_ptr + {_offset(o.prefix, o.axes)}{masked}).to(tl.float32)"
-    if style == "pointer" or not {"M", "N"} <= set(o.axes):
+    if not (tma and {"M", "N"} <= set(o.axes)):
         return [pointer_load]
     flag = f"{o.prefix.upper()}_TMA"
-    if style == "gluon":  # the consumer started this TMA load before its main loop
-        return [f"if {flag}:",
-                f"    mbarrier.wait({o.prefix}_bar, j & 1)",
-                f"    {var} = {o.prefix}_smem.load(acc_layout).to(tl.float32)",
-                "else:",
-                f"    {pointer_load}"]
     return [f"if {flag} == 2:",
             f"    {var} = {o.prefix}_desc.load([offs_m, offs_en]).to(tl.float32)",
             f"elif {flag} == 3:",

@@ -85,7 +85,7 @@ def _consumer(CID: gl.constexpr, {params}):
     for tile in range(pid + CID * nprog, num_pid_m * num_pid_n, 2 * nprog):
         t = 2 * j + CID
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-{fetch}        mbarrier.wait(turn_bars.index(CID), (j + CID + 1) & 1, pred=t > 0)
+        mbarrier.wait(turn_bars.index(CID), (j + CID + 1) & 1, pred=t > 0)
         base = t * k_tiles
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         for kk in range(k_tiles):
@@ -139,7 +139,7 @@ def epifuse_kernel(
         mbarrier.init(empty_bars.index(s), count=1)
     for c in gl.static_range(2):
         mbarrier.init(turn_bars.index(c), count=1)
-{allocate}{operand_allocate}    # The argument tuples are written out: a tuple kept in a variable turns its constexpr
+{allocate}    # The argument tuples are written out: a tuple kept in a variable turns its constexpr
     # members into runtime values.
     gl.warp_specialize([
         (_consumer0, ({args})),
@@ -157,29 +157,19 @@ def tile_outputs(layout) -> list[str]:
     return [y.prefix for y in layout.outputs if y.mode == "tile"]
 
 
-def tile_operands(layout) -> list[str]:
-    """Operands varying along M and N: TMA may load them (X*_TMA)."""
-    return [o.prefix for o in layout.operands if o.kind == "tensor" and {"M", "N"} <= set(o.axes)]
-
-
 def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False) -> str:
     """The module source of the Gluon `epifuse_kernel` for `graph` (CUDA, compute capability 9.0).
 
     Its parameters: a_desc, b_desc, M, N, K, the epilogue's (launch_layout order), then
-    y*_desc for each tile output (None when that output is stored through pointers), x*_desc
-    for each tile operand (None when it is loaded through pointers), then the constexprs:
-    GEMM_META, each tile output's KIND/LO/HI/TMA/BUF, each tile operand's TMA flag."""
+    y*_desc for each tile output (None when that output is stored through pointers), then
+    the constexprs: GEMM_META, each tile output's KIND/LO/HI and TMA flag."""
     layout = launch_layout(graph, deterministic)
     lines, helpers = _emit_epilogue(graph, layout, "gluon")
     tiles = tile_outputs(layout)
-    loads = tile_operands(layout)
     meta = GEMM_META + [f"{p.upper()}_{part}" for p in tiles for part in ("KIND", "LO", "HI", "TMA", "BUF")]
-    meta += [f"{x.upper()}_TMA" for x in loads]
-    runtime = ["M", "N", "K", *layout.param_names(), *(f"{p}_desc" for p in tiles),
-               *(f"{x}_desc" for x in loads)]
+    runtime = ["M", "N", "K", *layout.param_names(), *(f"{p}_desc" for p in tiles)]
     consumer_runtime = ["a_bufs", "b_bufs", "ready_bars", "empty_bars", "turn_bars",
-                        *runtime, *(f"{p}_bufs" for p in tiles),
-                        *(f"{x}_{part}" for x in loads for part in ("bufs", "bars"))]
+                        *runtime, *(f"{p}_bufs" for p in tiles)]
     params = ", ".join([*consumer_runtime, *(f"{m}: gl.constexpr" for m in meta)])
     args = ", ".join([*consumer_runtime, *meta])
     kernel_params = ",\n    ".join(["a_desc", "b_desc", *runtime, *(f"{m}: gl.constexpr" for m in meta)])
@@ -201,30 +191,8 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False) -> st
         f"    else:\n"
         f"        {p}_bufs = turn_bars  # never used\n" for p in tiles)
     body = "".join(" " * 8 + line + "\n" for line in lines)
-    # Tile operands: each consumer has a buffer and a barrier per operand; it starts the TMA
-    # load of its next tile's operand before that tile's main loop, once all its warps have
-    # read the previous tile's (the thread barrier).
-    smem += "".join(f"    {x}_smem = {x}_bufs.index(CID)\n    {x}_bar = {x}_bars.index(CID)\n"
-                    for x in loads)
-    any_load = " or ".join(f"{x.upper()}_TMA" for x in loads) or "False"
-    fetch = f"        if {any_load}:\n            gl.thread_barrier()\n" + "".join(
-        f"        if {x.upper()}_TMA:\n"
-        f"            mbarrier.expect({x}_bar, {x}_desc.block_type.nbytes)\n"
-        f"            tma.async_copy_global_to_shared({x}_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], {x}_bar, "
-        f"{x}_smem)\n" for x in loads)
-    operand_allocate = "".join(
-        f"    if {x.upper()}_TMA:\n"
-        f"        {x}_bufs = gl.allocate_shared_memory({x}_desc.dtype, [2] + {x}_desc.block_type.shape, "
-        f"{x}_desc.layout)\n"
-        f"        {x}_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())\n"
-        f"        for c in gl.static_range(2):\n"
-        f"            mbarrier.init({x}_bars.index(c), count=1)\n"
-        f"    else:\n"
-        f"        {x}_bufs = turn_bars  # never used\n"
-        f"        {x}_bars = turn_bars\n" for x in loads)
     return (_HEADER.format(key=key, target="cuda (Gluon, sm_90)",
                            libdevice="from triton.language.extra import libdevice\n")
             + _GLUON_IMPORTS + helper_source(helpers, "cuda")
             + _CONSUMER.format(params=params, args=args, kernel_params=kernel_params, smem=smem,
-                               wait=wait, body=body, drain=drain, allocate=allocate,
-                               fetch=fetch, operand_allocate=operand_allocate))
+                               wait=wait, body=body, drain=drain, allocate=allocate))

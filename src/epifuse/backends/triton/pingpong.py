@@ -9,8 +9,6 @@ so on CPUs the kernel is compiled for sm_90 (tests) but never launched.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 
@@ -21,8 +19,7 @@ from .persistent import TritonPersistent, _install_allocator, _sm_count, _tma_mo
 from .tiled import TileConfig, _conversion_meta, epilogue_values, uses_interpreter
 
 CUDA_CONFIGS = (TileConfig(128, 128, 64, 8, 4, 4),)
-SHARED_MEMORY = 224 * 1024  # of the 227 KiB a Hopper CTA may use; the rest for barriers
-REDUCTION_SCRATCH = 8 * 1024  # what Triton takes for a reduction across the consumer's warps (over M)
+SHARED_MEMORY = 220 * 1024  # of the 227 KiB a Hopper CTA may use; the rest for barriers and scratch
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
 OFFLINE_SMS = 132  # the grid of a compile_offline (an H100's SM count; it changes no code)
 
@@ -73,23 +70,18 @@ class GluonPingPong(TritonPersistent):
     def _launch_args(self, args, layout, buffers):
         cfg = self._config(args)
         tiles = [y for y in layout.outputs if y.mode == "tile"]
-        loads = [o for o in layout.operands if o.kind == "tensor" and {"M", "N"} <= set(o.axes)]
-        # A, B and each TMA-moved output and operand are passed as tensors; the plan's
-        # _argument_converter makes the descriptors, so a kept launch (epifuse.callsite) can
-        # swap in new tensors.
+        # A, B and each TMA-stored output are passed as tensors; _argument_converter makes
+        # the descriptors, so a kept launch (epifuse.callsite) can swap in new tensors.
         values = [args.A, args.B, args.M, args.N, args.K, *epilogue_values(args, layout, buffers)]
-        smem = shared_memory_plan(args, cfg, tiles, loads)
-        values += [buffers[y.name][0] if smem.stores[y.prefix] else None for y in tiles]
-        values += [args.operands[o.name] if smem.loads[o.prefix] else None for o in loads]
+        stages, tma, owner = _stages_and_stores(args, cfg, tiles)
+        values += [buffers[y.name][0] if tma[y.prefix] else None for y in tiles]
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EPI_N=cfg.block_n,
-                    GROUP_M=cfg.group_m, STAGES=smem.stages, B_KMAJOR=_b_kmajor(args),
+                    GROUP_M=cfg.group_m, STAGES=stages, B_KMAJOR=_b_kmajor(args),
                     CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
         for y in tiles:
             meta.update(_conversion_meta(y.prefix, args.outputs[y.name].dtype))
-            meta[f"{y.prefix.upper()}_TMA"] = smem.stores[y.prefix]
-            meta[f"{y.prefix.upper()}_BUF"] = smem.owner[y.prefix]
-        for o in loads:
-            meta[f"{o.prefix.upper()}_TMA"] = smem.loads[o.prefix]
+            meta[f"{y.prefix.upper()}_TMA"] = tma[y.prefix]
+            meta[f"{y.prefix.upper()}_BUF"] = owner[y.prefix]
         tiles_total = triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n)
         programs = _sm_count(args.A.device.index or 0) if args.A.is_cuda else OFFLINE_SMS
         return values, meta, (max(1, min(programs, tiles_total)),)
@@ -103,12 +95,10 @@ class GluonPingPong(TritonPersistent):
         else:
             b_spec = (1, [args.K, args.N], [B.stride(-2), 1], [BK, BN])
         specs = [(0, [args.M, args.K], [A.stride(-2), 1], [BM, BK]), b_spec]
-        layout = launch_layout(args.graph, args.deterministic)
-        tiles = [y.name for y in layout.outputs if y.mode == "tile"]
-        loads = [o.name for o in layout.operands if o.kind == "tensor" and {"M", "N"} <= set(o.axes)]
-        first = len(values) - len(tiles) - len(loads)
-        specs += [(first + k, [args.M, args.N], [args.strides[name]["M"], 1], [BM, BN])
-                  for k, name in enumerate(tiles + loads) if values[first + k] is not None]
+        tiles = [y for y in launch_layout(args.graph, args.deterministic).outputs if y.mode == "tile"]
+        first = len(values) - len(tiles)
+        specs += [(first + k, [args.M, args.N], [args.strides[y.name]["M"], 1], [BM, BN])
+                  for k, y in enumerate(tiles) if values[first + k] is not None]
         specs = [(i, shape, strides, block, _shared_layout(block, values[i].dtype))
                  for i, shape, strides, block in specs]
 
@@ -146,46 +136,32 @@ def _b_kmajor(args) -> bool:
     return args.B.stride(-1) != 1
 
 
-@dataclass(frozen=True)
-class SharedMemoryPlan:
-    stages: int    # the A/B ring's depth
-    stores: dict   # tile output prefix -> stored through TMA
-    owner: dict    # tile output prefix -> number of the output whose buffer it uses
-    loads: dict    # tile operand prefix -> loaded through TMA
-
-
-def shared_memory_plan(args, cfg: TileConfig, tiles, loads) -> SharedMemoryPlan:
-    """Who gets shared memory next to a ring of at least three stages, outputs first (a
-    pointer store from the wgmma layout costs more than a pointer load). An output's buffer
-    holds a (BLOCK_M, BLOCK_N) tile for each consumer; outputs of one dtype share it, one TMA
-    store after the other. A tile operand TMA loads gets a buffer pair of its own. Tensors
-    TMA cannot move (misaligned, not contiguous along N, broadcast along M) use pointers."""
+def _stages_and_stores(args, cfg: TileConfig, tiles) -> tuple[int, dict, dict]:
+    """The ring's depth, which tile outputs TMA stores, and whose shared-memory buffer each
+    uses (the number of that output's prefix). A buffer holds a (BLOCK_M, BLOCK_N) tile for
+    each consumer; outputs of one dtype share it, one TMA store after the other. Outputs TMA
+    cannot move, or whose buffer does not fit next to a ring of at least three stages, are
+    stored through pointers."""
     size = args.A.element_size()
     stage = (cfg.block_m + cfg.block_n) * cfg.block_k * size
-    tile = 2 * cfg.block_m * cfg.block_n
-    layout = launch_layout(args.graph, args.deterministic)
-    used = REDUCTION_SCRATCH * sum(1 for y in layout.outputs if y.mode != "tile" and "M" in y.dims)
-    stores, owner, by_dtype = {}, {}, {}
-
-    def fits(need):
-        return 3 * stage + used + need <= SHARED_MEMORY
-
+    stores, owner, by_dtype, used = {}, {}, {}, 0
     for y in tiles:
-        dest, number = args.outputs[y.name], int(y.prefix[1:])
-        movable = _tma_mode(dest, args.strides[y.name], False) == 2
-        stores[y.prefix] = movable and (dest.dtype in by_dtype or fits(tile * dest.element_size()))
-        owner[y.prefix] = by_dtype.get(dest.dtype, number) if stores[y.prefix] else number
-        if stores[y.prefix] and dest.dtype not in by_dtype:
+        dest = args.outputs[y.name]
+        number = int(y.prefix[1:])
+        if _tma_mode(dest, args.strides[y.name], False) != 2:
+            stores[y.prefix], owner[y.prefix] = False, number
+            continue
+        if dest.dtype in by_dtype:
+            stores[y.prefix], owner[y.prefix] = True, by_dtype[dest.dtype]
+            continue
+        need = 2 * cfg.block_m * cfg.block_n * dest.element_size()
+        fits = 3 * stage + used + need <= SHARED_MEMORY
+        stores[y.prefix], owner[y.prefix] = fits, number
+        if fits:
             by_dtype[dest.dtype] = number
-            used += tile * dest.element_size()
-    tma_loads = {}
-    for o in loads:
-        t, strides = args.operands[o.name], args.strides[o.name]
-        movable = _tma_mode(t, strides, False) == 2 and strides["M"] >= args.N
-        tma_loads[o.prefix] = movable and fits(tile * t.element_size())
-        used += tile * t.element_size() if tma_loads[o.prefix] else 0
+            used += need
     stages = max(3, min(cfg.num_stages, (SHARED_MEMORY - used) // stage))
-    return SharedMemoryPlan(stages, stores, owner, tma_loads)
+    return stages, stores, owner
 
 
 def compile_offline(kernel: GluonPingPong, args, capability: int = 90):
