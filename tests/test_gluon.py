@@ -197,3 +197,21 @@ def test_kept_epifuse_gemm_calls(monkeypatch):
         assert torch.equal(F.double(), F_expected.to(F.dtype).double())
         assert torch.equal(D.double(), F_expected.clamp(0, 200).to(D.dtype).double())
     assert callsite.HITS[0] - hits == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "fp32", "transposed", "broadcast", "sliced"])
+def test_tile_operand_layouts(layout):
+    """C in every layout the epilogue's pointer loads take, with several tiles per CTA."""
+    M, N, K = 3000, 2504, 200
+    A, B, tensors = _problem(AUX, M, N, K, device="cuda")
+    ints = dict(device="cuda")
+    C = {"contiguous": integer_tensor(M, N, dtype=torch.float16, **ints),
+         "fp32": integer_tensor(M, N, dtype=torch.float32, **ints),
+         "transposed": integer_tensor(N, M, dtype=torch.float16, **ints).t(),
+         "broadcast": integer_tensor(1, N, dtype=torch.float16, **ints).expand(M, N),
+         "sliced": integer_tensor(M, N + 1, dtype=torch.float16, **ints)[:, 1:]}[layout]
+    args = _args(AUX, A, B, **dict(tensors, C=C))
+    _gpu_kernel(args).run(args)
+    torch.cuda.synchronize()
+    _check(args, reference_outputs(args))
