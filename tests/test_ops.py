@@ -132,3 +132,18 @@ def _mismatch(out, ref, X, C):
     bad = ~(torch.isclose(out, ref, rtol=5e-5, atol=1e-6, equal_nan=True))
     idx = bad.nonzero()[:5].tolist()
     return [(X[i, j].item(), C[i, j].item(), out[i, j].item(), ref[i, j].item()) for i, j in idx]
+
+
+@pytest.mark.parametrize("bounds", ["min=6.0, max=4.0", "min=-1.0", "max=2.5", "min=-1.0, max=2.5"])
+def test_clamp_bounds_as_torch(bounds, device):
+    """clamp with both, one or crossed bounds (min > max gives max everywhere, as torch),
+    NaN kept, on special values."""
+    values = torch.tensor(SPECIAL, device=device)
+    N = len(values)
+    X = values[:, None].expand(N, N).contiguous()
+    src = f"def epi(accum, X):\n    D = clamp(X, {bounds})\n    return D\n"
+    A, B = torch.randn(N, 16, device=device), torch.randn(16, N, device=device)
+    out = epifuse.gemm(A, B, src, X=X, out_dtype=torch.float32)
+    ref = eval(f"torch.clamp(X, {bounds})", {"torch": torch, "X": X})  # test-only: our own string
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    assert torch.equal(out[~torch.isnan(ref)], ref[~torch.isnan(ref)])

@@ -80,7 +80,7 @@ TRITON: dict[str, Rule] = {
     "erf": Rule(lambda a: f"tl.erf({a})"),
     "tanh": Rule(lambda a: f"_tanh({a})", ("_tanh",)),
     "sigmoid": Rule(lambda a: f"_sigmoid({a})", ("_sigmoid",)),
-    "relu": Rule(lambda a: f"tl.where({a} < 0, 0.0, {a})"),
+    "relu": Rule(lambda a: f"tl.maximum({a}, 0.0, {_NAN_ALL})"),
     "relu6": Rule(lambda a: f"_clamp({a}, 0.0, 6.0)", ("_clamp",)),
     "silu": Rule(lambda a: f"tl.fdiv({a}, 1.0 + tl.exp(-{a}))"),
     "hardswish": Rule(lambda a: f"tl.div_rn({a} * _clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
@@ -119,9 +119,9 @@ def _clamp(a: str, lo, hi) -> str:
     if lo is None and hi is None:
         return a
     if lo is None:
-        return f"tl.where({a} > {hi_s}, {hi_s}, {a})"
+        return f"tl.minimum({a}, {hi_s}, {_NAN_ALL})"
     if hi is None:
-        return f"tl.where({a} < {lo_s}, {lo_s}, {a})"
+        return f"tl.maximum({a}, {lo_s}, {_NAN_ALL})"
     return f"_clamp({a}, {lo_s}, {hi_s})"
 
 
@@ -130,7 +130,10 @@ HELPERS: dict[str, dict[str, str]] = {
     "_clamp": {"any": '''
 @triton.jit
 def _clamp(x, lo, hi):
-    return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+    # min(max(x, lo), hi): NaN stays NaN, and lo > hi gives hi, as torch.clamp does; two
+    # instructions where compare-and-select takes four.
+    return tl.minimum(tl.maximum(x, lo, propagate_nan=tl.PropagateNan.ALL), hi,
+                      propagate_nan=tl.PropagateNan.ALL)
 '''},
     "_sigmoid": {"any": '''
 @triton.jit
