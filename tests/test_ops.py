@@ -52,7 +52,10 @@ def expression(name: str) -> str:
 
 
 def source_for(name: str) -> str:
-    pre = {"abs": "    x = abs(accum) + 0.5\n", "small": "    x = accum * 0.3\n"}.get(
+    # "small" keeps tan well inside (-pi/2, pi/2) even for a 6-sigma accum (the GPU test's
+    # accum is ~N(0, 1)): near a pole any fp32 GEMM differs from the float64 one by far more
+    # than the tolerance (x = 0.3 accum failed once at 2.6e-5 on the H100, 2026-11-23).
+    pre = {"abs": "    x = abs(accum) + 0.5\n", "small": "    x = accum * 0.2\n"}.get(
         DOMAIN.get(name), "    x = accum\n")
     return f"def epi(accum, C):\n{pre}    D = {expression(name)}\n    return D\n"
 
