@@ -1,7 +1,8 @@
 """GluonPingPong: the warp-specialized ping-pong GEMM of `gluon_codegen`, for Hopper.
 
 One consumer warpgroup runs a tile's epilogue while the other runs the next tile's wgmma main
-loop, which hides the epilogue's arithmetic that the Triton kernels add in full. It takes
+loop, so the epilogue's latency no longer adds to the GEMM as it does in the Triton kernels
+(its instructions still take issue slots from the main loop: benchmarks/RESULTS.md). It takes
 fp16 and bf16 inputs with fp32 accumulation, one batch (L = 1), A contiguous along K, B along
 N or K, everything TMA moves 16-byte aligned; tile outputs that fit in shared memory leave
 through TMA stores, the others through pointer stores. Triton's interpreter cannot run Gluon,
