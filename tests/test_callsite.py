@@ -171,3 +171,16 @@ def test_split_k_launches_are_kept_with_their_workspace(device, monkeypatch):
         expected_D, expected_F = _expected(A, B, bias, 2.0)
         assert torch.equal(D.double(), expected_D) and torch.equal(F.double(), expected_F)
     assert callsite.HITS[0] - hits == 2
+
+
+def test_a_layout_the_chosen_kernel_cannot_take_chooses_again(device):
+    """The kernel chosen for a problem is remembered with the operands' layout class: the same
+    shapes with A contiguous along M (which the TMA kernels refuse) choose again instead of
+    reusing the persistent kernel."""
+    B = integer_tensor(64, 48, dtype=torch.float16, device=device)
+    bias = integer_tensor(48, dtype=torch.float32, device=device)
+    for A in (integer_tensor(40, 64, dtype=torch.float16, device=device),
+              integer_tensor(64, 40, dtype=torch.float16, device=device).t()):
+        D, F = epifuse.gemm(A, B, SRC, bias=bias, alpha=2.0)
+        expected_D, expected_F = _expected(A, B, bias, 2.0)
+        assert torch.equal(D.double(), expected_D) and torch.equal(F.double(), expected_F)

@@ -53,6 +53,16 @@ def test_refuses_cpu_tensors_with_a_reason():
     assert not status and "Hopper GPUs only" in status.reason
 
 
+def test_other_devices_get_reasons_not_errors():
+    """Tensors on a device that is neither CPU nor CUDA: every generated kernel says why not,
+    the reference kernel stays (the Gluon kernel asks no CUDA question first)."""
+    A, B, tensors = _problem(GELU, 64, 64, 64, device="meta")
+    args = _args(GELU, A, B, **tensors)
+    status = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]).supports(args, cc=90)
+    assert not status and "Hopper GPUs only" in status.reason
+    assert [k.name for k, s in epifuse.kernel_statuses(args) if s] == ["reference"]
+
+
 @pytest.mark.parametrize("src,deterministic,kmajor,dtype", [
     (GELU, False, False, torch.float16),
     (AUX, False, True, torch.bfloat16),
@@ -140,13 +150,27 @@ def test_matches_the_reference(M, N, K, src, kmajor, config):
 @pytest.mark.parametrize("out", [torch.float32, torch.int8, torch.float8_e4m3fn, torch.bfloat16])
 @pytest.mark.parametrize("config", pingpong.CUDA_CONFIGS, ids=str)
 def test_output_dtypes(out, config):
-    """F as the same dtype as D: both TMA-stored through one shared buffer."""
-    A, B, tensors = _problem(AUX, 777, 520, 96, device="cuda", out=out)
-    args = _args(AUX, A, B, **dict(tensors, F=torch.empty(777, 520, dtype=out, device="cuda")))
+    """F as the same dtype as D: both TMA-stored through one shared buffer (fp32 does not fit
+    next to the ring and goes through pointers). N = 512 keeps every row 16-byte aligned."""
+    A, B, tensors = _problem(AUX, 777, 512, 96, device="cuda", out=out)
+    args = _args(AUX, A, B, **dict(tensors, F=torch.empty(777, 512, dtype=out, device="cuda")))
     kernel = _gpu_kernel(args, config)
     kernel.run(args)
+    assert args._plans[kernel].meta["Y0_TMA"] == (out != torch.float32)
     torch.cuda.synchronize()
     _check(args, reference_outputs(args))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N", [(0, 128), (128, 0)])
+def test_empty_gemms_are_refused_and_run_elsewhere(M, N):
+    A, B, tensors = _problem(GELU, M, N, 64, device="cuda")
+    args = _args(GELU, A, B, **tensors)
+    status = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]).supports(args)
+    assert not status and "empty GEMM" in status.reason
+    for kernel in epifuse.get_kernels(args):
+        kernel.run(args)   # every kernel offered takes it
+    assert epifuse.gemm(A, B, GELU, bias=tensors["bias"]).shape == (M, N)
 
 
 @pytest.mark.gpu
