@@ -16,7 +16,8 @@ import triton
 from ..base import Status, supported, unsupported
 from .codegen import launch_layout
 from .gluon_codegen import emit_gluon_kernel
-from .persistent import TritonPersistent, _install_allocator, _sm_count, _tma_mode
+from .grouped import TL_TYPES
+from .persistent import TritonPersistent, _sm_count, _tma_mode
 from .tiled import TileConfig, _conversion_meta, epilogue_values, uses_interpreter
 
 CUDA_CONFIGS = (TileConfig(128, 128, 64, 8, 4, 4),)
@@ -90,7 +91,7 @@ class GluonPingPong(TritonPersistent):
         programs = _sm_count(args.A.device.index or 0) if args.A.is_cuda else OFFLINE_SMS
         return values, meta, (max(1, min(programs, tiles_total)),)
 
-    def _argument_converter(self, args, values, meta):
+    def _argument_converter(self, args, layout, values, meta):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         BM, BN, BK = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
         A, B = args.A, args.B
@@ -99,7 +100,7 @@ class GluonPingPong(TritonPersistent):
         else:
             b_spec = (1, [args.K, args.N], [B.stride(-2), 1], [BK, BN])
         specs = [(0, [args.M, args.K], [A.stride(-2), 1], [BM, BK]), b_spec]
-        tiles = [y for y in launch_layout(args.graph, args.deterministic).outputs if y.mode == "tile"]
+        tiles = [y for y in layout.outputs if y.mode == "tile"]
         first = len(values) - len(tiles)
         specs += [(first + k, [args.M, args.N], [args.strides[y.name]["M"], 1], [BM, BN])
                   for k, y in enumerate(tiles) if values[first + k] is not None]
@@ -115,8 +116,6 @@ class GluonPingPong(TritonPersistent):
             return current
         return convert
 
-    _before_launch = staticmethod(_install_allocator)
-
 
 class _Described:
     """What Triton's launcher reads of a TensorDescriptor after the first launch."""
@@ -130,9 +129,7 @@ class _Described:
 
 def _shared_layout(block, dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
-    gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
-                torch.int8: gl.int8, torch.uint8: gl.uint8, torch.int32: gl.int32,
-                torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5}[dtype]
+    gl_dtype = getattr(gl, TL_TYPES[dtype].removeprefix("tl."))
     return gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
 
 
@@ -185,7 +182,7 @@ def compile_offline(kernel: GluonPingPong, args, capability: int = 90):
     layout = launch_layout(args.graph, args.deterministic)
     buffers, _ = kernel._reduction_buffers(args, layout)
     values, meta, _ = kernel._launch_args(args, layout, buffers)
-    values = kernel._argument_converter(args, values, meta)(values, True)
+    values = kernel._argument_converter(args, layout, values, meta)(values, True)
     target = GPUTarget("cuda", capability, 32)
     backend = make_backend(target)
     fn = module.epifuse_kernel

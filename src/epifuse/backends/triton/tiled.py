@@ -208,10 +208,10 @@ class TritonTiled(Kernel):
             values, meta, grid = self._launch_args(args, layout, buffers)
             plan = plans[self] = _Plan(module.epifuse_kernel, layout, buffers, finish, values, meta, grid,
                                        _reduction_steps(args, layout, buffers, finish))
-            plan.convert = self._argument_converter(args, values, meta)
+            plan.convert = self._argument_converter(args, layout, values, meta)
         return plan
 
-    def _argument_converter(self, args, values, meta):
+    def _argument_converter(self, args, layout, values, meta):
         """See _Plan.convert; the Triton kernels take their values as they are."""
         return None
 
