@@ -147,6 +147,8 @@ def _epifuse_call(epifuse, w, s, prealloc):
 
 def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, env):
     M, N, K = SHAPES[shape]
+    history = getattr(getattr(getattr(epifuse, "runtime", None), "tune", None), "HISTORY", None)
+    tuned_before = len(history) if history is not None else 0
     sets = _input_sets(w, M, N, K, dtype, "cuda", cfg.seed, env["l2_bytes"])
     s0, eager = sets[0], w.eager_fn()
     times, errors, first, errs = {}, {}, {}, {}
@@ -189,9 +191,8 @@ def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, env):
     del sets, s0
     torch.cuda.empty_cache()
     row = make_row(w, shape, dtype, times, errors, first, errs, epifuse_requested="epifuse" in cfg.baselines)
-    tuning = getattr(getattr(getattr(epifuse, "runtime", None), "tune", None), "HISTORY", None)
-    if tuning:
-        row["epifuse_tuning"] = tuning[-1]  # the kernel epifuse chose and every candidate's time
+    if history is not None and len(history) > tuned_before:  # tuned in this row, not remembered
+        row["epifuse_tuning"] = history[-1]  # the kernel epifuse chose and every candidate's time
     row.update(sm_mhz=(clocks or {}).get("sm_mhz"), n_input_sets=n_sets)
     return row
 

@@ -6,6 +6,7 @@ Each measurement runs in a fresh process with its own epifuse and Triton cache d
   warm_gemm_s      the first epifuse.gemm call of a new process whose caches hold the above
   warm_run_s       kernel.run(args) of a new process, caches warm, tuning skipped
   import_s         `import epifuse` in each process
+  loaded_from_index  kernels taken from epifuse's index of compiled kernels (runtime/compiled.py)
 Run on a GPU:
     PYTHONPATH=src:. python -m benchmarks.startup [--out DIR]
 """
@@ -50,13 +51,17 @@ pstats.Stats(profiler, stream=text).sort_stats("cumtime").print_stats(30)
 top = [ln for ln in text.getvalue().splitlines() if ln.strip()][-30:]
 expected = torch.nn.functional.gelu(A.float() @ B.float() + bias.float(), approximate="tanh")
 ok = mode == "compile" or bool(torch.allclose(D.float(), expected, rtol=2e-2, atol=2e-2))
-print("STARTUP " + json.dumps({"seconds": elapsed, "import_s": imported, "ok": ok, "profile": top}))
+from epifuse.runtime import compiled
+print("STARTUP " + json.dumps({"seconds": elapsed, "import_s": imported, "ok": ok, "profile": top,
+                              "loaded_from_index": compiled.LOADED[0]}))
 '''
 
 
 def _child(mode: str, caches: dict) -> dict:
     env = dict(os.environ, **caches)
     env.pop("EPIFUSE_TUNE", None)
+    if "PYTHONPYCACHEPREFIX" in caches:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     if mode in ("compile", "run"):
         env["EPIFUSE_TUNE"] = "0"
     out = subprocess.run([sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, env=env,
@@ -67,13 +72,18 @@ def _child(mode: str, caches: dict) -> dict:
     return json.loads(line[len("STARTUP "):])
 
 
-def measure() -> dict:
-    result = {}
+def measure(bytecode_cache: bool = True) -> dict:
+    """With `bytecode_cache`, the processes share a PYTHONPYCACHEPREFIX, so the warm ones
+    import Python modules from bytecode as on a normal installation (the GPU machine's
+    site-packages holds no .pyc files and cannot be written: without it every process
+    compiles the sources it imports, 0.12 s of them for Gluon)."""
+    result = {"bytecode_cache": bytecode_cache}
     with tempfile.TemporaryDirectory() as compile_dir, tempfile.TemporaryDirectory() as gemm_dir:
+        pyc = {"PYTHONPYCACHEPREFIX": os.path.join(compile_dir, "pycache")} if bytecode_cache else {}
         compile_caches = {"EPIFUSE_CACHE_DIR": os.path.join(compile_dir, "epifuse"),
-                          "TRITON_CACHE_DIR": os.path.join(compile_dir, "triton")}
+                          "TRITON_CACHE_DIR": os.path.join(compile_dir, "triton"), **pyc}
         gemm_caches = {"EPIFUSE_CACHE_DIR": os.path.join(gemm_dir, "epifuse"),
-                       "TRITON_CACHE_DIR": os.path.join(gemm_dir, "triton")}
+                       "TRITON_CACHE_DIR": os.path.join(gemm_dir, "triton"), **pyc}
         for name, mode, caches in (("cold_compile", "compile", compile_caches),
                                    ("warm_run", "run", compile_caches),
                                    ("cold_gemm", "gemm", gemm_caches),
@@ -83,15 +93,19 @@ def measure() -> dict:
             result[f"{name}_import_s"] = row["import_s"]
             result[f"{name}_ok"] = row["ok"]
             result[f"{name}_profile"] = row["profile"]
+            result[f"{name}_loaded_from_index"] = row["loaded_from_index"]
     return result
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
+    p.add_argument("--no-bytecode-cache", action="store_true",
+                   help="let every process compile the Python sources it imports (see measure)")
     ns = p.parse_args(argv)
     import torch
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **measure()}
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              **measure(not ns.no_bytecode_cache)}
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_profile")}, indent=1))
     if ns.out:
         with open(os.path.join(ns.out, "startup.json"), "w") as f:

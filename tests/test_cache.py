@@ -4,6 +4,9 @@
   rewritten; what runs is always the text generated in-process (a planted __pycache__ entry or
   an edited file never runs); an unwritable cache directory falls back to a private one.
 - The tuning cache (runtime/tune.py): a malformed tuning.json is ignored and rebuilt.
+- The index of compiled kernels (runtime/compiled.py): a new process loads the kernel an earlier
+  one compiled without Triton keying it; a damaged entry or a Triton cache emptied since falls
+  back to Triton's own path and the entry is rewritten.
 - Three processes ('spawn') sharing one EPIFUSE_CACHE_DIR compile the same epilogue at once:
   every result is right and bitwise identical, no file is torn, no temporary file is left.
 - Threads: loading kernel modules concurrently; epifuse.gemm from several threads.
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -25,7 +30,7 @@ import pytest
 import torch
 
 import epifuse
-from epifuse.runtime import cache, tune
+from epifuse.runtime import cache, compiled, tune
 from helpers import integer_tensor, reference_outputs, rel_error, run_spawned
 
 HAS_CUDA = torch.cuda.is_available()
@@ -265,6 +270,92 @@ def test_malformed_or_stale_tuning_file_on_gpu(cache_root):
     tune._MEMORY.clear()
     D2 = epifuse.gemm(A, B, src)
     assert torch.equal(D, D2)
+
+
+# ---- the index of compiled kernels ----------------------------------------------------------------
+
+@pytest.mark.parametrize("content", ["", "not a hash\n", "0" * 63 + "\n", "g" * 64, "\x00\xff" * 40])
+def test_damaged_compiled_index_entries_read_as_missing(cache_root, content):
+    entry = "ab" * 32
+    directory = cache_root / "compiled"
+    directory.mkdir(parents=True)
+    (directory / entry).write_bytes(content.encode("latin-1"))
+    assert compiled._read(entry) is None
+    compiled._record(entry, "0123456789abcdef" * 4)
+    assert compiled._read(entry) == "0123456789abcdef" * 4
+    assert [p.name for p in directory.iterdir()] == [entry]  # no temporary file left
+
+
+def test_compiled_index_finds_the_triton_internals_it_reads():
+    """runtime.compiled reads Triton 3.6 internals; if they move, warm starts silently lose
+    the index (every launch still works): this says so on CPU, before a GPU run would."""
+    api = compiled.triton_api()
+    assert callable(api.compute_cache_key) and callable(api.env_vars) and callable(api.get_cache_manager)
+
+
+def test_compiled_index_needs_a_generated_module(cache_root):
+    """A JIT function that epifuse did not generate (no source digest) takes Triton's path."""
+    calls = []
+
+    class NotGenerated:
+        module = "no.such.module"
+
+        def warmup(self, *values, grid, **meta):
+            calls.append((values, grid, meta))
+            return "compiled"
+
+    assert compiled.warmup(NotGenerated(), [1, 2], (3,), {"BLOCK": 4}) == "compiled"
+    assert calls == [((1, 2), (3,), {"BLOCK": 4})]
+    assert not (cache_root / "compiled").exists()
+
+
+_WARM_SCRIPT = """
+import sys, torch, triton, epifuse
+from epifuse.runtime import compiled
+A = torch.randint(-3, 4, (192, 96), device="cuda").half()
+B = torch.randint(-3, 4, (96, 160), device="cuda").half()
+bias = torch.randint(-3, 4, (160,), device="cuda").half()
+D = epifuse.gemm(A, B, {source!r}, bias=bias)
+expected = torch.relu(A.double() @ B.double() * {constant} + bias.double()).half()
+print("LOADED", compiled.LOADED[0], "KEYED", triton.runtime.cache.triton_key.cache_info().currsize)
+print("FALLBACK", compiled.LAST_FALLBACK[0])
+sys.exit(0 if torch.equal(D, expected) else 3)
+"""
+
+
+@pytest.mark.gpu
+def test_warm_start_loads_compiled_kernels_without_triton_keying_them(tmp_path):
+    constant = _fresh_constant()
+    source = f"def epi(accum, bias):\n    D = relu(accum * {constant} + bias)\n    return D\n"
+    script = _WARM_SCRIPT.format(source=source, constant=constant)
+    root, triton_cache = tmp_path / "cache", tmp_path / "triton"
+
+    def run() -> tuple[int, int]:
+        env = dict(os.environ, EPIFUSE_CACHE_DIR=str(root), TRITON_CACHE_DIR=str(triton_cache),
+                   EPIFUSE_QUIET="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                             timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        assert "FALLBACK None" in out.stdout, out.stdout
+        words = next(line for line in out.stdout.splitlines() if line.startswith("LOADED")).split()
+        return int(words[1]), int(words[3])
+
+    loaded, keyed = run()  # cold: tunes, compiles every candidate, records them
+    assert loaded == 0 and keyed == 1
+    entries = sorted((root / "compiled").iterdir())
+
+    def intact(path) -> bool:
+        return re.fullmatch(r"[0-9a-f]{64}", path.read_text().strip()) is not None
+
+    assert entries and all(intact(p) for p in entries)
+    assert run() == (1, 0)  # warm: the chosen kernel comes from the index; Triton never keys it
+    for p in entries:
+        p.write_text("garbage")
+    assert run() == (0, 1)  # damaged entries: Triton's own lookup, and the entries are rewritten
+    assert any(intact(p) for p in entries)
+    assert run() == (1, 0)
+    shutil.rmtree(triton_cache)
+    assert run() == (0, 1)  # Triton's cache emptied: compiled again, the same answer
 
 
 # ---- several processes sharing one cache directory -----------------------------------------------

@@ -5,6 +5,7 @@ epilogue shape the code generator handles must build. With `-m gpu` they run, on
 that give every CTA several tiles (both consumer warpgroups and the turn barriers), against the
 float64 reference: integer-valued inputs exactly, random ones by relative error.
 """
+import dataclasses
 import math
 
 import pytest
@@ -63,22 +64,29 @@ def test_other_devices_get_reasons_not_errors():
     assert [k.name for k, s in epifuse.kernel_statuses(args) if s] == ["reference"]
 
 
-@pytest.mark.parametrize("src,deterministic,kmajor,dtype", [
-    (GELU, False, False, torch.float16),
-    (AUX, False, True, torch.bfloat16),
-    (LOSS, True, False, torch.float16),
-    (ROWS, False, False, torch.bfloat16),
-])
-def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype):
+@pytest.mark.parametrize("src,deterministic,kmajor,dtype,config", [
+    (GELU, False, False, torch.float16, pingpong.CUDA_CONFIGS[0]),
+    (AUX, False, True, torch.bfloat16, pingpong.CUDA_CONFIGS[1]),
+    (LOSS, True, False, torch.float16, dataclasses.replace(pingpong.CUDA_CONFIGS[0], epilogue_pieces=4)),
+    (ROWS, False, False, torch.bfloat16, pingpong.CUDA_CONFIGS[1]),
+], ids=["gelu", "aux-kmajor-bf16", "loss-deterministic", "rows-bf16"])
+def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, config):
     """Two TMA-stored tile outputs do not fit next to the ring: AUX stores F through pointers;
-    LOSS and ROWS reduce (atomics, partials)."""
+    LOSS and ROWS reduce (atomics, partials). An epilogue in column blocks keeps the
+    accumulator's registers (no layout conversion through shared memory) and stores each
+    block with its own TMA store."""
     A, B, tensors = _problem(src, 1000, 744, 520, dtype=dtype, kmajor=kmajor)
     args = _args(src, A, B, deterministic=deterministic, **tensors)
-    compiled = pingpong.compile_offline(pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]), args)
+    compiled = pingpong.compile_offline(pingpong.GluonPingPong(config), args)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
     assert ("cp.async.bulk.tensor" in ptx)   # the TMA loads (and stores where used)
     assert compiled.metadata.shared <= 227 * 1024
+    stores = ptx.count("cp.async.bulk.tensor.2d.global.shared")
+    assert stores == (0 if src == LOSS else 2 * config.epilogue_pieces)  # two consumers' copies
+    shared_traffic = ptx.count("st.shared") + ptx.count("stmatrix")
+    whole = pingpong.compile_offline(pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]), args).asm["ptx"]
+    assert shared_traffic <= whole.count("st.shared") + whole.count("stmatrix") + 8 * config.epilogue_pieces
 
 
 def test_output_stores_fit_shared_memory():

@@ -181,6 +181,7 @@ def load_kernel_module(stem: str, body: str, interpret: bool) -> ModuleType:
         name = f"epifuse_generated.{stem}_{key[1]}"
         module = ModuleType(name)
         module.__file__ = path
+        module.__source_sha256__ = _checksum(body)  # what runtime.compiled keys compiled kernels by
         # inspect (and so Triton) reads source through linecache: serve it the text we generated
         # (mtime None: linecache never re-reads it from the file, which could change under us).
         linecache.cache[path] = (len(text), None, text.splitlines(True), path)

@@ -74,20 +74,23 @@ _CONSUMER = '''
 
 @gluon.jit
 def _consumer(CID: gl.constexpr, {params}):
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _wgmma_instr_n(BLOCK_N), 16])
+    # the epilogue's piece of the tile, (BLOCK_M, EPI_N): the same registers, fewer columns
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _wgmma_instr_n(EPI_N), 16])
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
-{smem}    j = 0
+    j = 0
     for tile in range(pid + CID * nprog, num_pid_m * num_pid_n, 2 * nprog):
         t = 2 * j + CID
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         mbarrier.wait(turn_bars.index(CID), (j + CID + 1) & 1, pred=t > 0)
         base = t * k_tiles
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
         for kk in range(k_tiles):
             i = base + kk
             s = i % STAGES
@@ -103,16 +106,10 @@ def _consumer(CID: gl.constexpr, {params}):
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty_bars.index((base + k_tiles - 1) % STAGES), pred=k_tiles > 0)
         offs_m = pid_m * BLOCK_M
-        offs_en = pid_n * BLOCK_N
-        pid_en = pid_n
         pid_l = 0
         rm = offs_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-        rn = offs_en + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
         mask_m = rm < M
-        mask_n = rn < N
-        mask = mask_m[:, None] & mask_n[None, :]
-        acc_e = acc
-{wait}{body}        j += 1
+{wait}{pieces}        j += 1
 {drain}
 
 @gluon.jit
@@ -149,6 +146,32 @@ def epifuse_kernel(
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 '''
 
+# One (BLOCK_M, EPI_N) piece of the tile: its accumulator values (a split of the wgmma
+# accumulator's registers: no data moves), columns, and shared-memory buffers.
+_PIECE = """        acc_e = gl.convert_layout({value}, acc_layout)
+        offs_en = pid_n * BLOCK_N + {index} * EPI_N
+        pid_en = pid_n * {pieces} + {index}
+        rn = offs_en + gl.arange(0, EPI_N, layout=gl.SliceLayout(0, acc_layout))
+        mask_n = rn < N
+        mask = mask_m[:, None] & mask_n[None, :]
+"""
+
+
+def _split_lines(pieces: int) -> tuple[str, list[str]]:
+    """Lines splitting `acc` into `pieces` column blocks (1, 2 or 4), and their names."""
+    if pieces == 1:
+        return "", ["acc"]
+    if pieces == 2:
+        return ("        acc_0, acc_1 = gl.split(acc.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)))\n",
+                ["acc_0", "acc_1"])
+    if pieces == 4:
+        return ("        acc_a, acc_b = gl.split(acc.reshape([BLOCK_M, 2, 2 * EPI_N]).permute((0, 2, 1)))\n"
+                "        acc_0, acc_1 = gl.split(acc_a.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)))\n"
+                "        acc_2, acc_3 = gl.split(acc_b.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)))\n",
+                ["acc_0", "acc_1", "acc_2", "acc_3"])
+    raise ValueError(f"an epilogue in {pieces} pieces")
+
+
 GEMM_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "EPI_N", "GROUP_M", "STAGES", "B_KMAJOR",
              "CONSUMER_REGS", "PRODUCER_REGS"]
 
@@ -157,7 +180,7 @@ def tile_outputs(layout) -> list[str]:
     return [y.prefix for y in layout.outputs if y.mode == "tile"]
 
 
-def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False) -> str:
+def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, pieces: int = 1) -> str:
     """The module source of the Gluon `epifuse_kernel` for `graph` (CUDA, compute capability 9.0).
 
     Its parameters: a_desc, b_desc, M, N, K, the epilogue's (launch_layout order), then
@@ -177,8 +200,8 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False) -> st
     # Output p's shared-memory buffer (one per consumer) is that of output yP_BUF:
     # its own, or an earlier output's of the same dtype, which it reuses once the TMA store
     # out of it has read it.
-    smem = "".join(f"    {'if' if k == 0 else 'elif'} {q.upper()}_BUF == {p[1:]}:\n"
-                   f"        {q}_smem = {p}_bufs.index(CID)\n"
+    smem = "".join(f"        {'if' if k == 0 else 'elif'} {q.upper()}_BUF == {p[1:]}:\n"
+                   f"            {q}_smem = {p}_bufs.index(CID * {pieces} + {{index}})\n"
                    for q in tiles for k, p in enumerate(tiles))
     # One wait for this consumer's stores of the tile before (issued a whole main loop ago)
     # covers every output's shared-memory buffer.
@@ -186,13 +209,16 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False) -> st
     drain = f"    if {any_tma}:\n        tma.store_wait(pendings=0)\n"
     allocate = "".join(
         f"    if {p.upper()}_TMA and {p.upper()}_BUF == {p[1:]}:\n"
-        f"        {p}_bufs = gl.allocate_shared_memory({p}_desc.dtype, [2] + {p}_desc.block_type.shape, "
+        f"        {p}_bufs = gl.allocate_shared_memory({p}_desc.dtype, [{2 * pieces}] + {p}_desc.block_type.shape, "
         f"{p}_desc.layout)\n"
         f"    else:\n"
         f"        {p}_bufs = turn_bars  # never used\n" for p in tiles)
     body = "".join(" " * 8 + line + "\n" for line in lines)
+    split, values = _split_lines(pieces)
+    pieces_text = split + "".join(_PIECE.format(value=v, index=i, pieces=pieces) + smem.format(index=i) + body
+                                  for i, v in enumerate(values))
     return (_HEADER.format(key=key, target="cuda (Gluon, sm_90)",
                            libdevice="from triton.language.extra import libdevice\n")
             + _GLUON_IMPORTS + helper_source(helpers, "cuda")
-            + _CONSUMER.format(params=params, args=args, kernel_params=kernel_params, smem=smem,
-                               wait=wait, body=body, drain=drain, allocate=allocate))
+            + _CONSUMER.format(params=params, args=args, kernel_params=kernel_params,
+                               wait=wait, pieces=pieces_text, drain=drain, allocate=allocate))

@@ -15,6 +15,7 @@ import torch
 import triton
 
 from ...ir import AXES
+from ...runtime import compiled as compiled_index
 from ...runtime.cache import load_kernel_module
 from ...shapes import output_strides
 from ..base import Kernel, Status, supported, unsupported
@@ -161,12 +162,14 @@ class TritonGrouped(Kernel):
         while True:
             try:
                 if not launch:
-                    plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
+                    compiled_index.warmup(plan.kernel, plan.values, plan.grid, plan.meta)
                     return plan
                 _prepare_reductions(grouped, plan)
                 if plan.fast is not None:
                     plan.fast()
                     return plan
+                if not interpret:  # the first launch of this plan: compiled, or loaded from the index
+                    compiled_index.warmup(plan.kernel, plan.values, plan.grid, plan.meta)
                 with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
                     compiled = plan.kernel[plan.grid](*plan.values, **plan.meta)
                 if not interpret:

@@ -10,6 +10,10 @@ so on CPUs the kernel is compiled for sm_90 (tests) but never launched.
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
+
 import torch
 import triton
 
@@ -20,24 +24,35 @@ from .grouped import TL_TYPES
 from .persistent import TritonPersistent, _sm_count, _tma_mode
 from .tiled import TileConfig, _conversion_meta, epilogue_values, uses_interpreter
 
-CUDA_CONFIGS = (TileConfig(128, 128, 64, 8, 4, 4),)
+# The same kernel with its epilogue over the whole tile, or over its two column halves in turn:
+# fewer registers live at once (a loss epilogue spilled 1.6 KB whole), twice the reduction
+# atomics (benchmarks/RESULTS.md, 2026-11-23 10:48: four pieces never won).
+CUDA_CONFIGS = tuple(TileConfig(128, 128, 64, 8, 4, 4, epilogue_pieces=p) for p in (1, 2))
 SHARED_MEMORY = 220 * 1024  # of the 227 KiB a Hopper CTA may use; the rest for barriers and scratch
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
 OFFLINE_SMS = 132  # the grid of a compile_offline (an H100's SM count; it changes no code)
 
 
+@functools.lru_cache(maxsize=None)
 def gluon_available() -> bool:
-    try:
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether this Triton ships Gluon's Hopper module: looked up, not imported (importing
+    Gluon costs 0.1 s, a warm start's budget, and only a launch of this kernel needs it)."""
+    spec = importlib.util.find_spec("triton.experimental")
+    roots = spec.submodule_search_locations if spec is not None else None
+    return any(os.path.exists(os.path.join(root, "gluon", "nvidia", "hopper", "__init__.py")) or
+               os.path.exists(os.path.join(root, "gluon", "nvidia", "hopper.py")) for root in roots or ())
 
 
 class GluonPingPong(TritonPersistent):
     name = "gluon_pingpong"
-    shape = "gluon"
-    subtiles = 1
+
+    @property
+    def shape(self) -> str:  # names the generated module, which differs with the pieces
+        return "gluon" if self.config.epilogue_pieces == 1 else f"gluon{self.config.epilogue_pieces}"
+
+    @property
+    def subtiles(self) -> int:
+        return self.config.epilogue_pieces
 
     def __repr__(self) -> str:
         return f"<gluon_pingpong {self.config}>"
@@ -67,7 +82,7 @@ class GluonPingPong(TritonPersistent):
         return supported(f"Gluon ping-pong {self.config}")
 
     def _source(self, args, target: str) -> str:
-        return emit_gluon_kernel(args.graph, args.key, args.deterministic)
+        return emit_gluon_kernel(args.graph, args.key, args.deterministic, self.config.epilogue_pieces)
 
     def _config(self, args) -> TileConfig:
         return self._fallback.get((args.key, self.config), self.config)
@@ -80,7 +95,7 @@ class GluonPingPong(TritonPersistent):
         values = [args.A, args.B, args.M, args.N, args.K, *epilogue_values(args, layout, buffers)]
         stages, tma, owner = _stages_and_stores(args, cfg, tiles)
         values += [buffers[y.name][0] if tma[y.prefix] else None for y in tiles]
-        meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EPI_N=cfg.block_n,
+        meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EPI_N=cfg.block_n // cfg.epilogue_pieces,
                     GROUP_M=cfg.group_m, STAGES=stages, B_KMAJOR=_b_kmajor(args),
                     CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
         for y in tiles:
@@ -93,7 +108,7 @@ class GluonPingPong(TritonPersistent):
 
     def _argument_converter(self, args, layout, values, meta):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        BM, BN, BK = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
+        BM, BN, BK, EN = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], meta["EPI_N"]
         A, B = args.A, args.B
         if meta["B_KMAJOR"]:  # B = Bt.t() with Bt (N, K) contiguous along K
             b_spec = (1, [args.N, args.K], [B.stride(-1), 1], [BN, BK])
@@ -102,7 +117,7 @@ class GluonPingPong(TritonPersistent):
         specs = [(0, [args.M, args.K], [A.stride(-2), 1], [BM, BK]), b_spec]
         tiles = [y for y in layout.outputs if y.mode == "tile"]
         first = len(values) - len(tiles)
-        specs += [(first + k, [args.M, args.N], [args.strides[y.name]["M"], 1], [BM, BN])
+        specs += [(first + k, [args.M, args.N], [args.strides[y.name]["M"], 1], [BM, EN])
                   for k, y in enumerate(tiles) if values[first + k] is not None]
         specs = [(i, shape, strides, block, _shared_layout(block, values[i].dtype))
                  for i, shape, strides, block in specs]
@@ -177,7 +192,7 @@ def compile_offline(kernel: GluonPingPong, args, capability: int = 90):
 
     from ...runtime.cache import load_kernel_module
     source = kernel._source(args, "cuda")
-    module = load_kernel_module(f"gluon_{args.key}_offline" + ("_det" if args.deterministic else ""),
+    module = load_kernel_module(f"{kernel.shape}_{args.key}_offline" + ("_det" if args.deterministic else ""),
                                 source, False)
     layout = launch_layout(args.graph, args.deterministic)
     buffers, _ = kernel._reduction_buffers(args, layout)

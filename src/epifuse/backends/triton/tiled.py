@@ -15,6 +15,7 @@ import torch
 import triton
 
 from ...ops import OPS
+from ...runtime import compiled as compiled_index
 from ...runtime.cache import load_kernel_module
 from ..base import Kernel, Status, supported, unsupported
 from ...ir import AXES
@@ -42,11 +43,13 @@ class TileConfig:
     num_stages: int = 3
     flatten: bool = False  # persistent kernels: fuse the tile and K loops for pipelining
     warp_specialize: bool = False  # persistent kernels: producer/consumer warps
+    epilogue_pieces: int = 1  # the Gluon kernel: its epilogue runs on this many column blocks in turn
 
     def __str__(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k} group {self.group_m}, "
                 f"{self.num_warps} warps, {self.num_stages} stages" + (", flat" if self.flatten else "")
-                + (", ws" if self.warp_specialize else ""))
+                + (", ws" if self.warp_specialize else "")
+                + (f", epilogue in {self.epilogue_pieces}" if self.epilogue_pieces > 1 else ""))
 
 
 INTERPRETER_CONFIG = TileConfig(32, 32, 32, group_m=2, num_warps=1, num_stages=1)
@@ -225,7 +228,7 @@ class TritonTiled(Kernel):
         if plan.loaded or uses_interpreter(args.A.device):
             return plan
         while True:
-            compiled = plan.kernel.warmup(*plan.jit_values(plan.values), grid=plan.grid, **plan.meta)
+            compiled = compiled_index.warmup(plan.kernel, plan.jit_values(plan.values), plan.grid, plan.meta)
             try:
                 getattr(compiled, "_init_handles", lambda: None)()  # where Triton checks resources
             except triton.runtime.errors.OutOfResources:

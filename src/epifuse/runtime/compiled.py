@@ -1,0 +1,172 @@
+"""Warm start: load a kernel compiled by an earlier process without asking Triton to key it.
+
+Triton finds a compiled kernel in its disk cache by a key that starts with a hash of its own
+installation (every compiler source file and the 400 MB libtriton), computed once per process:
+0.3-0.5 s, most of a warm start. This module keeps a small index beside the generated sources:
+<cache>/compiled/<entry>, one file per compiled specialization, naming the Triton cache entry
+that holds it. The entry's name is a hash of everything Triton's key covers that can change
+without changing the installation's version and file identity: the generated module's text,
+the specialization of the arguments and the compile options (Triton's own in-process key), the
+target, and the cache-invalidating environment variables.
+
+`warmup(kernel, values, grid, meta)` is `kernel.warmup(...)` that first puts the indexed kernel
+into the JIT function's in-process cache (so Triton does not compile or key it) and, after a
+compile, records it. Anything unexpected (an entry that is not a hash, a Triton cache entry
+that is gone, an internal Triton API that changed, compile hooks installed) falls back to
+Triton's own path, which then rewrites the entry.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import sys
+import tempfile
+import threading
+
+from .cache import cache_dir
+
+_HASH = re.compile(r"[0-9a-f]{64}")
+LOADED = [0]  # kernels this process took from the index (for tests and the start-up benchmark)
+LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
+_INSTALL: list[str] = []
+_LOCK = threading.Lock()
+
+
+def _directory():
+    return cache_dir().parent / "compiled"
+
+
+def _installation() -> str:
+    """Triton's version and the identity of its compiler library (path, size, mtime)."""
+    with _LOCK:
+        if not _INSTALL:
+            import sysconfig
+
+            import triton
+            root = os.path.dirname(triton.__file__)
+            ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
+            lib = os.path.join(root, "_C", f"libtriton.{ext}")
+            st = os.stat(lib)
+            _INSTALL.append(f"triton {triton.__version__} {lib} {st.st_size} {st.st_mtime_ns}")
+        return _INSTALL[0]
+
+
+def _hooks_installed() -> bool:
+    from triton import knobs
+    return any((knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook,
+                knobs.compilation.always_compile, knobs.compilation.override,
+                knobs.compilation.dump_ir))
+
+
+def triton_api():
+    """The Triton internals this module uses (Triton 3.6), imported: an ImportError here means
+    they moved, and every launch takes Triton's own path."""
+    from types import SimpleNamespace
+
+    from triton import knobs
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.cache import get_cache_manager
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction, MockTensor, compute_cache_key
+    if not hasattr(JITFunction, "_pack_args"):  # device_caches and ASTSource are per instance
+        raise ImportError("triton.runtime.jit.JITFunction has no _pack_args")
+    return SimpleNamespace(knobs=knobs, env_vars=get_cache_invalidating_env_vars, CompiledKernel=CompiledKernel,
+                           get_cache_manager=get_cache_manager, driver=driver, MockTensor=MockTensor,
+                           compute_cache_key=compute_cache_key)
+
+
+def _lookup(kernel, values, meta):
+    """(Triton's in-process cache, its key there, the index entry's name) for this launch."""
+    api = triton_api()
+    knobs, driver, MockTensor, compute_cache_key = api.knobs, api.driver, api.MockTensor, api.compute_cache_key
+    get_cache_invalidating_env_vars = api.env_vars
+    module = sys.modules.get(kernel.module)
+    source_sha = getattr(module, "__source_sha256__", None)
+    if source_sha is None:
+        return None
+    device = driver.active.get_current_device()
+    kernel_cache, key_cache, target, backend, binder = kernel.device_caches[device]
+    kwargs = dict(meta, debug=meta.get("debug", kernel.debug) or knobs.runtime.debug,
+                  instrumentation_mode=knobs.compilation.instrumentation_mode)
+    bound, specialization, options = binder(*map(MockTensor.wrap_dtype, values), **kwargs)
+    key = compute_cache_key(key_cache, specialization, options)
+    text = "\n".join([_installation(), str(target), source_sha, kernel.fn.__qualname__, str(key),
+                      str(sorted(get_cache_invalidating_env_vars().items()))])
+    entry = hashlib.sha256(text.encode()).hexdigest()
+    return kernel_cache, key, entry, (backend, kwargs, bound, specialization, options)
+
+
+def _read(entry: str) -> str | None:
+    try:
+        with open(_directory() / entry, encoding="ascii") as f:
+            text = f.read().strip()
+    except (OSError, UnicodeError):
+        return None
+    return text if _HASH.fullmatch(text) else None
+
+
+def _record(entry: str, triton_hash: str) -> None:
+    directory = _directory()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{entry[:16]}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(triton_hash + "\n")
+            os.replace(tmp, directory / entry)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError:
+        pass  # a read-only cache only costs Triton's own lookup next time
+
+
+def _load(kernel, entry: str, binding) -> object | None:
+    """The CompiledKernel the index names, read from Triton's cache, or None."""
+    api = triton_api()
+    CompiledKernel, get_cache_manager = api.CompiledKernel, api.get_cache_manager
+    triton_hash = _read(entry)
+    if triton_hash is None:
+        return None
+    backend, kwargs, bound, specialization, options = binding
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    src = kernel.ASTSource(kernel, signature, constexprs, attrs)
+    name = f"{src.name[:150]}.json"
+    group = get_cache_manager(triton_hash).get_group(name)
+    if not group or name not in group:
+        return None
+    compiled = CompiledKernel(src, group, triton_hash)
+    if compiled.hash != triton_hash or compiled.name != kernel.fn.__name__:
+        return None
+    return compiled
+
+
+def warmup(kernel, values, grid, meta):
+    """kernel.warmup(*values, grid=grid, **meta), served from the index when it can be."""
+    try:
+        found = None if _hooks_installed() else _lookup(kernel, values, meta)
+    except Exception as error:  # a Triton internal this module reads has changed: Triton's own path
+        LAST_FALLBACK[0] = repr(error)
+        found = None
+    if found is None:
+        return kernel.warmup(*values, grid=grid, **meta)
+    kernel_cache, key, entry, binding = found
+    if key not in kernel_cache:
+        try:
+            compiled = _load(kernel, entry, binding)
+        except Exception as error:
+            LAST_FALLBACK[0] = repr(error)
+            compiled = None
+        if compiled is not None:
+            kernel_cache[key] = compiled
+            LOADED[0] += 1
+            return kernel.warmup(*values, grid=grid, **meta)
+    compiled = kernel.warmup(*values, grid=grid, **meta)
+    triton_hash = getattr(compiled, "hash", None)
+    if isinstance(triton_hash, str) and _HASH.fullmatch(triton_hash) and _read(entry) != triton_hash:
+        _record(entry, triton_hash)
+    return compiled
