@@ -156,3 +156,32 @@ def test_repeated_gemm_calls_reuse_the_launch_with_new_tensors():
         assert torch.equal(F.double(), accum + bias.double()), step
         assert torch.equal(D.double(), torch.relu(accum + bias.double()) + C.double()), step
     assert callsite.HITS[0] - hits == 3   # the first call on each of the two streams is a full one
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_tensors_on_a_gpu_that_is_not_the_current_one():
+    """Tensors on cuda:1 while cuda:0 is current: every kernel compiles, loads and launches on
+    cuda:1 (first call, kept launches, kernel.run, a reduction), and the current device stays."""
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 1)
+    A = integer_tensor(1000, 520, dtype=torch.float16, device=dev)
+    B = integer_tensor(520, 744, low=-1, high=2, dtype=torch.float16, device=dev)
+    bias = integer_tensor(744, dtype=torch.float32, device=dev)
+    src = "def epi(accum, bias):\n    D = relu(accum + bias)\n    r = sum(D, dim=1)\n    return D, r\n"
+    expected = torch.relu(A.double() @ B.double() + bias.double())
+    for _ in range(3):  # the first call, then kept launches
+        D, r = epifuse.gemm(A, B, src, bias=bias, out_dtype=torch.float32)
+        assert D.device == dev and torch.equal(D.double(), expected)
+        assert rel_error(r, expected.sum(dim=1)) < 1e-6
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        "def epi(accum, bias):\n    D = relu(accum + bias)\n    return D\n", bias=bias,
+        D=torch.empty(1000, 744, device=dev, dtype=torch.float32)))
+    for kernel in epifuse.get_kernels(args):
+        if kernel.name == "reference":
+            continue
+        for _ in range(2):
+            args.outputs["D"].fill_(float("nan"))
+            kernel.run(args)
+            torch.cuda.synchronize(dev)
+            assert torch.equal(args.outputs["D"].double(), expected), kernel
+    assert torch.cuda.current_device() == 0

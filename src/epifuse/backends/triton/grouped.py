@@ -31,6 +31,7 @@ from .tiled import (
     finish_reduction,
     prepare_reduction,
     _smaller_plan,
+    on_device,
     uses_interpreter,
 )
 
@@ -129,9 +130,10 @@ class TritonGrouped(Kernel):
     # ---- run --------------------------------------------------------------------------------
     def compile(self, grouped) -> None:
         if not uses_interpreter(grouped.device):
-            plan = self._plan(grouped)
-            if plan.grid[0] > 0:
-                self._launch(grouped, plan, launch=False)
+            with on_device(grouped.device):
+                plan = self._plan(grouped)
+                if plan.grid[0] > 0:
+                    self._launch(grouped, plan, launch=False)
 
     def run(self, grouped, verify: bool = False) -> None:
         """Write every output of every group; `verify=True` also checks them against the
@@ -143,6 +145,10 @@ class TritonGrouped(Kernel):
         if plan.simple and plan.fast is not None:
             plan.fast()  # the common repeated call: nothing but the launch
             return
+        with on_device(grouped.device):
+            self._run_slow(grouped, plan)
+
+    def _run_slow(self, grouped, plan) -> None:
         if plan.grid[0] == 0:
             _prepare_reductions(grouped, plan)
         else:

@@ -219,7 +219,8 @@ class TritonTiled(Kernel):
         return None
 
     def compile(self, args) -> None:
-        self._loaded_plan(args, self._plan(args))
+        with on_device(args.A.device):
+            self._loaded_plan(args, self._plan(args))
 
     def _loaded_plan(self, args, plan):
         """`plan`, or the plan of a smaller config, whose kernel is compiled and loaded: a config
@@ -249,11 +250,12 @@ class TritonTiled(Kernel):
         if plan is not None and plan.fast is not None and plan.simple:
             plan.fast()  # the common repeated call: no reductions, nothing else to do
             return
-        plan = self._loaded_plan(args, plan or self._plan(args))
-        plan.before(args.outputs)
-        if args.M > 0 and args.N > 0 and args.L > 0:
-            self._launch(args, plan)
-        plan.after(args.outputs)
+        with on_device(args.A.device):
+            plan = self._loaded_plan(args, plan or self._plan(args))
+            plan.before(args.outputs)
+            if args.M > 0 and args.N > 0 and args.L > 0:
+                self._launch(args, plan)
+            plan.after(args.outputs)
 
     def _launch(self, args, plan) -> None:
         """Launch a loaded plan (see _loaded_plan): its first launch goes through Triton, which
@@ -349,7 +351,12 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher asks
     convert = plan.convert
 
+    current_device = torch._C._cuda_getDevice
+
     def launch_with(values):
+        if current_device() != device:  # the kernel is loaded on `device`: launch it there
+            with torch.cuda.device(device):
+                return launch_with(values)
         if before is not None:
             before()
         if convert is not None:
@@ -359,6 +366,15 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     plan.launch_with = launch_with
     values = list(plan.values)
     return lambda: launch_with(values)
+
+
+def on_device(device: torch.device):
+    """Run a kernel's compile and launch with its tensors' GPU current: Triton compiles, loads
+    and launches on the current device (the tensors may be on another one, cuda:1 in a
+    process whose current device is cuda:0)."""
+    if device.type != "cuda" or device.index is None or device.index == torch._C._cuda_getDevice():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device.index)
 
 
 def _interpreted_launcher(plan):
