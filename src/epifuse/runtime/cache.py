@@ -129,11 +129,17 @@ def _write(directory: Path, stem: str, body: str) -> Path:
 
 
 def _write_file(directory: Path, stem: str, path: Path, body: str) -> None:
-    """Write `path` atomically: a temporary file in the same directory, then a rename."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=".tmp")
+    write_atomically(path, file_text(body))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `path`: a temporary file in the same directory (.<stem>.*.tmp), then a rename, so
+    readers see the old file or the new one, never a part; the temporary file is removed on
+    failure."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(file_text(body))
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -17,40 +17,33 @@ Triton's own path, which then rewrites the entry.
 """
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
 import os
 import re
 import sys
-import tempfile
-import threading
 
-from .cache import cache_dir
+from .cache import cache_dir, write_atomically
 
 _HASH = re.compile(r"[0-9a-f]{64}")
 LOADED = [0]  # kernels this process took from the index (for tests and the start-up benchmark)
 LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
-_INSTALL: list[str] = []
-_LOCK = threading.Lock()
 
 
 def _directory():
     return cache_dir().parent / "compiled"
 
 
+@functools.lru_cache(maxsize=None)
 def _installation() -> str:
     """Triton's version and the identity of its compiler library (path, size, mtime)."""
-    with _LOCK:
-        if not _INSTALL:
-            import sysconfig
+    import sysconfig
 
-            import triton
-            root = os.path.dirname(triton.__file__)
-            ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
-            lib = os.path.join(root, "_C", f"libtriton.{ext}")
-            st = os.stat(lib)
-            _INSTALL.append(f"triton {triton.__version__} {lib} {st.st_size} {st.st_mtime_ns}")
-        return _INSTALL[0]
+    import triton
+    ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
+    lib = os.path.join(os.path.dirname(triton.__file__), "_C", f"libtriton.{ext}")
+    st = os.stat(lib)
+    return f"triton {triton.__version__} {lib} {st.st_size} {st.st_mtime_ns}"
 
 
 def _hooks_installed() -> bool:
@@ -81,20 +74,18 @@ def triton_api():
 def _lookup(kernel, values, meta):
     """(Triton's in-process cache, its key there, the index entry's name) for this launch."""
     api = triton_api()
-    knobs, driver, MockTensor, compute_cache_key = api.knobs, api.driver, api.MockTensor, api.compute_cache_key
-    get_cache_invalidating_env_vars = api.env_vars
-    module = sys.modules.get(kernel.module)
-    source_sha = getattr(module, "__source_sha256__", None)
+    source_sha = getattr(sys.modules.get(kernel.module), "__source_sha256__", None)
     if source_sha is None:
         return None
-    device = driver.active.get_current_device()
+    device = api.driver.active.get_current_device()
     kernel_cache, key_cache, target, backend, binder = kernel.device_caches[device]
-    kwargs = dict(meta, debug=meta.get("debug", kernel.debug) or knobs.runtime.debug,
-                  instrumentation_mode=knobs.compilation.instrumentation_mode)
-    bound, specialization, options = binder(*map(MockTensor.wrap_dtype, values), **kwargs)
-    key = compute_cache_key(key_cache, specialization, options)
+    # the keyword arguments JITFunction.run adds before it binds
+    kwargs = dict(meta, debug=meta.get("debug", kernel.debug) or api.knobs.runtime.debug,
+                  instrumentation_mode=api.knobs.compilation.instrumentation_mode)
+    bound, specialization, options = binder(*map(api.MockTensor.wrap_dtype, values), **kwargs)
+    key = api.compute_cache_key(key_cache, specialization, options)
     text = "\n".join([_installation(), str(target), source_sha, kernel.fn.__qualname__, str(key),
-                      str(sorted(get_cache_invalidating_env_vars().items()))])
+                      str(sorted(api.env_vars().items()))])
     entry = hashlib.sha256(text.encode()).hexdigest()
     return kernel_cache, key, entry, (backend, kwargs, bound, specialization, options)
 
@@ -112,15 +103,7 @@ def _record(entry: str, triton_hash: str) -> None:
     directory = _directory()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{entry[:16]}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(triton_hash + "\n")
-            os.replace(tmp, directory / entry)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomically(directory / entry, triton_hash + "\n")
     except OSError:
         pass  # a read-only cache only costs Triton's own lookup next time
 
@@ -128,7 +111,6 @@ def _record(entry: str, triton_hash: str) -> None:
 def _load(kernel, entry: str, binding) -> object | None:
     """The CompiledKernel the index names, read from Triton's cache, or None."""
     api = triton_api()
-    CompiledKernel, get_cache_manager = api.CompiledKernel, api.get_cache_manager
     triton_hash = _read(entry)
     if triton_hash is None:
         return None
@@ -136,13 +118,11 @@ def _load(kernel, entry: str, binding) -> object | None:
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     src = kernel.ASTSource(kernel, signature, constexprs, attrs)
     name = f"{src.name[:150]}.json"
-    group = get_cache_manager(triton_hash).get_group(name)
+    group = api.get_cache_manager(triton_hash).get_group(name)
     if not group or name not in group:
         return None
-    compiled = CompiledKernel(src, group, triton_hash)
-    if compiled.hash != triton_hash or compiled.name != kernel.fn.__name__:
-        return None
-    return compiled
+    compiled = api.CompiledKernel(src, group, triton_hash)
+    return compiled if compiled.name == kernel.fn.__name__ else None
 
 
 def warmup(kernel, values, grid, meta):

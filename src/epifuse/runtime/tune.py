@@ -14,13 +14,12 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import threading
 
 import torch
 import triton
 
-from .cache import cache_dir
+from .cache import cache_dir, write_atomically
 
 _LOCK = threading.Lock()
 _MEMORY: dict[str, str] = {}
@@ -72,10 +71,7 @@ def _store(key: str, choice: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _load()
         data[key] = choice
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=0, sort_keys=True)
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(data, indent=0, sort_keys=True))
     except OSError:
         pass  # a read-only cache only costs a re-tune next time
 

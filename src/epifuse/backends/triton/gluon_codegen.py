@@ -158,18 +158,18 @@ _PIECE = """        acc_e = gl.convert_layout({value}, acc_layout)
 
 
 def _split_lines(pieces: int) -> tuple[str, list[str]]:
-    """Lines splitting `acc` into `pieces` column blocks (1, 2 or 4), and their names."""
-    if pieces == 1:
-        return "", ["acc"]
-    if pieces == 2:
-        return ("        acc_0, acc_1 = gl.split(acc.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)))\n",
-                ["acc_0", "acc_1"])
-    if pieces == 4:
-        return ("        acc_a, acc_b = gl.split(acc.reshape([BLOCK_M, 2, 2 * EPI_N]).permute((0, 2, 1)))\n"
-                "        acc_0, acc_1 = gl.split(acc_a.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)))\n"
-                "        acc_2, acc_3 = gl.split(acc_b.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)))\n",
-                ["acc_0", "acc_1", "acc_2", "acc_3"])
-    raise ValueError(f"an epilogue in {pieces} pieces")
+    """Lines splitting `acc` into `pieces` (a power of two) column blocks by halving every block
+    in turn, and the blocks' names in column order."""
+    if pieces < 1 or pieces & (pieces - 1):
+        raise ValueError(f"an epilogue in {pieces} pieces: a power of two is needed")
+    names, lines = ["acc"], ""
+    while len(names) < pieces:
+        half = f"{pieces // (2 * len(names))} * EPI_N"
+        for name in names:
+            lines += (f"        {name}_0, {name}_1 = gl.split({name}.reshape([BLOCK_M, 2, {half}])"
+                      f".permute((0, 2, 1)))\n")
+        names = [f"{name}_{i}" for name in names for i in (0, 1)]
+    return lines, names
 
 
 GEMM_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "EPI_N", "GROUP_M", "STAGES", "B_KMAJOR",
@@ -185,7 +185,8 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
 
     Its parameters: a_desc, b_desc, M, N, K, the epilogue's (launch_layout order), then
     y*_desc for each tile output (None when that output is stored through pointers), then
-    the constexprs: GEMM_META, each tile output's KIND/LO/HI and TMA flag."""
+    the constexprs: GEMM_META, each tile output's KIND/LO/HI, TMA flag and BUF. The epilogue
+    runs on `pieces` column blocks of the tile in turn (EPI_N = BLOCK_N / pieces)."""
     layout = launch_layout(graph, deterministic)
     lines, helpers = _emit_epilogue(graph, layout, "gluon")
     tiles = tile_outputs(layout)
@@ -197,7 +198,7 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     args = ", ".join([*consumer_runtime, *meta])
     kernel_params = ",\n    ".join(["a_desc", "b_desc", *runtime, *(f"{m}: gl.constexpr" for m in meta)])
     any_tma = " or ".join(f"{p.upper()}_TMA" for p in tiles) or "False"
-    # Output p's shared-memory buffer (one per consumer) is that of output yP_BUF:
+    # Output p's shared-memory buffer (one per consumer and piece) is that of output yP_BUF:
     # its own, or an earlier output's of the same dtype, which it reuses once the TMA store
     # out of it has read it.
     smem = "".join(f"        {'if' if k == 0 else 'elif'} {q.upper()}_BUF == {p[1:]}:\n"

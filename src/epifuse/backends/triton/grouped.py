@@ -174,8 +174,6 @@ class TritonGrouped(Kernel):
                 if plan.fast is not None:
                     plan.fast()
                     return plan
-                if not interpret:  # the first launch of this plan: compiled, or loaded from the index
-                    compiled_index.warmup(plan.kernel, plan.values, plan.grid, plan.meta)
                 with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
                     compiled = plan.kernel[plan.grid](*plan.values, **plan.meta)
                 if not interpret:

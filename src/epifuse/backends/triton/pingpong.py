@@ -95,8 +95,8 @@ class GluonPingPong(TritonPersistent):
         values = [args.A, args.B, args.M, args.N, args.K, *epilogue_values(args, layout, buffers)]
         stages, tma, owner = _stages_and_stores(args, cfg, tiles)
         values += [buffers[y.name][0] if tma[y.prefix] else None for y in tiles]
-        meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EPI_N=cfg.block_n // cfg.epilogue_pieces,
-                    GROUP_M=cfg.group_m, STAGES=stages, B_KMAJOR=_b_kmajor(args),
+        meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                    EPI_N=cfg.block_n // cfg.epilogue_pieces, GROUP_M=cfg.group_m, STAGES=stages, B_KMAJOR=_b_kmajor(args),
                     CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
         for y in tiles:
             meta.update(_conversion_meta(y.prefix, args.outputs[y.name].dtype))

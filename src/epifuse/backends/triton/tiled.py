@@ -350,7 +350,6 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher asks
     convert = plan.convert
-
     current_device = torch._C._cuda_getDevice
 
     def launch_with(values):
