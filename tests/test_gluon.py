@@ -64,41 +64,79 @@ def test_other_devices_get_reasons_not_errors():
     assert [k.name for k, s in epifuse.kernel_statuses(args) if s] == ["reference"]
 
 
-@pytest.mark.parametrize("src,deterministic,kmajor,dtype,config", [
-    (GELU, False, False, torch.float16, pingpong.CUDA_CONFIGS[0]),
-    (AUX, False, True, torch.bfloat16, pingpong.CUDA_CONFIGS[1]),
-    (LOSS, True, False, torch.float16, dataclasses.replace(pingpong.CUDA_CONFIGS[0], epilogue_pieces=4)),
-    (ROWS, False, False, torch.bfloat16, pingpong.CUDA_CONFIGS[1]),
-], ids=["gelu", "aux-kmajor-bf16", "loss-deterministic", "rows-bf16"])
-def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, config):
+PINGPONG, COOPERATIVE = pingpong.GluonPingPong, pingpong.GluonCooperative
+EVERY_CONFIG = [(PINGPONG, c) for c in pingpong.CUDA_CONFIGS] + [(COOPERATIVE, c) for c in pingpong.COOPERATIVE_CONFIGS]
+
+
+def _config_id(kernel_config):
+    cls, config = kernel_config
+    return f"{cls.schedule}-{config.epilogue_pieces}"
+
+
+@pytest.mark.parametrize("src,deterministic,kmajor,dtype,cls,config", [
+    (GELU, False, False, torch.float16, PINGPONG, pingpong.CUDA_CONFIGS[0]),
+    (AUX, False, True, torch.bfloat16, PINGPONG, pingpong.CUDA_CONFIGS[1]),
+    (LOSS, True, False, torch.float16, PINGPONG, dataclasses.replace(pingpong.CUDA_CONFIGS[0], epilogue_pieces=4)),
+    (ROWS, False, False, torch.bfloat16, PINGPONG, pingpong.CUDA_CONFIGS[1]),
+    (GELU, False, True, torch.float16, COOPERATIVE, pingpong.COOPERATIVE_CONFIGS[0]),
+    (AUX, False, False, torch.bfloat16, COOPERATIVE, dataclasses.replace(pingpong.COOPERATIVE_CONFIGS[0], epilogue_pieces=2)),
+    (LOSS, True, True, torch.float16, COOPERATIVE, dataclasses.replace(pingpong.COOPERATIVE_CONFIGS[0], epilogue_pieces=4)),
+    (ROWS, False, False, torch.float16, COOPERATIVE, pingpong.COOPERATIVE_CONFIGS[0]),
+], ids=["gelu", "aux-kmajor-bf16", "loss-deterministic", "rows-bf16",
+        "coop-gelu-kmajor", "coop-aux-bf16", "coop-loss-deterministic", "coop-rows"])
+def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls, config):
     """Two TMA-stored tile outputs do not fit next to the ring: AUX stores F through pointers;
     LOSS and ROWS reduce (atomics, partials). An epilogue in column blocks keeps the
     accumulator's registers (no layout conversion through shared memory) and stores each
-    block with its own TMA store."""
+    block with its own TMA store. The cooperative kernel's 128x256 tile is two warpgroups'
+    64x256 wgmmas, four per 64-deep K step."""
     A, B, tensors = _problem(src, 1000, 744, 520, dtype=dtype, kmajor=kmajor)
     args = _args(src, A, B, deterministic=deterministic, **tensors)
-    compiled = pingpong.compile_offline(pingpong.GluonPingPong(config), args)
+    compiled = pingpong.compile_offline(cls(config), args)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
     assert ("cp.async.bulk.tensor" in ptx)   # the TMA loads (and stores where used)
     assert compiled.metadata.shared <= 227 * 1024
     stores = ptx.count("cp.async.bulk.tensor.2d.global.shared")
-    assert stores == (0 if src == LOSS else 2 * config.epilogue_pieces)  # two consumers' copies
+    assert stores == (0 if src == LOSS else cls.consumers * config.epilogue_pieces)  # each consumer's copies
+    if cls is COOPERATIVE:
+        assert f".reqntid {32 * (8 + 4)}" in ptx  # two consumer warpgroups and the producer's
+        assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16") == 4
     shared_traffic = ptx.count("st.shared") + ptx.count("stmatrix")
-    whole = pingpong.compile_offline(pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]), args).asm["ptx"]
+    whole = pingpong.compile_offline(cls(dataclasses.replace(config, epilogue_pieces=1)), args).asm["ptx"]
     assert shared_traffic <= whole.count("st.shared") + whole.count("stmatrix") + 8 * config.epilogue_pieces
+
+
+@pytest.mark.parametrize("cls,dtype", [(PINGPONG, torch.float8_e4m3fn), (PINGPONG, torch.int8),
+                                       (COOPERATIVE, torch.float8_e4m3fn)], ids=["fp8", "int8", "coop-fp8"])
+def test_eight_bit_inputs_compile_without_a_gpu(cls, dtype):
+    """fp8 and int8 take 128-deep K tiles (128-byte rows as fp16's 64) and K-major wgmmas of
+    depth 32; int8 accumulates in int32 (the ping-pong kernel only: Triton 3.6 cannot lower
+    the cooperative kernel's m64n256k32 s8 wgmma)."""
+    A, B, tensors = _problem(GELU, 1000, 744, 512, kmajor=True)
+    A, B = A.to(dtype), B.t().contiguous().to(dtype).t()
+    args = _args(GELU, A, B, **tensors)
+    configs = pingpong.cuda_configs(dtype) if cls is PINGPONG else pingpong.cooperative_configs(dtype)
+    assert configs[0].block_k == 128
+    ptx = pingpong.compile_offline(cls(configs[0]), args).asm["ptx"]
+    shape = "k32.f32.e4m3.e4m3" if dtype == torch.float8_e4m3fn else "k32.s32.s8.s8"
+    assert shape in ptx
+
+
 
 
 def test_output_stores_fit_shared_memory():
     """D (fp16) has its own buffer; F (fp32) would not fit next to a 3-stage ring and is stored
-    through pointers; as fp16 it shares D's buffer; a misaligned D goes through pointers."""
+    through pointers; as fp16 it shares D's buffer; a misaligned D goes through pointers. The
+    cooperative kernel's (128, 256) tiles leave room for three 48 KB stages next to D's buffer."""
     A, B, tensors = _problem(AUX, 256, 256, 64, out=torch.float16)
     cfg = pingpong.CUDA_CONFIGS[0]
 
-    def plan(**outputs):
+    def plan(kernel=pingpong.GluonPingPong(cfg), **outputs):
         args = _args(AUX, A, B, **dict(tensors, **outputs))
         tiles = [y for y in pingpong.launch_layout(args.graph).outputs if y.mode == "tile"]
-        stages, stores, owner = pingpong._stages_and_stores(args, cfg, tiles)
+        stages, stores, owner = pingpong._stages_and_stores(args, kernel.config, tiles,
+                                                            kernel.consumers * kernel.config.epilogue_pieces)
         return stages, {y.name: (stores[y.prefix], owner[y.prefix]) for y in tiles}
 
     assert plan() == (4, {"D": (True, 0), "F": (False, 1)})
@@ -106,10 +144,11 @@ def test_output_stores_fit_shared_memory():
     misaligned = torch.empty(256 * 256 + 1, dtype=torch.float16)[1:].view(256, 256)
     assert plan(D=misaligned) == (4, {"D": (False, 0), "F": (False, 1)})
     assert plan(D=misaligned, F=torch.empty(256, 256, dtype=torch.float16)) == (4, {"D": (False, 0), "F": (True, 1)})
+    assert plan(COOPERATIVE(pingpong.COOPERATIVE_CONFIGS[0])) == (3, {"D": (True, 0), "F": (False, 1)})
 
 
-def _gpu_kernel(args, config=pingpong.CUDA_CONFIGS[0]):
-    kernel = pingpong.GluonPingPong(config)
+def _gpu_kernel(args, config=pingpong.CUDA_CONFIGS[0], cls=PINGPONG):
+    kernel = cls(config)
     status = kernel.supports(args)
     assert status, status
     return kernel
@@ -128,8 +167,8 @@ def _check(args, refs, exact=True):
 @pytest.mark.parametrize("M,N,K", [(3000, 2504, 200), (1000, 744, 72), (4096, 4096, 1024), (129, 8, 16)])
 @pytest.mark.parametrize("src", [GELU, AUX, LOSS, ROWS])
 @pytest.mark.parametrize("kmajor", [False, True])
-@pytest.mark.parametrize("config", pingpong.CUDA_CONFIGS, ids=str)
-def test_matches_the_reference(M, N, K, src, kmajor, config):
+@pytest.mark.parametrize("kernel_config", EVERY_CONFIG, ids=_config_id)
+def test_matches_the_reference(M, N, K, src, kmajor, kernel_config):
     """Exact where the epilogue is (integer inputs, AUX and ROWS's D); GELU and the loss by
     relative error. Several tiles per CTA, K both below and above the ring's depth."""
     dtype = torch.bfloat16 if kmajor else torch.float16
@@ -138,7 +177,7 @@ def test_matches_the_reference(M, N, K, src, kmajor, config):
         A = torch.randn(M, K, device="cuda", dtype=dtype) / math.sqrt(K)
     for deterministic in (False, True):
         args = _args(src, A, B, deterministic=deterministic, **tensors)
-        kernel = _gpu_kernel(args, config)
+        kernel = _gpu_kernel(args, kernel_config[1], kernel_config[0])
         for t in args.outputs.values():
             t.fill_(float("nan"))
         kernel.run(args)
@@ -156,17 +195,73 @@ def test_matches_the_reference(M, N, K, src, kmajor, config):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("out", [torch.float32, torch.int8, torch.float8_e4m3fn, torch.bfloat16])
-@pytest.mark.parametrize("config", pingpong.CUDA_CONFIGS, ids=str)
-def test_output_dtypes(out, config):
+@pytest.mark.parametrize("kernel_config", EVERY_CONFIG, ids=_config_id)
+def test_output_dtypes(out, kernel_config):
     """F as the same dtype as D: both TMA-stored through one shared buffer (fp32 does not fit
     next to the ring and goes through pointers). N = 512 keeps every row 16-byte aligned."""
     A, B, tensors = _problem(AUX, 777, 512, 96, device="cuda", out=out)
     args = _args(AUX, A, B, **dict(tensors, F=torch.empty(777, 512, dtype=out, device="cuda")))
-    kernel = _gpu_kernel(args, config)
+    kernel = _gpu_kernel(args, kernel_config[1], kernel_config[0])
     kernel.run(args)
     assert args._plans[kernel].meta["Y0_TMA"] == (out != torch.float32)
     torch.cuda.synchronize()
     _check(args, reference_outputs(args))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8], ids=str)
+@pytest.mark.parametrize("M,N,K", [(3000, 2504, 384), (1000, 744, 128)])
+def test_eight_bit_inputs_match_the_reference(dtype, M, N, K):
+    """Integer-valued fp8 and int8 inputs (every product and sum exact), several tiles per CTA,
+    through every Gluon config offered for the dtype, D and F compared exactly. A B that is
+    not K-major is refused with the reason."""
+    A = integer_tensor(M, K, low=-4, high=5, dtype=torch.float32, device="cuda").to(dtype)
+    Bt = integer_tensor(N, K, low=-2, high=3, dtype=torch.float32, device="cuda").to(dtype)
+    _, _, tensors = _problem(AUX, M, N, K, device="cuda")
+    args = _args(AUX, A, Bt.t(), **tensors)
+    kernels = [PINGPONG(c) for c in pingpong.cuda_configs(dtype)] + \
+              [COOPERATIVE(c) for c in pingpong.cooperative_configs(dtype)]
+    assert len(kernels) == (2 if dtype == torch.int8 else 3)
+    for kernel in kernels:
+        assert kernel.supports(args), kernel.supports(args)
+        for t in args.outputs.values():
+            t.fill_(float("nan"))
+        kernel.run(args)
+        torch.cuda.synchronize()
+        _check(args, reference_outputs(args))
+    A, Bt, tensors = _problem(AUX, 256, 512, 128, device="cuda")
+    status = PINGPONG(pingpong.cuda_configs(dtype)[0]).supports(
+        _args(AUX, A.to(dtype), Bt.to(dtype), **tensors))
+    assert not status and "contiguous along K" in status.reason
+    if dtype == torch.int8:
+        status = COOPERATIVE(pingpong.COOPERATIVE_BYTE_CONFIGS[0]).supports(args)
+        assert not status and "ping-pong" in status.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_config", EVERY_CONFIG[1:], ids=_config_id)
+def test_cuda_graph_replays(kernel_config):
+    """A launch captured in a CUDA graph (the reductions' initialization with it) recomputes
+    every output from the inputs' current values at each replay."""
+    M, N, K = 1000, 744, 520
+    A, B, tensors = _problem(ROWS, M, N, K, device="cuda")
+    args = _args(ROWS, A, B, **tensors)
+    kernel = _gpu_kernel(args, kernel_config[1], kernel_config[0])
+    kernel.run(args)  # compiles and keeps the launch
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel.run(args)
+    for _ in range(3):
+        A.copy_(integer_tensor(M, K, device="cuda"))
+        for t in args.outputs.values():
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        refs = reference_outputs(args)
+        assert torch.equal(args.outputs["D"].double(), refs["D"].to(args.outputs["D"].dtype).double())
+        assert rel_error(args.outputs["r"], refs["r"]) < 1e-5
+        assert torch.equal(args.outputs["c"].double(), refs["c"].to(torch.float16).double())
 
 
 @pytest.mark.gpu
@@ -233,7 +328,8 @@ def test_kept_epifuse_gemm_calls(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["contiguous", "fp32", "transposed", "broadcast", "sliced"])
-def test_tile_operand_layouts(layout):
+@pytest.mark.parametrize("cls", [PINGPONG, COOPERATIVE], ids=["pingpong", "cooperative"])
+def test_tile_operand_layouts(layout, cls):
     """C in every layout the epilogue's pointer loads take, with several tiles per CTA."""
     M, N, K = 3000, 2504, 200
     A, B, tensors = _problem(AUX, M, N, K, device="cuda")
@@ -244,6 +340,7 @@ def test_tile_operand_layouts(layout):
          "broadcast": integer_tensor(1, N, dtype=torch.float16, **ints).expand(M, N),
          "sliced": integer_tensor(M, N + 1, dtype=torch.float16, **ints)[:, 1:]}[layout]
     args = _args(AUX, A, B, **dict(tensors, C=C))
-    _gpu_kernel(args).run(args)
+    configs = pingpong.CUDA_CONFIGS if cls is PINGPONG else pingpong.COOPERATIVE_CONFIGS
+    _gpu_kernel(args, configs[0], cls).run(args)
     torch.cuda.synchronize()
     _check(args, reference_outputs(args))

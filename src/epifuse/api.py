@@ -233,10 +233,11 @@ def kernel_statuses(args: GemmArguments, cc: int | None = None) -> list:
         candidates = [persistent.TritonPersistent(persistent.INTERPRETER_CONFIG),
                       tiled.TritonTiled(tiled.INTERPRETER_CONFIG)]
     else:
-        wide = persistent.FP32_CONFIGS if args.A.dtype == torch.float32 else persistent.CUDA_CONFIGS
-        candidates = [*(persistent.TritonPersistent(c) for c in wide),
-                      *(pingpong.GluonPingPong(c) for c in pingpong.CUDA_CONFIGS),
-                      *(tiled.TritonTiled(c) for c in tiled.CUDA_CONFIGS)]
+        dtype = args.A.dtype
+        candidates = [*(persistent.TritonPersistent(c) for c in persistent.cuda_configs(dtype)),
+                      *(pingpong.GluonPingPong(c) for c in pingpong.cuda_configs(dtype)),
+                      *(pingpong.GluonCooperative(c) for c in pingpong.cooperative_configs(dtype)),
+                      *(tiled.TritonTiled(c) for c in tiled.cuda_configs(dtype))]
     split = splitk.candidates(args)
     candidates = [*split, *candidates] if splitk.ranks_first(args) else [*candidates, *split]
     result = [(k, k.supports(args, cc)) for k in candidates]

@@ -1,18 +1,21 @@
-"""Emit the Gluon source of a warp-specialized "ping-pong" GEMM whose epilogue is a Graph.
+"""Emit the Gluon source of a warp-specialized GEMM whose epilogue is a Graph.
 
-Hopper only (wgmma, TMA, mbarriers). One program per SM loops over output tiles with three
-partitions: a producer warp issues the TMA loads of A and B into a ring of shared-memory
-stages, and two consumer warpgroups take alternate tiles, so one runs its epilogue while the
-other runs its wgmma main loop. The epilogue is the same code the Triton kernels run
+Hopper only (wgmma, TMA, mbarriers). One program per SM loops over output tiles. A producer
+warp issues the TMA loads of A and B into a ring of shared-memory stages. In the "pingpong"
+schedule two consumer warpgroups take alternate tiles, so one runs its epilogue while the
+other runs its wgmma main loop; in the "cooperative" one a single 8-warp consumer takes every
+tile, each warpgroup half of its rows, and only the producer's loads of the next tile overlap
+its epilogue. The epilogue is the same code the Triton kernels run
 (`codegen._emit_epilogue` in its "gluon" style) over the whole (BLOCK_M, BLOCK_N) tile in the
 wgmma accumulator's layout; tile outputs leave through shared memory and TMA stores when their
 launch says so (Y*_TMA), else through pointer stores.
 
-Ring protocol (per CTA): ring index i -> stage i % STAGES, phase (i // STAGES) & 1. Consumer c
-takes the CTA's tiles t = 2 j + c; tile t uses ring indices t k_tiles ... (t + 1) k_tiles - 1.
-turn[c] orders the consumers: c waits on it before its tile's first ready-wait, and the other
-consumer arrives on it once it has passed all ready-waits of the tile before (otherwise the
-later consumer could test a stage's parity a whole ring ahead and pass on a stale phase).
+Ring protocol (per CTA): ring index i -> stage i % STAGES, phase (i // STAGES) & 1; the CTA's
+t-th tile uses ring indices t k_tiles ... (t + 1) k_tiles - 1. In the ping-pong schedule
+consumer c takes the CTA's tiles t = 2 j + c, and turn[c] orders the consumers: c waits on it
+before its tile's first ready-wait, and the other consumer arrives on it once it has passed
+all ready-waits of the tile before (otherwise the later consumer could test a stage's parity a
+whole ring ahead and pass on a stale phase).
 Every barrier counts one arrival (Gluon arrives once per partition).
 """
 from __future__ import annotations
@@ -74,12 +77,7 @@ _CONSUMER = '''
 
 @gluon.jit
 def _consumer(CID: gl.constexpr, {params}):
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _wgmma_instr_n(BLOCK_N), 16])
-    # the epilogue's piece of the tile, (BLOCK_M, EPI_N): the same registers, fewer columns
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _wgmma_instr_n(EPI_N), 16])
-    pid = gl.program_id(0)
+{layouts}    pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -90,8 +88,7 @@ def _consumer(CID: gl.constexpr, {params}):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         mbarrier.wait(turn_bars.index(CID), (j + CID + 1) & 1, pred=t > 0)
         base = t * k_tiles
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-        for kk in range(k_tiles):
+{zeros}        for kk in range(k_tiles):
             i = base + kk
             s = i % STAGES
             mbarrier.wait(ready_bars.index(s), (i // STAGES) & 1)
@@ -146,6 +143,73 @@ def epifuse_kernel(
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 '''
 
+_LAYOUTS = """    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[{warps}, 1], instr_shape=[16, _wgmma_instr_n(BLOCK_N), INSTR_K])
+    # the epilogue's piece of the tile, (BLOCK_M, EPI_N): the same registers, fewer columns
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[{warps}, 1], instr_shape=[16, _wgmma_instr_n(EPI_N), INSTR_K])
+"""
+
+_ZEROS = """        if ACC_INT:
+            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, mma_layout)
+        else:
+            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+"""
+
+# The cooperative schedule: one consumer partition of two warpgroups shares each (BLOCK_M,
+# BLOCK_N) tile (each warpgroup's wgmma takes BLOCK_M / 2 rows) and runs its epilogue on all
+# eight warps; only the producer's loads of the next tile and the TMA stores overlap it.
+_COOPERATIVE = '''
+
+@gluon.jit
+def _consumer({params}):
+{layouts}    CID: gl.constexpr = 0
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    i = 0
+    for tile in range(pid, num_pid_m * num_pid_n, nprog):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+{zeros}        for kk in range(k_tiles):
+            s = i % STAGES
+            mbarrier.wait(ready_bars.index(s), (i // STAGES) & 1)
+            if B_KMAJOR:
+                b = b_bufs.index(s).permute((1, 0))
+            else:
+                b = b_bufs.index(s)
+            acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=kk > 0)
+            i += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=k_tiles > 0)
+        offs_m = pid_m * BLOCK_M
+        pid_l = 0
+        rm = offs_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        mask_m = rm < M
+{wait}{pieces}{drain}
+
+@gluon.jit
+def epifuse_kernel(
+    {kernel_params},
+):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(s), count=1)
+        mbarrier.init(empty_bars.index(s), count=1)
+    turn_bars = ready_bars  # the consumer's signature is the ping-pong one's; it has no turns
+{allocate}    gl.warp_specialize([
+        (_consumer, ({args})),
+        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
+                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, B_KMAJOR)),
+    ], [1], [PRODUCER_REGS])
+'''
+
 # One (BLOCK_M, EPI_N) piece of the tile: its accumulator values (a split of the wgmma
 # accumulator's registers: no data moves), columns, and shared-memory buffers.
 _PIECE = """        acc_e = gl.convert_layout({value}, acc_layout)
@@ -172,21 +236,28 @@ def _split_lines(pieces: int) -> tuple[str, list[str]]:
     return lines, names
 
 
-GEMM_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "EPI_N", "GROUP_M", "STAGES", "B_KMAJOR",
+GEMM_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "EPI_N", "GROUP_M", "STAGES", "B_KMAJOR", "INSTR_K", "ACC_INT",
              "CONSUMER_REGS", "PRODUCER_REGS"]
+SCHEDULES = ("pingpong", "cooperative")
 
 
 def tile_outputs(layout) -> list[str]:
     return [y.prefix for y in layout.outputs if y.mode == "tile"]
 
 
-def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, pieces: int = 1) -> str:
+def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, pieces: int = 1,
+                      schedule: str = "pingpong") -> str:
     """The module source of the Gluon `epifuse_kernel` for `graph` (CUDA, compute capability 9.0).
 
     Its parameters: a_desc, b_desc, M, N, K, the epilogue's (launch_layout order), then
     y*_desc for each tile output (None when that output is stored through pointers), then
     the constexprs: GEMM_META, each tile output's KIND/LO/HI, TMA flag and BUF. The epilogue
-    runs on `pieces` column blocks of the tile in turn (EPI_N = BLOCK_N / pieces)."""
+    runs on `pieces` column blocks of the tile in turn (EPI_N = BLOCK_N / pieces). `schedule`:
+    "pingpong" (two 4-warp consumers on alternate tiles, launched with 4 warps) or
+    "cooperative" (one 8-warp consumer per tile, launched with 8 warps)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown Gluon schedule {schedule!r}; one of {SCHEDULES}")
+    consumers = 2 if schedule == "pingpong" else 1
     layout = launch_layout(graph, deterministic)
     lines, helpers = _emit_epilogue(graph, layout, "gluon")
     tiles = tile_outputs(layout)
@@ -210,7 +281,7 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     drain = f"    if {any_tma}:\n        tma.store_wait(pendings=0)\n"
     allocate = "".join(
         f"    if {p.upper()}_TMA and {p.upper()}_BUF == {p[1:]}:\n"
-        f"        {p}_bufs = gl.allocate_shared_memory({p}_desc.dtype, [{2 * pieces}] + {p}_desc.block_type.shape, "
+        f"        {p}_bufs = gl.allocate_shared_memory({p}_desc.dtype, [{consumers * pieces}] + {p}_desc.block_type.shape, "
         f"{p}_desc.layout)\n"
         f"    else:\n"
         f"        {p}_bufs = turn_bars  # never used\n" for p in tiles)
@@ -218,8 +289,10 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     split, values = _split_lines(pieces)
     pieces_text = split + "".join(_PIECE.format(value=v, index=i, pieces=pieces) + smem.format(index=i) + body
                                   for i, v in enumerate(values))
-    return (_HEADER.format(key=key, target="cuda (Gluon, sm_90)",
+    template = _CONSUMER if schedule == "pingpong" else _COOPERATIVE
+    return (_HEADER.format(key=key, target=f"cuda (Gluon {schedule}, sm_90)",
                            libdevice="from triton.language.extra import libdevice\n")
             + _GLUON_IMPORTS + helper_source(helpers, "cuda")
-            + _CONSUMER.format(params=params, args=args, kernel_params=kernel_params,
-                               wait=wait, pieces=pieces_text, drain=drain, allocate=allocate))
+            + template.format(params=params, args=args, kernel_params=kernel_params, wait=wait,
+                              pieces=pieces_text, drain=drain, allocate=allocate, zeros=_ZEROS,
+                              layouts=_LAYOUTS.format(warps=4 if schedule == "pingpong" else 8)))

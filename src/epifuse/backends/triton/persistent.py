@@ -24,6 +24,18 @@ CUDA_CONFIGS = (
     TileConfig(128, 256, 64, 8, 8, 3, flatten=True, warp_specialize=True),
 )
 FP32_CONFIGS = (TileConfig(128, 128, 32, 8, 8, 3, flatten=True),)
+# fp8 and int8: K tiles of 128, so that a stage's rows are 128 bytes as for fp16
+BYTE_CONFIGS = (
+    TileConfig(128, 256, 128, 8, 8, 3, flatten=True),
+    TileConfig(128, 128, 128, 8, 8, 4, flatten=True),
+    TileConfig(128, 256, 128, 8, 8, 3, flatten=True, warp_specialize=True),
+)
+
+
+def cuda_configs(dtype: torch.dtype) -> tuple:
+    if dtype == torch.float32:
+        return FP32_CONFIGS
+    return BYTE_CONFIGS if dtype.itemsize == 1 else CUDA_CONFIGS
 
 
 @functools.lru_cache(maxsize=None)

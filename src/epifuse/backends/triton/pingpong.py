@@ -1,12 +1,15 @@
-"""GluonPingPong: the warp-specialized ping-pong GEMM of `gluon_codegen`, for Hopper.
+"""GluonPingPong and GluonCooperative: the warp-specialized GEMMs of `gluon_codegen`, for Hopper.
 
-One consumer warpgroup runs a tile's epilogue while the other runs the next tile's wgmma main
-loop, so the epilogue's latency no longer adds to the GEMM as it does in the Triton kernels
-(its instructions still take issue slots from the main loop: benchmarks/RESULTS.md). It takes
-fp16 and bf16 inputs with fp32 accumulation, one batch (L = 1), A contiguous along K, B along
-N or K, everything TMA moves 16-byte aligned; tile outputs that fit in shared memory leave
-through TMA stores, the others through pointer stores. Triton's interpreter cannot run Gluon,
-so on CPUs the kernel is compiled for sm_90 (tests) but never launched.
+Ping-pong: one consumer warpgroup runs a tile's epilogue while the other runs the next tile's
+wgmma main loop, so the epilogue's latency no longer adds to the GEMM as it does in the Triton
+kernels (its instructions still take issue slots from the main loop: benchmarks/RESULTS.md).
+Cooperative: both warpgroups share a (128, 256) tile, for main loops that read less shared
+memory per MMA and epilogues on eight warps. They take fp16 and bf16 inputs (fp32
+accumulation), fp8 (fp32) and int8 (int32, ping-pong only) with B contiguous along K, one batch
+(L = 1), A contiguous along K, B along N or K, everything TMA moves 16-byte aligned; tile
+outputs that fit in shared memory leave through TMA stores, the others through pointer stores.
+Triton's interpreter cannot run Gluon, so on CPUs the kernels are compiled for sm_90 (tests)
+but never launched.
 """
 from __future__ import annotations
 
@@ -26,8 +29,15 @@ from .tiled import TileConfig, _conversion_meta, epilogue_values, uses_interpret
 
 # The same kernel with its epilogue over the whole tile, or over its two column halves in turn:
 # fewer registers live at once (a loss epilogue spilled 1.6 KB whole), twice the reduction
-# atomics (benchmarks/RESULTS.md, 2026-11-23 10:48: four pieces never won).
+# atomics (benchmarks/RESULTS.md, 2026-11-23 10:48: four pieces never won). Inputs of one
+# byte (fp8, int8) take K tiles of 128, so that a stage's rows are 128 bytes as for fp16.
 CUDA_CONFIGS = tuple(TileConfig(128, 128, 64, 8, 4, 4, epilogue_pieces=p) for p in (1, 2))
+BYTE_CONFIGS = tuple(TileConfig(128, 128, 128, 8, 4, 4, epilogue_pieces=p) for p in (1, 2))
+# The cooperative kernel with its epilogue over the whole tile (in two pieces it never won;
+# in four through two buffers, beside a fourth stage, neither: RESULTS.md, 2026-11-23 14:18).
+COOPERATIVE_CONFIGS = (TileConfig(128, 256, 64, 8, 8, 3),)
+COOPERATIVE_BYTE_CONFIGS = (TileConfig(128, 256, 128, 8, 8, 3),)
+GLUON_INPUTS = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 SHARED_MEMORY = 220 * 1024  # of the 227 KiB a Hopper CTA may use; the rest for barriers and scratch
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
 OFFLINE_SMS = 132  # the grid of a compile_offline (an H100's SM count; it changes no code)
@@ -43,19 +53,27 @@ def gluon_available() -> bool:
                os.path.exists(os.path.join(root, "gluon", "nvidia", "hopper.py")) for root in roots or ())
 
 
+def cuda_configs(dtype: torch.dtype) -> tuple:
+    return BYTE_CONFIGS if dtype.itemsize == 1 else CUDA_CONFIGS
+
+
 class GluonPingPong(TritonPersistent):
     name = "gluon_pingpong"
+    schedule = "pingpong"
+    consumers = 2  # consumer partitions, each with its own output buffers in shared memory
+    num_warps = 4  # of each consumer; the kernel is launched with this many
 
     @property
     def shape(self) -> str:  # names the generated module, which differs with the pieces
-        return "gluon" if self.config.epilogue_pieces == 1 else f"gluon{self.config.epilogue_pieces}"
+        stem = "gluon" if self.schedule == "pingpong" else "gluonc"
+        return stem if self.config.epilogue_pieces == 1 else f"{stem}{self.config.epilogue_pieces}"
 
     @property
     def subtiles(self) -> int:
         return self.config.epilogue_pieces
 
     def __repr__(self) -> str:
-        return f"<gluon_pingpong {self.config}>"
+        return f"<{self.name} {self.config}>"
 
     _fallback: dict = {}  # its own smaller configs after an out-of-resources failure
 
@@ -70,19 +88,24 @@ class GluonPingPong(TritonPersistent):
         status = super().supports(args, cc)
         if not status:
             return status
-        if args.A.dtype not in (torch.float16, torch.bfloat16):
-            return unsupported(f"the Gluon kernel takes fp16 or bf16 inputs, not {args.A.dtype}")
-        if args.accumulator_type != torch.float32:
-            return unsupported("the Gluon kernel accumulates in float32 only")
+        if args.A.dtype not in GLUON_INPUTS:
+            return unsupported(f"the Gluon kernel takes fp16, bf16, fp8 or int8 inputs, not {args.A.dtype}")
+        if args.A.dtype.itemsize == 1 and not _b_kmajor(args):
+            return unsupported(f"{args.A.dtype} inputs need B contiguous along K in the Gluon kernel "
+                               "(wgmma reads 8-bit operands K-major only)")
+        accumulator = torch.int32 if args.A.dtype == torch.int8 else torch.float32
+        if args.accumulator_type != accumulator:
+            return unsupported(f"the Gluon kernel accumulates {args.A.dtype} in {accumulator} only")
         if args.L != 1:
             return unsupported(f"the Gluon kernel runs one GEMM, not a batch of {args.L}")
         if 0 in (args.M, args.N, args.K):
             return unsupported(f"an empty GEMM ({args.M}x{args.N}x{args.K}): TMA descriptors need every "
                                "dimension positive; the other kernels take it")
-        return supported(f"Gluon ping-pong {self.config}")
+        return supported(f"Gluon {self.schedule} {self.config}")
 
     def _source(self, args, target: str) -> str:
-        return emit_gluon_kernel(args.graph, args.key, args.deterministic, self.config.epilogue_pieces)
+        return emit_gluon_kernel(args.graph, args.key, args.deterministic, self.config.epilogue_pieces,
+                                 self.schedule)
 
     def _config(self, args) -> TileConfig:
         return self._fallback.get((args.key, self.config), self.config)
@@ -93,11 +116,12 @@ class GluonPingPong(TritonPersistent):
         # A, B and each TMA-stored output are passed as tensors; _argument_converter makes
         # the descriptors, so a kept launch (epifuse.callsite) can swap in new tensors.
         values = [args.A, args.B, args.M, args.N, args.K, *epilogue_values(args, layout, buffers)]
-        stages, tma, owner = _stages_and_stores(args, cfg, tiles)
+        stages, tma, owner = _stages_and_stores(args, cfg, tiles, self.consumers * cfg.epilogue_pieces)
         values += [buffers[y.name][0] if tma[y.prefix] else None for y in tiles]
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                     EPI_N=cfg.block_n // cfg.epilogue_pieces, GROUP_M=cfg.group_m, STAGES=stages, B_KMAJOR=_b_kmajor(args),
-                    CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+                    INSTR_K=32 if args.A.dtype.itemsize == 1 else 16, ACC_INT=args.A.dtype == torch.int8,
+                    CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=self.num_warps)
         for y in tiles:
             meta.update(_conversion_meta(y.prefix, args.outputs[y.name].dtype))
             meta[f"{y.prefix.upper()}_TMA"] = tma[y.prefix]
@@ -152,10 +176,10 @@ def _b_kmajor(args) -> bool:
     return args.B.stride(-1) != 1
 
 
-def _stages_and_stores(args, cfg: TileConfig, tiles) -> tuple[int, dict, dict]:
+def _stages_and_stores(args, cfg: TileConfig, tiles, buffers: int = 2) -> tuple[int, dict, dict]:
     """The ring's depth, which tile outputs TMA stores, and whose shared-memory buffer each
-    uses (the number of that output's prefix). A buffer holds a (BLOCK_M, BLOCK_N) tile for
-    each consumer; outputs of one dtype share it, one TMA store after the other. Outputs TMA
+    uses (the number of that output's prefix). An output's buffer holds `buffers` (BLOCK_M,
+    EPI_N) pieces (for every consumer and slot); outputs of one dtype share it, one TMA store after the other. Outputs TMA
     cannot move, or whose buffer does not fit next to a ring of at least three stages, are
     stored through pointers."""
     size = args.A.element_size()
@@ -170,7 +194,7 @@ def _stages_and_stores(args, cfg: TileConfig, tiles) -> tuple[int, dict, dict]:
         if dest.dtype in by_dtype:
             stores[y.prefix], owner[y.prefix] = True, by_dtype[dest.dtype]
             continue
-        need = 2 * cfg.block_m * cfg.block_n * dest.element_size()
+        need = buffers * cfg.block_m * (cfg.block_n // cfg.epilogue_pieces) * dest.element_size()
         fits = 3 * stage + used + need <= SHARED_MEMORY
         stores[y.prefix], owner[y.prefix] = fits, number
         if fits:
@@ -178,6 +202,30 @@ def _stages_and_stores(args, cfg: TileConfig, tiles) -> tuple[int, dict, dict]:
             used += need
     stages = max(2, min(cfg.num_stages, (SHARED_MEMORY - used) // stage))
     return stages, stores, owner
+
+
+class GluonCooperative(GluonPingPong):
+    """The same kernel with one 8-warp consumer per (128, 256) tile: each warpgroup's wgmma
+    takes 64 rows of it, which reads less shared memory per MMA than the ping-pong's 128x128
+    tiles, and the epilogue runs on all eight warps while the producer loads the next tile."""
+    name = "gluon_cooperative"
+    schedule = "cooperative"
+    consumers = 1
+    num_warps = 8
+
+    def supports(self, args, cc: int | None = None) -> Status:
+        status = super().supports(args, cc)
+        if status and args.A.dtype == torch.int8:
+            # Triton 3.6 fails to lower its m64n256k32 s8 wgmma (ConvertNVGPUToLLVM); the
+            # ping-pong kernel's n128 one builds
+            return unsupported("int8 inputs take the ping-pong Gluon kernel, not the cooperative one")
+        return status
+
+
+def cooperative_configs(dtype: torch.dtype) -> tuple:
+    if dtype == torch.int8:
+        return ()
+    return COOPERATIVE_BYTE_CONFIGS if dtype.itemsize == 1 else COOPERATIVE_CONFIGS
 
 
 def compile_offline(kernel: GluonPingPong, args, capability: int = 90):

@@ -58,6 +58,15 @@ CUDA_CONFIGS = (
     TileConfig(128, 256, 64, 8, 8, 3),
     TileConfig(64, 128, 64, 8, 4, 4),
 )
+BYTE_CONFIGS = (  # fp8 and int8: 128-byte rows per stage, as fp16's 64-deep K tiles have
+    TileConfig(128, 128, 128, 8, 8, 3),
+    TileConfig(128, 256, 128, 8, 8, 3),
+    TileConfig(64, 128, 128, 8, 4, 4),
+)
+
+
+def cuda_configs(dtype: torch.dtype) -> tuple:
+    return BYTE_CONFIGS if dtype.itemsize == 1 else CUDA_CONFIGS
 
 
 def interpreter_requested() -> bool:
