@@ -88,8 +88,25 @@ def _consumer(CID: gl.constexpr, {params}):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         mbarrier.wait(turn_bars.index(CID), (j + CID + 1) & 1, pred=t > 0)
         base = t * k_tiles
-{main_loop}        mbarrier.arrive(turn_bars.index(1 - CID))
-{tile_end}{wait}{pieces}        j += 1
+{zeros}        for kk in range(k_tiles):
+            i = base + kk
+            s = i % STAGES
+            mbarrier.wait(ready_bars.index(s), (i // STAGES) & 1)
+            if B_KMAJOR:
+                b = b_bufs.index(s).permute((1, 0))
+            else:
+                b = b_bufs.index(s)
+            acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=kk > 0)
+        mbarrier.arrive(turn_bars.index(1 - CID))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty_bars.index((base + k_tiles - 1) % STAGES), pred=k_tiles > 0)
+        offs_m = pid_m * BLOCK_M
+        pid_l = 0
+        rm = offs_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        mask_m = rm < M
+{wait}{pieces}        j += 1
 {drain}
 
 @gluon.jit
@@ -106,7 +123,14 @@ def _consumer1({params}):
 def epifuse_kernel(
     {kernel_params},
 ):
-{ring}    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(s), count=1)
+        mbarrier.init(empty_bars.index(s), count=1)
     for c in gl.static_range(2):
         mbarrier.init(turn_bars.index(c), count=1)
 {allocate}    # The argument tuples are written out: a tuple kept in a variable turns its constexpr
@@ -126,41 +150,10 @@ _LAYOUTS = """    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[{warps}, 1], instr_shape=[16, _wgmma_instr_n(EPI_N), INSTR_K])
 """
 
-# A consumer's tile: its wgmma main loop over ring indices base ... base + k_tiles - 1 (each
-# stage released once the wgmma after it is issued), then the tile's rows for the epilogue.
-_MAIN_LOOP = """        if ACC_INT:
+_ZEROS = """        if ACC_INT:
             acc = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, mma_layout)
         else:
             acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-        for kk in range(k_tiles):
-            i = base + kk
-            s = i % STAGES
-            mbarrier.wait(ready_bars.index(s), (i // STAGES) & 1)
-            if B_KMAJOR:
-                b = b_bufs.index(s).permute((1, 0))
-            else:
-                b = b_bufs.index(s)
-            acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=kk > 0)
-"""
-
-_TILE_END = """        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty_bars.index((base + k_tiles - 1) % STAGES), pred=k_tiles > 0)
-        offs_m = pid_m * BLOCK_M
-        pid_l = 0
-        rm = offs_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-        mask_m = rm < M
-"""
-
-# The ring of A and B stages and its barriers (every barrier counts one arrival)
-_RING = """    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(s), count=1)
-        mbarrier.init(empty_bars.index(s), count=1)
 """
 
 # The cooperative schedule: one consumer partition of two warpgroups shares each (BLOCK_M,
@@ -176,18 +169,40 @@ def _consumer({params}):
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    j = 0
+    i = 0
     for tile in range(pid, num_pid_m * num_pid_n, nprog):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        base = j * k_tiles
-{main_loop}{tile_end}{wait}{pieces}        j += 1
-{drain}
+{zeros}        for kk in range(k_tiles):
+            s = i % STAGES
+            mbarrier.wait(ready_bars.index(s), (i // STAGES) & 1)
+            if B_KMAJOR:
+                b = b_bufs.index(s).permute((1, 0))
+            else:
+                b = b_bufs.index(s)
+            acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=kk > 0)
+            i += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=k_tiles > 0)
+        offs_m = pid_m * BLOCK_M
+        pid_l = 0
+        rm = offs_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        mask_m = rm < M
+{wait}{pieces}{drain}
 
 @gluon.jit
 def epifuse_kernel(
     {kernel_params},
 ):
-{ring}    turn_bars = ready_bars  # the consumer's signature is the ping-pong one's; it has no turns
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(s), count=1)
+        mbarrier.init(empty_bars.index(s), count=1)
+    turn_bars = ready_bars  # the consumer's signature is the ping-pong one's; it has no turns
 {allocate}    gl.warp_specialize([
         (_consumer, ({args})),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
@@ -279,6 +294,5 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
                            libdevice="from triton.language.extra import libdevice\n")
             + _GLUON_IMPORTS + helper_source(helpers, "cuda")
             + template.format(params=params, args=args, kernel_params=kernel_params, wait=wait,
-                              pieces=pieces_text, drain=drain, allocate=allocate, main_loop=_MAIN_LOOP,
-                              tile_end=_TILE_END, ring=_RING,
+                              pieces=pieces_text, drain=drain, allocate=allocate, zeros=_ZEROS,
                               layouts=_LAYOUTS.format(warps=4 if schedule == "pingpong" else 8)))
