@@ -135,8 +135,7 @@ def test_output_stores_fit_shared_memory():
     def plan(kernel=pingpong.GluonPingPong(cfg), **outputs):
         args = _args(AUX, A, B, **dict(tensors, **outputs))
         tiles = [y for y in pingpong.launch_layout(args.graph).outputs if y.mode == "tile"]
-        stages, stores, owner = pingpong._stages_and_stores(args, kernel.config, tiles,
-                                                            kernel.consumers * kernel.config.epilogue_pieces)
+        stages, stores, owner = pingpong._stages_and_stores(args, kernel.config, tiles, kernel.consumers)
         return stages, {y.name: (stores[y.prefix], owner[y.prefix]) for y in tiles}
 
     assert plan() == (4, {"D": (True, 0), "F": (False, 1)})

@@ -90,23 +90,10 @@ def _consumer(CID: gl.constexpr, {params}):
         base = t * k_tiles
 {zeros}        for kk in range(k_tiles):
             i = base + kk
-            s = i % STAGES
-            mbarrier.wait(ready_bars.index(s), (i // STAGES) & 1)
-            if B_KMAJOR:
-                b = b_bufs.index(s).permute((1, 0))
-            else:
-                b = b_bufs.index(s)
-            acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=kk > 0)
-        mbarrier.arrive(turn_bars.index(1 - CID))
+{k_step}        mbarrier.arrive(turn_bars.index(1 - CID))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty_bars.index((base + k_tiles - 1) % STAGES), pred=k_tiles > 0)
-        offs_m = pid_m * BLOCK_M
-        pid_l = 0
-        rm = offs_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-        mask_m = rm < M
-{wait}{pieces}        j += 1
+{tile_rows}{wait}{pieces}        j += 1
 {drain}
 
 @gluon.jit
@@ -123,11 +110,7 @@ def _consumer1({params}):
 def epifuse_kernel(
     {kernel_params},
 ):
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+{ring}    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready_bars.index(s), count=1)
         mbarrier.init(empty_bars.index(s), count=1)
@@ -173,33 +156,16 @@ def _consumer({params}):
     for tile in range(pid, num_pid_m * num_pid_n, nprog):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
 {zeros}        for kk in range(k_tiles):
-            s = i % STAGES
-            mbarrier.wait(ready_bars.index(s), (i // STAGES) & 1)
-            if B_KMAJOR:
-                b = b_bufs.index(s).permute((1, 0))
-            else:
-                b = b_bufs.index(s)
-            acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=kk > 0)
-            i += 1
+{k_step}            i += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=k_tiles > 0)
-        offs_m = pid_m * BLOCK_M
-        pid_l = 0
-        rm = offs_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-        mask_m = rm < M
-{wait}{pieces}{drain}
+{tile_rows}{wait}{pieces}{drain}
 
 @gluon.jit
 def epifuse_kernel(
     {kernel_params},
 ):
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
+{ring}    for s in gl.static_range(STAGES):
         mbarrier.init(ready_bars.index(s), count=1)
         mbarrier.init(empty_bars.index(s), count=1)
     turn_bars = ready_bars  # the consumer's signature is the ping-pong one's; it has no turns
@@ -209,6 +175,29 @@ def epifuse_kernel(
                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, B_KMAJOR)),
     ], [1], [PRODUCER_REGS])
 '''
+
+# Shared by both schedules: one K step of a consumer's main loop at ring index i (the stage is
+# released once the wgmma after it is issued), the tile's rows for the epilogue, and the ring.
+_K_STEP = """            s = i % STAGES
+            mbarrier.wait(ready_bars.index(s), (i // STAGES) & 1)
+            if B_KMAJOR:
+                b = b_bufs.index(s).permute((1, 0))
+            else:
+                b = b_bufs.index(s)
+            acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=kk > 0)
+"""
+_TILE_ROWS = """        offs_m = pid_m * BLOCK_M
+        pid_l = 0
+        rm = offs_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        mask_m = rm < M
+"""
+_RING = """    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+"""
 
 # One (BLOCK_M, EPI_N) piece of the tile: its accumulator values (a split of the wgmma
 # accumulator's registers: no data moves), columns, and shared-memory buffers.
@@ -295,4 +284,5 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
             + _GLUON_IMPORTS + helper_source(helpers, "cuda")
             + template.format(params=params, args=args, kernel_params=kernel_params, wait=wait,
                               pieces=pieces_text, drain=drain, allocate=allocate, zeros=_ZEROS,
+                              k_step=_K_STEP, tile_rows=_TILE_ROWS, ring=_RING,
                               layouts=_LAYOUTS.format(warps=4 if schedule == "pingpong" else 8)))

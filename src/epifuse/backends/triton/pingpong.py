@@ -116,7 +116,7 @@ class GluonPingPong(TritonPersistent):
         # A, B and each TMA-stored output are passed as tensors; _argument_converter makes
         # the descriptors, so a kept launch (epifuse.callsite) can swap in new tensors.
         values = [args.A, args.B, args.M, args.N, args.K, *epilogue_values(args, layout, buffers)]
-        stages, tma, owner = _stages_and_stores(args, cfg, tiles, self.consumers * cfg.epilogue_pieces)
+        stages, tma, owner = _stages_and_stores(args, cfg, tiles, self.consumers)
         values += [buffers[y.name][0] if tma[y.prefix] else None for y in tiles]
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                     EPI_N=cfg.block_n // cfg.epilogue_pieces, GROUP_M=cfg.group_m, STAGES=stages, B_KMAJOR=_b_kmajor(args),
@@ -176,10 +176,10 @@ def _b_kmajor(args) -> bool:
     return args.B.stride(-1) != 1
 
 
-def _stages_and_stores(args, cfg: TileConfig, tiles, buffers: int = 2) -> tuple[int, dict, dict]:
+def _stages_and_stores(args, cfg: TileConfig, tiles, consumers: int = 2) -> tuple[int, dict, dict]:
     """The ring's depth, which tile outputs TMA stores, and whose shared-memory buffer each
-    uses (the number of that output's prefix). An output's buffer holds `buffers` (BLOCK_M,
-    EPI_N) pieces (for every consumer and slot); outputs of one dtype share it, one TMA store after the other. Outputs TMA
+    uses (the number of that output's prefix). A buffer holds a (BLOCK_M, BLOCK_N) tile for
+    each of the `consumers`; outputs of one dtype share it, one TMA store after the other. Outputs TMA
     cannot move, or whose buffer does not fit next to a ring of at least three stages, are
     stored through pointers."""
     size = args.A.element_size()
@@ -194,7 +194,7 @@ def _stages_and_stores(args, cfg: TileConfig, tiles, buffers: int = 2) -> tuple[
         if dest.dtype in by_dtype:
             stores[y.prefix], owner[y.prefix] = True, by_dtype[dest.dtype]
             continue
-        need = buffers * cfg.block_m * (cfg.block_n // cfg.epilogue_pieces) * dest.element_size()
+        need = consumers * cfg.block_m * cfg.block_n * dest.element_size()
         fits = 3 * stage + used + need <= SHARED_MEMORY
         stores[y.prefix], owner[y.prefix] = fits, number
         if fits:
