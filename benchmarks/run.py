@@ -145,9 +145,21 @@ def _epifuse_call(epifuse, w, s, prealloc):
 # ------------------------------------------------------------------------------------ one row
 
 
+def _tuning_history(epifuse):
+    """epifuse's list of tuning records, imported now: the first row's tuning happens inside its
+    first call, which would otherwise be the first import of epifuse.runtime.tune."""
+    if epifuse is None:
+        return None
+    try:
+        import epifuse.runtime.tune as tune
+    except ImportError:
+        return None
+    return getattr(tune, "HISTORY", None)
+
+
 def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, env):
     M, N, K = SHAPES[shape]
-    history = getattr(getattr(getattr(epifuse, "runtime", None), "tune", None), "HISTORY", None)
+    history = _tuning_history(epifuse)
     tuned_before = len(history) if history is not None else 0
     sets = _input_sets(w, M, N, K, dtype, "cuda", cfg.seed, env["l2_bytes"])
     s0, eager = sets[0], w.eager_fn()

@@ -261,6 +261,74 @@ def test_log_sigmoid_end_to_end(AB):
     assert torch.allclose(D.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_log_of_a_clamped_sigmoid_loses_the_division():
+    """The BCE idiom log(clamp(sigmoid(f), lo, hi)): no sigmoid, no division; the log's
+    argument is clamped into [1/hi, 1/lo]; the same values, extremes, NaN and Inf included."""
+    graph = bound(body("log(clamp(sigmoid(accum), 0.001, 0.999))"))
+    rewritten = simplify_algebra(graph)
+    assert "sigmoid" not in ops_in(rewritten) and "div" not in ops_in(rewritten)
+    log = output_node(rewritten).src[0]
+    assert log.op == "log" and log.src[0].op == "clamp"
+    assert log.src[0].params == {"min": 1 / 0.999, "max": 1000.0}
+    x = torch.cat([torch.randn(1, 2000, dtype=torch.float64) * 12,
+                   torch.tensor([[-math.inf, -200.0, -6.9068, -6.9067, 0.0, 6.9067, 6.9068, 200.0,
+                                  math.inf, math.nan]], dtype=torch.float64)], dim=1)
+    _assert_as_accurate(graph, rewritten, x)
+
+
+def _assert_as_accurate(graph, rewritten, x):
+    """The rewritten graph in fp32 is as close to the float64 truth as the original in fp32 (both
+    round 1 + exp(-x)), and equal to it in float64; NaN where it is NaN, zeros signed alike."""
+    truth = evaluate(graph, x, {}, torch.float64)["D"]
+    assert torch.allclose(evaluate(rewritten, x, {}, torch.float64)["D"], truth, rtol=1e-14, atol=1e-15,
+                          equal_nan=True)
+    before = evaluate(graph, x, {}, torch.float32)["D"].double()
+    after = evaluate(rewritten, x, {}, torch.float32)["D"].double()
+    assert torch.equal(before.isnan(), after.isnan())
+    finite = before.isfinite()
+    assert torch.equal(before[~finite & ~before.isnan()], after[~finite & ~before.isnan()])
+    assert torch.equal(torch.signbit(before[before == 0]), torch.signbit(after[before == 0]))
+    error_before = ((before - truth).abs() / (truth.abs() + 1))[finite]
+    error_after = ((after - truth).abs() / (truth.abs() + 1))[finite]
+    assert error_after.max() <= error_before.max() * 1.5 + 1e-7
+
+
+@pytest.mark.parametrize("text,applies", [
+    ("log(clamp(sigmoid(accum), 1e-7, 1.0))", True),
+    ("log(clamp(sigmoid(accum), min=1e-7))", True),
+    ("log(clamp(sigmoid(accum), max=0.5))", False),      # no lower clamp: 1 + exp(-x) overflows first
+    ("log(clamp(sigmoid(accum), 0.0, 0.9))", False),     # log(0) stays reachable
+    ("log(clamp(sigmoid(accum), 0.9, 0.1))", False),     # min > max: torch gives max everywhere
+    ("log(clamp(accum, 0.001, 0.999))", False),
+])
+def test_log_of_a_clamped_sigmoid_applies_only_where_exact(text, applies):
+    graph = bound(body(text))
+    rewritten = simplify_algebra(graph)
+    assert ("sigmoid" not in ops_in(rewritten)) == applies or "sigmoid" not in ops_in(graph)
+    x = torch.cat([torch.randn(1, 300, dtype=torch.float64) * 40,
+                   torch.tensor([[-math.inf, -120.0, -100.0, 0.0, 100.0, math.inf, math.nan]],
+                                dtype=torch.float64)], dim=1)
+    _assert_as_accurate(graph, rewritten, x)
+
+
+def test_log_of_a_clamped_sigmoid_has_finite_gradients():
+    """Where the clamp holds, the gradient is 0, also where exp(-x) would overflow in fp32."""
+    A = torch.tensor([[-100.0, -50.0, -7.0, -1.0, 0.5, 7.0, 100.0]]).t().contiguous().requires_grad_()
+    B = torch.ones(1, 3, requires_grad=True)
+    epifuse.gemm(A, B, body("log(clamp(sigmoid(accum), 0.001, 0.999))")).sum().backward()
+    A64 = A.detach().double().requires_grad_()
+    torch.log(torch.clamp(torch.sigmoid(A64 @ B.detach().double()), 0.001, 0.999)).sum().backward()
+    assert torch.allclose(A.grad.double(), A64.grad, rtol=1e-6, atol=0)
+
+
+def test_log_of_a_clamped_sigmoid_end_to_end(AB):
+    """Through the kernel (its log of a clamped value is the special-case-free polynomial)."""
+    A, B = AB
+    D = epifuse.gemm(A, B, body("log(clamp(sigmoid(accum * 0.5), 0.001, 0.999))"))
+    expected = torch.log(torch.clamp(torch.sigmoid(accum_of(A, B) * 0.5), 0.001, 0.999))
+    assert torch.allclose(D.double(), expected, rtol=1e-6, atol=2e-7)  # fp32 rounds 1 + exp(-x)
+
+
 @pytest.mark.parametrize("text", ["accum * sigmoid(accum)", "sigmoid(accum) * accum",
                                   "accum * torch.sigmoid(accum)", "accum * accum.sigmoid()"])
 def test_x_times_sigmoid_x_becomes_silu(text):

@@ -71,6 +71,12 @@ def test_every_op_large(name):
     assert name in OPS
 
 
+def test_log_of_clamped_values_large():
+    """The special-case-free log on the GPU (where its multiply-adds fuse), 2**18 values."""
+    from test_kernels import _log_of_clamped_values
+    _log_of_clamped_values("cuda", 512, 512)
+
+
 def test_batched_roles_large():
     L, M, N, K = 3, 640, 320, 256
     A = integer_tensor(L, M, K, device="cuda")

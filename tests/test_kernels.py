@@ -221,6 +221,49 @@ def test_sigmoid_gelu_mix_relative_error(device):
     run_checked(A, B, src, exact=False, tol=1e-5, bias=bias, D=D)
 
 
+def _log_of_clamped_values(device, M, N):
+    """log(clamp(x, 2**-125, 2**125)) over values spread across every binade, against float64:
+    the Triton backend lowers it to its special-case-free polynomial (rules.LOG_OF_NORMAL)."""
+    from epifuse.backends.triton.rules import LOG_OF_NORMAL, rule_for
+    src = "def epi(accum, C):\n    D = log(clamp(accum * C, 2.0 ** -125, 2.0 ** 125))\n    return D\n"
+    args = epifuse.GemmArguments(torch.ones(M, 1, device=device), torch.ones(1, N, device=device),
+                                 epilogue=epifuse.EpilogueArguments(src, C=torch.ones(M, N, device=device),
+                                                                    D=torch.empty(M, N, device=device)))
+    assert [rule_for(n) for n in args.graph.nodes() if n.op == "log"] == [LOG_OF_NORMAL]
+    exponents = torch.randint(-125, 125, (M, N), dtype=torch.float64)
+    C = (torch.rand(M, N, dtype=torch.float64) + 1.0) * torch.exp2(exponents)
+    C = C.float()
+    C[0, :8] = torch.tensor([1.0, 2.0 ** -125, 2.0 ** 125, 1.0 - 2.0 ** -24, 1.0 + 2.0 ** -23, 2 / 3, 4 / 3, 0.75])
+    C[0, 8] = float("nan")
+    D = epifuse.gemm(torch.ones(M, 1, device=device), torch.ones(1, N, device=device), src, C=C.to(device))
+    exact = torch.log(C.double())
+    ulp = torch.from_numpy(__import__("numpy").spacing(exact.abs().float().numpy())).double()
+    error = ((D.double().cpu() - exact).abs() / ulp)
+    assert D[0, 8].isnan() and D[0, 0] == 0.0
+    error[0, 8] = 0.0
+    assert error.max() <= 1.5, error.max()   # within 1.04 ulp without fma (numpy), 0.92 with
+
+
+@pytest.mark.parametrize("text,bounds", [
+    ("clamp(accum, 0.001, 1.0)", (0.001, 1.0)),
+    ("clamp(accum, min=0.001)", (0.001, float("inf"))),
+    ("clamp(accum, 2.0, 1.0)", (1.0, 1.0)),                       # min > max gives max, as torch
+    ("clamp(accum, 1.0 - 0.999, 1.0 - 0.001)", (0.001, 0.999)),   # folded to minimum / maximum
+    ("maximum(minimum(accum, 2.0), 0.5)", (0.5, 2.0)),
+    ("clamp(accum * 2.0, 0.5, 2.0) * 2.0", (-float("inf"), float("inf"))),
+])
+def test_value_bounds(text, bounds):
+    from epifuse.backends.triton.rules import value_bounds
+    from epifuse.passes import optimize
+    from frontend_helpers import body, bound, output_node
+    low, high = value_bounds(output_node(optimize(bound(body(text)))))
+    assert low == pytest.approx(bounds[0]) and high == pytest.approx(bounds[1])
+
+
+def test_log_of_clamped_values_within_an_ulp(device):
+    _log_of_clamped_values(device, 48, 40)
+
+
 def test_an_epilogue_function_is_its_own_reference(device):
     """The same mix written as a function of epifuse.ops: called on torch tensors it is the
     reference of the kernel it compiles to."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import Graph, Node, op
+from ..ir import Graph, Node, const, op
 from ..ops import OPS
 from ..rewrite import rewrite
 
@@ -53,6 +53,35 @@ def stable_log_sigmoid(node: Node) -> Node | None:
     return None
 
 
+def log_of_clamped_sigmoid(node: Node) -> Node | None:
+    """log(clamp(sigmoid(x), lo, hi)) -> -log(clamp(1 + exp(-x), 1/hi, 1/lo)) for 0 < lo <= hi
+    (hi above 1 or absent: no upper clamp): the clamped-probability log of a BCE loss without
+    the sigmoid's division, and with the log's argument kept in [1, 1/lo], where the Triton
+    backend's log needs no special cases. At least as accurate (log(1/u) rounds 1/u first);
+    both round u = 1 + exp(-x), an absolute error of 2**-24 in the log near the upper clamp.
+    Without a lower clamp it does not apply: 1 + exp(-x) overflows where sigmoid(x) is still
+    a subnormal."""
+    if node.op != "log" or node.src[0].op != "clamp" or node.src[0].src[0].op != "sigmoid":
+        return None
+    clamp = node.src[0]
+    lo, hi = clamp.params.get("min"), clamp.params.get("max")
+    if not _positive_number(lo) or (hi is not None and not (_positive_number(hi) and lo <= hi)):
+        return None
+    x = clamp.src[0].src[0]
+    # exp's argument capped at -log(lo), past which the clamp takes 1/lo anyway: no overflow
+    # to inf, whose derivative times the clamp's zero would be NaN
+    u = op("add", const(1.0), op("exp", op("minimum", op("neg", x), const(-math.log(lo)))))
+    if hi is not None and hi < 1.0:  # the log is positive: a negation
+        return op("neg", op("log", op("clamp", u, min=1.0 / hi, max=1.0 / lo)))
+    # log(1) = +0.0 where sigmoid rounds to 1: 0 - log(u), not -log(u), keeps its sign
+    return op("sub", const(0.0), op("log", op("clamp", u, max=1.0 / lo)))
+
+
+def _positive_number(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0.0 < value < math.inf)
+
+
 def fuse_silu(node: Node) -> Node | None:
     """x * sigmoid(x) -> silu(x)"""
     if node.op != "mul":
@@ -66,7 +95,7 @@ def fuse_silu(node: Node) -> Node | None:
 
 
 RULES = [drop_identity_element, cancel_double_negation, pow_by_small_integer,
-         stable_log_sigmoid, fuse_silu]
+         stable_log_sigmoid, log_of_clamped_sigmoid, fuse_silu]
 
 
 def simplify_algebra(graph: Graph) -> Graph:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ...errors import InternalError
 from ...ir import AXES, Graph, Node
 from ...ops import OPS
-from .rules import TRITON, _f, helper_source
+from .rules import _f, helper_source, rule_for
 
 REDUCE_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf"), "amax": 0.0}
 _COMBINE = {"sum": "_add", "mean": "_add", "max": "_max_nan", "min": "_min_nan", "amax": "_max_nan"}
@@ -396,7 +396,7 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
         elif OPS[node.op].kind == "reduce":
             continue  # emitted by its output's store
         else:
-            rule = TRITON.get(node.op)
+            rule = rule_for(node)
             if rule is None:
                 raise InternalError(f"no Triton rule for {node.op}; supports() should have said so")
             helpers.update(rule.helpers)
