@@ -254,6 +254,35 @@ def test_tuning_entries_are_kept_across_stores(cache_root):
     assert not list(tune._path().parent.glob(".tuning.*.tmp"))
 
 
+def _drifting_timer(costs, drift, fails=()):
+    """A fake timer: each kernel's true cost plus `drift` per earlier call (a GPU heating up)."""
+    calls = []
+
+    def time_ms(kernel):
+        calls.append(kernel)
+        if kernel in fails:
+            raise RuntimeError("out of resources")
+        return costs[kernel] + drift * (len(calls) - 1)
+    return time_ms, calls
+
+
+def test_tuning_sees_through_a_drifting_clock():
+    """The truly faster kernel wins although the first pass, timed on a cooler GPU, favours
+    the one that ran first; a far slower kernel is timed once."""
+    time_ms, calls = _drifting_timer({"first": 100.0, "second": 98.0, "slow": 150.0}, drift=3.0)
+    ranked = tune.rank(["first", "second", "slow"], time_ms)
+    assert [k for _, _, k in ranked] == ["second", "first", "slow"]
+    assert calls == ["first", "second", "slow", "second", "first"]
+    assert ranked[0][0] == pytest.approx((101.0 + 107.0) / 2)
+
+
+def test_tuning_drops_kernels_that_fail():
+    time_ms, calls = _drifting_timer({"a": 10.0, "b": 5.0, "c": 10.5}, drift=0.0, fails=("b",))
+    ranked = tune.rank(["a", "b", "c"], time_ms)
+    assert [k for _, _, k in ranked] == ["a", "c"]
+    assert tune.rank(["b"], time_ms) == []
+
+
 @pytest.mark.gpu
 def test_malformed_or_stale_tuning_file_on_gpu(cache_root):
     A = torch.randn(256, 128, device="cuda", dtype=torch.float16)
