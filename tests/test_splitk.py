@@ -74,6 +74,25 @@ def test_input_dtypes(dtype, device):
     run_exact(kernel(block_k=32, split_k=3), args)   # 32 deep: int8 and fp8 MMAs need it on GPUs
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+def test_listed_byte_configs_exact(dtype):
+    """The configs kernel_statuses lists for one-byte inputs (128-deep K tiles), each run on a
+    ragged problem whose K splits into shares of whole and partial tiles."""
+    if dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability 8.9")
+    A = integer_tensor(100, 1200, device="cuda", dtype=dtype)
+    B = integer_tensor(1200, 200, low=-1, high=2, device="cuda", dtype=dtype)
+    scale = integer_tensor(200, device="cuda", dtype=torch.float32)
+    epi = epifuse.EpilogueArguments("def epi(accum, scale):\n    D = accum * scale\n    return D\n",
+                                    scale=scale, D=torch.empty(100, 200, device="cuda"))
+    args = epifuse.GemmArguments(A, B, epilogue=epi)
+    listed = splitk.candidates(args)
+    assert listed and all(k.config.block_k == 128 for k in listed)
+    for k in listed:
+        run_exact(k, args)
+
+
 def test_batched_with_transposed_b(device):
     A = integer_tensor(2, 20, 130, device=device)
     B = integer_tensor(2, 36, 130, low=-1, high=2, device=device).transpose(1, 2)
