@@ -151,11 +151,8 @@ def _tuning_history(epifuse):
     first call, which would otherwise be the first import of epifuse.runtime.tune."""
     if epifuse is None:
         return None
-    try:
-        import epifuse.runtime.tune as tune
-    except ImportError:
-        return None
-    return getattr(tune, "HISTORY", None)
+    import epifuse.runtime.tune as tune
+    return tune.HISTORY
 
 
 def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, env):

@@ -64,8 +64,8 @@ def log_of_clamped_sigmoid(node: Node) -> Node | None:
     if node.op != "log" or node.src[0].op != "clamp" or node.src[0].src[0].op != "sigmoid":
         return None
     clamp = node.src[0]
-    lo, hi = clamp.params.get("min"), clamp.params.get("max")
-    if not _positive_number(lo) or (hi is not None and not (_positive_number(hi) and lo <= hi)):
+    lo, hi = clamp.params.get("min"), clamp.params.get("max")  # floats or absent
+    if lo is None or not 0.0 < lo < math.inf or (hi is not None and not lo <= hi < math.inf):
         return None
     x = clamp.src[0].src[0]
     # exp's argument capped at -log(lo), past which the clamp takes 1/lo anyway: no overflow
@@ -75,11 +75,6 @@ def log_of_clamped_sigmoid(node: Node) -> Node | None:
         return op("neg", op("log", op("clamp", u, min=1.0 / hi, max=1.0 / lo)))
     # log(1) = +0.0 where sigmoid rounds to 1: 0 - log(u), not -log(u), keeps its sign
     return op("sub", const(0.0), op("log", op("clamp", u, max=1.0 / lo)))
-
-
-def _positive_number(value) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and 0.0 < value < math.inf)
 
 
 def fuse_silu(node: Node) -> Node | None:

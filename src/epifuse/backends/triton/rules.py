@@ -122,11 +122,8 @@ def value_bounds(node) -> tuple[float, float]:
     if node.op == "const":
         return node.arg, node.arg
     if node.op == "clamp":
-        low, high = node.params.get("min"), node.params.get("max")
-        if not all(b is None or (isinstance(b, (int, float)) and not isinstance(b, bool)) for b in (low, high)):
-            return -math.inf, math.inf
-        low = -math.inf if low is None else low
-        high = math.inf if high is None else high
+        # a clamp's bounds are numbers or absent: the parser turns value bounds into maximum / minimum
+        low, high = node.params.get("min", -math.inf), node.params.get("max", math.inf)
         x_low, x_high = value_bounds(node.src[0])
         return min(max(x_low, low), high), min(max(x_high, low), high)  # min > max gives max
     if node.op in ("minimum", "maximum"):

@@ -9,7 +9,7 @@ tiled kernel emits, reductions included. One launch, no host synchronization.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -35,8 +35,7 @@ CUDA_CONFIGS = (
     SplitKConfig(64, 128, 64, 8, 4, 4, split_k=4),
 )
 # fp8 and int8: K tiles of 128, so that a stage's rows are 128 bytes as for fp16
-BYTE_CONFIGS = tuple(SplitKConfig(c.block_m, c.block_n, 128, c.group_m, c.num_warps, c.num_stages,
-                                  split_k=c.split_k) for c in CUDA_CONFIGS)
+BYTE_CONFIGS = tuple(replace(c, block_k=128) for c in CUDA_CONFIGS)
 LONG_K = 2048  # the untimed ranking puts split-K first from this K on, on a small grid
 
 
@@ -139,7 +138,11 @@ def candidates(args) -> list[TritonSplitK]:
     """The split-K kernels kernel_statuses lists for `args`' device."""
     if uses_interpreter(args.A.device):
         return [TritonSplitK(INTERPRETER_CONFIG)]
-    return [TritonSplitK(c) for c in (BYTE_CONFIGS if args.A.dtype.itemsize == 1 else CUDA_CONFIGS)]
+    return [TritonSplitK(c) for c in cuda_configs(args.A.dtype)]
+
+
+def cuda_configs(dtype: torch.dtype) -> tuple:
+    return BYTE_CONFIGS if dtype.itemsize == 1 else CUDA_CONFIGS
 
 
 def ranks_first(args) -> bool:
