@@ -130,25 +130,41 @@ def test_eight_bit_inputs_compile_without_a_gpu(cls, dtype):
 
 
 
-def test_output_stores_fit_shared_memory():
-    """D (fp16) has its own buffer; F (fp32) would not fit next to a 3-stage ring and is stored
-    through pointers; as fp16 it shares D's buffer; a misaligned D goes through pointers. The
-    cooperative kernel's (128, 256) tiles leave room for three 48 KB stages next to D's buffer."""
+def test_tile_buffers_fit_shared_memory():
+    """Slots: C (an (M, N) fp16 operand) 0, D 1, F 2. Outputs first: D (fp16) has its own
+    buffer; F (fp32) would not fit next to a 3-stage ring and is stored through pointers; as
+    fp16 it shares D's buffer after D's store (WAIT). C is loaded into D's buffer when the
+    tile starts. A misaligned D goes through pointers: C takes a buffer of its own, or F's.
+    C in fp32 does not fit: pointer loads. Operands TMA cannot load (unaligned rows, an integer
+    type, a broadcast along M) are loaded through pointers. The cooperative kernel's
+    (128, 256) tiles leave room for three 48 KB stages next to one 64 KB buffer."""
     A, B, tensors = _problem(AUX, 256, 256, 64, out=torch.float16)
     cfg = pingpong.CUDA_CONFIGS[0]
 
-    def plan(kernel=pingpong.GluonPingPong(cfg), **outputs):
-        args = _args(AUX, A, B, **dict(tensors, **outputs))
-        tiles = [y for y in pingpong.launch_layout(args.graph).outputs if y.mode == "tile"]
-        stages, stores, owner = pingpong._stages_and_stores(args, kernel.config, tiles, kernel.consumers)
-        return stages, {y.name: (stores[y.prefix], owner[y.prefix]) for y in tiles}
+    def plan(kernel=pingpong.GluonPingPong(cfg), **changed):
+        args = _args(AUX, A, B, **dict(tensors, **changed))
+        layout = pingpong.launch_layout(args.graph)
+        p = pingpong._buffer_plan(args, kernel.config, layout, kernel.consumers)
+        names = dict(zip(p.slots, pingpong._slot_names(layout)))
+        slots = {names[s]: (p.tma[s], p.owner[s]) + ((p.wait[s],) if s in p.wait else ()) for s in p.slots}
+        return p.stages, p.load_bytes, slots
 
-    assert plan() == (4, {"D": (True, 0), "F": (False, 1)})
-    assert plan(F=torch.empty(256, 256, dtype=torch.float16)) == (4, {"D": (True, 0), "F": (True, 0)})
+    tile = 128 * 128 * 2
+    fp16 = dict(F=torch.empty(256, 256, dtype=torch.float16))
+    assert plan() == (4, tile, {"C": (True, 1), "D": (True, 1, False), "F": (False, 2, False)})
+    assert plan(**fp16) == (4, tile, {"C": (True, 1), "D": (True, 1, False), "F": (True, 1, True)})
     misaligned = torch.empty(256 * 256 + 1, dtype=torch.float16)[1:].view(256, 256)
-    assert plan(D=misaligned) == (4, {"D": (False, 0), "F": (False, 1)})
-    assert plan(D=misaligned, F=torch.empty(256, 256, dtype=torch.float16)) == (4, {"D": (False, 0), "F": (True, 1)})
-    assert plan(COOPERATIVE(pingpong.COOPERATIVE_CONFIGS[0])) == (3, {"D": (True, 0), "F": (False, 1)})
+    assert plan(D=misaligned) == (4, tile, {"C": (True, 0), "D": (False, 1, False), "F": (False, 2, False)})
+    assert plan(D=misaligned, **fp16) == (4, tile, {"C": (True, 2), "D": (False, 1, False), "F": (True, 2, False)})
+    assert plan(C=tensors["C"].float()) == (4, 0, {"C": (False, 0), "D": (True, 1, False), "F": (False, 2, False)})
+    assert plan(C=tensors["C"].bfloat16())[2]["C"] == (False, 0)   # no room for a second buffer
+    for C in (torch.empty(256, 260, dtype=torch.float16)[:, :256],   # rows not 16-byte aligned
+              tensors["C"].to(torch.int16), tensors["C"][:1].expand(256, 256)):
+        assert plan(C=C)[2]["C"] == (False, 0), C.stride()
+    wide = torch.empty(256, 320, dtype=torch.float16)[:, 8:264]   # 16-byte aligned rows and start
+    assert plan(C=wide)[2]["C"] == (True, 1)
+    assert plan(COOPERATIVE(pingpong.COOPERATIVE_CONFIGS[0])) == \
+        (3, 128 * 256 * 2, {"C": (True, 1), "D": (True, 1, False), "F": (False, 2, False)})
 
 
 def _gpu_kernel(args, config=pingpong.CUDA_CONFIGS[0], cls=PINGPONG):
@@ -208,6 +224,35 @@ def test_output_dtypes(out, kernel_config):
     kernel = _gpu_kernel(args, kernel_config[1], kernel_config[0])
     kernel.run(args)
     assert args._plans[kernel].meta["Y0_TMA"] == (out != torch.float32)
+    torch.cuda.synchronize()
+    _check(args, reference_outputs(args))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["fp16", "bf16", "fp32", "int16", "wide-view", "unaligned-rows", "broadcast"])
+@pytest.mark.parametrize("kernel_config", EVERY_CONFIG, ids=_config_id)
+def test_tile_operands(form, kernel_config):
+    """C through TMA into shared memory at each tile's start (fp16, bf16, a view whose rows are
+    16-byte aligned; D and F, of its dtype, then store from its buffer) or through pointers
+    (fp32 does not fit next to the ring; an integer type, unaligned rows, a broadcast along M),
+    exact against the reference on ragged tiles, several per CTA."""
+    M, N, K = 1531, 744, 200
+    A, B, tensors = _problem(AUX, M, N, K, device="cuda")
+    C = tensors["C"]
+    C = {"fp16": C, "bf16": C.bfloat16(), "fp32": C.float(), "int16": C.to(torch.int16),
+         "wide-view": torch.empty(M, N + 40, dtype=torch.float16, device="cuda")[:, 8:N + 8].copy_(C),
+         "unaligned-rows": torch.empty(M, N + 4, dtype=torch.float16, device="cuda")[:, :N].copy_(C),
+         "broadcast": C[:1].expand(M, N)}[form]
+    out = C.dtype if C.dtype == torch.bfloat16 else torch.float16   # C's buffer is D's
+    outputs = {name: torch.empty(M, N, dtype=out, device="cuda") for name in ("D", "F")}
+    args = _args(AUX, A, B, **dict(tensors, C=C, **outputs))
+    kernel = _gpu_kernel(args, kernel_config[1], kernel_config[0])
+    for t in args.outputs.values():
+        t.fill_(float("nan"))
+    kernel.run(args)
+    meta = args._plans[kernel].meta
+    assert meta.get("X1_TMA", False) == (form in ("fp16", "bf16", "wide-view")), meta
+    assert meta["Y0_TMA"] and meta["Y1_TMA"] and meta["Y1_WAIT"]
     torch.cuda.synchronize()
     _check(args, reference_outputs(args))
 

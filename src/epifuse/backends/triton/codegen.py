@@ -375,11 +375,11 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
     acc_e, rm, rn, mask_m, mask_n, mask, pid_l, pid_m, pid_en, offs_m, offs_en, which the main
     loops define. `style` says how tiles move: "pointer" loads and stores; "tma" (the persistent
     kernel) also device-side descriptors, and batch; "gluon" (the warp-specialized Gluon kernel)
-    stores tiles through shared memory and host descriptors (y*_smem, y*_desc) and makes
-    tensors in the accumulator's layout (acc_layout)."""
+    stores tiles through shared memory and host descriptors (y*_smem, y*_desc), reads (M, N)
+    operands its launch loads by TMA from shared memory (x*_smem), and makes tensors in the
+    accumulator's layout (acc_layout)."""
     if style not in STYLES:
         raise InternalError(f"unknown epilogue style {style!r}")
-    tma = style == "tma"
     lines: list[str] = []
     helpers: set[str] = set()
     names: dict[int, str] = {}
@@ -392,7 +392,7 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
         elif node.op == "const":
             names[id(node)] = _f(node.arg)
         elif node.op == "input":
-            lines.extend(_load_operand(var, operand_prefix[node.arg.name], tma))
+            lines.extend(_load_operand(var, operand_prefix[node.arg.name], style))
         elif OPS[node.op].kind == "reduce":
             continue  # emitted by its output's store
         else:
@@ -437,15 +437,20 @@ def _mask_of(axes) -> str | None:
     return None
 
 
-def _load_operand(var: str, o: OperandParams, tma: bool) -> list[str]:
+def _load_operand(var: str, o: OperandParams, style: str) -> list[str]:
     if o.kind == "number":
         return [f"{var} = {o.prefix}"]
     mask = _mask_of(o.axes)
     masked = f", mask={mask}, other=0.0" if mask else ""
     pointer_load = f"{var} = tl.load({o.prefix}_ptr + {_offset(o.prefix, o.axes)}{masked}).to(tl.float32)"
-    if not (tma and {"M", "N"} <= set(o.axes)):
+    if style == "pointer" or not {"M", "N"} <= set(o.axes):
         return [pointer_load]
     flag = f"{o.prefix.upper()}_TMA"
+    if style == "gluon":  # loaded into shared memory when the tile started; waited for
+        return [f"if {flag}:",
+                f"    {var} = {o.prefix}_smem.load(acc_layout).to(tl.float32)",
+                "else:",
+                f"    {pointer_load}"]
     return [f"if {flag} == 2:",
             f"    {var} = {o.prefix}_desc.load([offs_m, offs_en]).to(tl.float32)",
             f"elif {flag} == 3:",
@@ -471,9 +476,8 @@ def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]
     pointer_store = f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, {value}, mask=mask)"
     flag = f"{y.prefix.upper()}_TMA"
     if style == "gluon":  # the previous tile's TMA stores were waited for before the epilogue
-        own = int(y.prefix[1:])
         return [f"if {flag}:",
-                f"    if {upper}_BUF != {own}:  # shared with an earlier output of this tile",
+                f"    if {upper}_WAIT:  # an earlier output of this tile stores from the same buffer",
                 "        tma.store_wait(pendings=0)",
                 f"    {y.prefix}_smem.store({value})",
                 "    fence_async_shared()",

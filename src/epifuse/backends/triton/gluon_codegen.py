@@ -8,7 +8,9 @@ tile, each warpgroup half of its rows, and only the producer's loads of the next
 its epilogue. The epilogue is the same code the Triton kernels run
 (`codegen._emit_epilogue` in its "gluon" style) over the whole (BLOCK_M, BLOCK_N) tile in the
 wgmma accumulator's layout; tile outputs leave through shared memory and TMA stores when their
-launch says so (Y*_TMA), else through pointer stores.
+launch says so (Y*_TMA), else through pointer stores. Tile operands (a C of shape (M, N)) that
+the launch loads by TMA (X*_TMA) are fetched into shared memory when a consumer starts the tile,
+so they arrive during its main loop; the epilogue waits on load_bars[CID] and reads them there.
 
 Ring protocol (per CTA): ring index i -> stage i % STAGES, phase (i // STAGES) & 1; the CTA's
 t-th tile uses ring indices t k_tiles ... (t + 1) k_tiles - 1. In the ping-pong schedule
@@ -88,7 +90,7 @@ def _consumer(CID: gl.constexpr, {params}):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         mbarrier.wait(turn_bars.index(CID), (j + CID + 1) & 1, pred=t > 0)
         base = t * k_tiles
-{zeros}        for kk in range(k_tiles):
+{prefetch}{zeros}        for kk in range(k_tiles):
             i = base + kk
 {k_step}        mbarrier.arrive(turn_bars.index(1 - CID))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -116,7 +118,7 @@ def epifuse_kernel(
         mbarrier.init(empty_bars.index(s), count=1)
     for c in gl.static_range(2):
         mbarrier.init(turn_bars.index(c), count=1)
-{allocate}    # The argument tuples are written out: a tuple kept in a variable turns its constexpr
+{load_bars}{allocate}    # The argument tuples are written out: a tuple kept in a variable turns its constexpr
     # members into runtime values.
     gl.warp_specialize([
         (_consumer0, ({args})),
@@ -153,13 +155,15 @@ def _consumer({params}):
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
     i = 0
+    j = 0
     for tile in range(pid, num_pid_m * num_pid_n, nprog):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-{zeros}        for kk in range(k_tiles):
+{prefetch}{zeros}        for kk in range(k_tiles):
 {k_step}            i += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=k_tiles > 0)
-{tile_rows}{wait}{pieces}{drain}
+{tile_rows}{wait}{pieces}        j += 1
+{drain}
 
 @gluon.jit
 def epifuse_kernel(
@@ -169,7 +173,7 @@ def epifuse_kernel(
         mbarrier.init(ready_bars.index(s), count=1)
         mbarrier.init(empty_bars.index(s), count=1)
     turn_bars = ready_bars  # the consumer's signature is the ping-pong one's; it has no turns
-{allocate}    gl.warp_specialize([
+{load_bars}{allocate}    gl.warp_specialize([
         (_consumer, ({args})),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, B_KMAJOR)),
@@ -234,49 +238,82 @@ def tile_outputs(layout) -> list[str]:
     return [y.prefix for y in layout.outputs if y.mode == "tile"]
 
 
+def tile_slots(layout) -> list[str]:
+    """Prefixes of what may pass through a shared-memory tile buffer: the (M, N) operands, then
+    the tile outputs. A slot's BUF constexpr is the index in this list of the slot whose buffer
+    it uses."""
+    return layout.tma_candidates()
+
+
+def _buffer_of(q: str, slots: list[str], pieces: int, index: int, indent: int) -> str:
+    """Lines naming `q`_smem: piece `index` of this consumer's part of the buffer slot q
+    uses, which is that of slot Q_BUF: its own, or another's of the same dtype
+    (pingpong._buffer_plan), which an output reuses once the operand loaded into it has been
+    read or the TMA store out of it has read it."""
+    pad = " " * indent
+    return "".join(f"{pad}{'if' if k == 0 else 'elif'} {q.upper()}_BUF == {k}:\n"
+                   f"{pad}    {q}_smem = {p}_bufs.index(CID * {pieces} + {index})\n"
+                   for k, p in enumerate(slots))
+
+
 def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, pieces: int = 1,
                       schedule: str = "pingpong") -> str:
     """The module source of the Gluon `epifuse_kernel` for `graph` (CUDA, compute capability 9.0).
 
     Its parameters: a_desc, b_desc, M, N, K, the epilogue's (launch_layout order), then
-    y*_desc for each tile output (None when that output is stored through pointers), then
-    the constexprs: GEMM_META, each tile output's KIND/LO/HI, TMA flag and BUF. The epilogue
-    runs on `pieces` column blocks of the tile in turn (EPI_N = BLOCK_N / pieces). `schedule`:
-    "pingpong" (two 4-warp consumers on alternate tiles, launched with 4 warps) or
-    "cooperative" (one 8-warp consumer per tile, launched with 8 warps)."""
+    *_desc for each tile slot (`tile_slots`; None when that operand or output moves through
+    pointers), then the constexprs: GEMM_META, LOAD_BYTES (the bytes one tile's operand loads
+    bring), each slot's TMA flag and BUF, and each tile output's KIND/LO/HI and WAIT (an
+    earlier output of the tile stores from its buffer). The epilogue runs on `pieces` column
+    blocks of the tile in turn (EPI_N = BLOCK_N / pieces). `schedule`: "pingpong" (two 4-warp
+    consumers on alternate tiles, launched with 4 warps) or "cooperative" (one 8-warp consumer
+    per tile, launched with 8 warps)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown Gluon schedule {schedule!r}; one of {SCHEDULES}")
     consumers = 2 if schedule == "pingpong" else 1
     layout = launch_layout(graph, deterministic)
     lines, helpers = _emit_epilogue(graph, layout, "gluon")
     tiles = tile_outputs(layout)
-    meta = GEMM_META + [f"{p.upper()}_{part}" for p in tiles for part in ("KIND", "LO", "HI", "TMA", "BUF")]
-    runtime = ["M", "N", "K", *layout.param_names(), *(f"{p}_desc" for p in tiles)]
-    consumer_runtime = ["a_bufs", "b_bufs", "ready_bars", "empty_bars", "turn_bars",
-                        *runtime, *(f"{p}_bufs" for p in tiles)]
+    slots = tile_slots(layout)
+    loads = [p for p in slots if p not in tiles]
+    meta = (GEMM_META + ["LOAD_BYTES"] + [f"{p.upper()}_{part}" for p in slots for part in ("TMA", "BUF")]
+            + [f"{p.upper()}_{part}" for p in tiles for part in ("KIND", "LO", "HI", "WAIT")])
+    runtime = ["M", "N", "K", *layout.param_names(), *(f"{p}_desc" for p in slots)]
+    consumer_runtime = ["a_bufs", "b_bufs", "ready_bars", "empty_bars", "turn_bars", "load_bars",
+                        *runtime, *(f"{p}_bufs" for p in slots)]
     params = ", ".join([*consumer_runtime, *(f"{m}: gl.constexpr" for m in meta)])
     args = ", ".join([*consumer_runtime, *meta])
     kernel_params = ",\n    ".join(["a_desc", "b_desc", *runtime, *(f"{m}: gl.constexpr" for m in meta)])
-    any_tma = " or ".join(f"{p.upper()}_TMA" for p in tiles) or "False"
-    # Output p's shared-memory buffer (one per consumer and piece) is that of output yP_BUF:
-    # its own, or an earlier output's of the same dtype, which it reuses once the TMA store
-    # out of it has read it.
-    smem = "".join(f"        {'if' if k == 0 else 'elif'} {q.upper()}_BUF == {p[1:]}:\n"
-                   f"            {q}_smem = {p}_bufs.index(CID * {pieces} + {{index}})\n"
-                   for q in tiles for k, p in enumerate(tiles))
+    any_store = " or ".join(f"{p.upper()}_TMA" for p in tiles) or "False"
+    any_load = " or ".join(f"{p.upper()}_TMA" for p in loads) or "False"
+    # The operands' loads start with the tile, once the TMA stores of this consumer's tile
+    # before have read the buffers they may share.
+    copies = "".join(f"            if {p.upper()}_TMA:\n" + _buffer_of(p, slots, pieces, i, 16) +
+                     f"                tma.async_copy_global_to_shared({p}_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N + {i} * EPI_N], "
+                     f"load_bars.index(CID), {p}_smem)\n"
+                     for p in loads for i in range(pieces))
+    prefetch = (f"        if {any_load}:\n"
+                f"            if {any_store}:\n"
+                "                tma.store_wait(pendings=0)\n"
+                "            mbarrier.expect(load_bars.index(CID), LOAD_BYTES)\n" + copies) if loads else ""
     # One wait for this consumer's stores of the tile before (issued a whole main loop ago)
-    # covers every output's shared-memory buffer.
-    wait = f"        if {any_tma}:\n            tma.store_wait(pendings=0)\n"
-    drain = f"    if {any_tma}:\n        tma.store_wait(pendings=0)\n"
+    # covers every output's shared-memory buffer; then the wait for this tile's operands.
+    wait = (f"        if {any_store}:\n            tma.store_wait(pendings=0)\n"
+            f"        if {any_load}:\n            mbarrier.wait(load_bars.index(CID), j & 1)\n")
+    drain = f"    if {any_store}:\n        tma.store_wait(pendings=0)\n"
+    load_bars = ("    load_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())\n"
+                 "    for c in gl.static_range(2):\n"
+                 "        mbarrier.init(load_bars.index(c), count=1)\n")
     allocate = "".join(
-        f"    if {p.upper()}_TMA and {p.upper()}_BUF == {p[1:]}:\n"
+        f"    if {p.upper()}_TMA and {p.upper()}_BUF == {k}:\n"
         f"        {p}_bufs = gl.allocate_shared_memory({p}_desc.dtype, [{consumers * pieces}] + {p}_desc.block_type.shape, "
         f"{p}_desc.layout)\n"
         f"    else:\n"
-        f"        {p}_bufs = turn_bars  # never used\n" for p in tiles)
+        f"        {p}_bufs = turn_bars  # never used\n" for k, p in enumerate(slots))
     body = "".join(" " * 8 + line + "\n" for line in lines)
     split, values = _split_lines(pieces)
-    pieces_text = split + "".join(_PIECE.format(value=v, index=i, pieces=pieces) + smem.format(index=i) + body
+    pieces_text = split + "".join(_PIECE.format(value=v, index=i, pieces=pieces)
+                                  + "".join(_buffer_of(q, slots, pieces, i, 8) for q in slots) + body
                                   for i, v in enumerate(values))
     template = _CONSUMER if schedule == "pingpong" else _COOPERATIVE
     return (_HEADER.format(key=key, target=f"cuda (Gluon {schedule}, sm_90)",
@@ -284,5 +321,6 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
             + _GLUON_IMPORTS + helper_source(helpers, "cuda")
             + template.format(params=params, args=args, kernel_params=kernel_params, wait=wait,
                               pieces=pieces_text, drain=drain, allocate=allocate, zeros=_ZEROS,
-                              k_step=_K_STEP, tile_rows=_TILE_ROWS, ring=_RING,
+                              k_step=_K_STEP, tile_rows=_TILE_ROWS, ring=_RING, prefetch=prefetch,
+                              load_bars=load_bars,
                               layouts=_LAYOUTS.format(warps=4 if schedule == "pingpong" else 8)))

@@ -13,6 +13,7 @@ but never launched.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -22,7 +23,7 @@ import triton
 
 from ..base import Status, supported, unsupported
 from .codegen import launch_layout
-from .gluon_codegen import emit_gluon_kernel
+from .gluon_codegen import emit_gluon_kernel, tile_slots
 from .grouped import TL_TYPES
 from .persistent import TritonPersistent, _sm_count, _tma_mode
 from .tiled import TileConfig, _conversion_meta, epilogue_values, uses_interpreter
@@ -113,19 +114,23 @@ class GluonPingPong(TritonPersistent):
     def _launch_args(self, args, layout, buffers):
         cfg = self._config(args)
         tiles = [y for y in layout.outputs if y.mode == "tile"]
-        # A, B and each TMA-stored output are passed as tensors; _argument_converter makes
-        # the descriptors, so a kept launch (epifuse.callsite) can swap in new tensors.
+        # A, B and each TMA-moved operand and output are passed as tensors; _argument_converter
+        # makes the descriptors, so a kept launch (epifuse.callsite) can swap in new tensors.
         values = [args.A, args.B, args.M, args.N, args.K, *epilogue_values(args, layout, buffers)]
-        stages, tma, owner = _stages_and_stores(args, cfg, tiles, self.consumers)
-        values += [buffers[y.name][0] if tma[y.prefix] else None for y in tiles]
+        plan = _buffer_plan(args, cfg, layout, self.consumers)
+        slots = _slot_tensors(args, layout, buffers)
+        values += [slots[p] if plan.tma[p] else None for p in plan.slots]
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                    EPI_N=cfg.block_n // cfg.epilogue_pieces, GROUP_M=cfg.group_m, STAGES=stages, B_KMAJOR=_b_kmajor(args),
-                    INSTR_K=32 if args.A.dtype.itemsize == 1 else 16, ACC_INT=args.A.dtype == torch.int8,
-                    CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=self.num_warps)
+                    EPI_N=cfg.block_n // cfg.epilogue_pieces, GROUP_M=cfg.group_m, STAGES=plan.stages,
+                    B_KMAJOR=_b_kmajor(args), INSTR_K=32 if args.A.dtype.itemsize == 1 else 16,
+                    ACC_INT=args.A.dtype == torch.int8, CONSUMER_REGS=CONSUMER_REGS,
+                    PRODUCER_REGS=PRODUCER_REGS, num_warps=self.num_warps, LOAD_BYTES=plan.load_bytes)
+        for p in plan.slots:
+            meta[f"{p.upper()}_TMA"] = plan.tma[p]
+            meta[f"{p.upper()}_BUF"] = plan.owner[p]
         for y in tiles:
             meta.update(_conversion_meta(y.prefix, args.outputs[y.name].dtype))
-            meta[f"{y.prefix.upper()}_TMA"] = tma[y.prefix]
-            meta[f"{y.prefix.upper()}_BUF"] = owner[y.prefix]
+            meta[f"{y.prefix.upper()}_WAIT"] = plan.wait[y.prefix]
         tiles_total = triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n)
         programs = _sm_count(args.A.device.index or 0) if args.A.is_cuda else OFFLINE_SMS
         return values, meta, (max(1, min(programs, tiles_total)),)
@@ -139,10 +144,10 @@ class GluonPingPong(TritonPersistent):
         else:
             b_spec = (1, [args.K, args.N], [B.stride(-2), 1], [BK, BN])
         specs = [(0, [args.M, args.K], [A.stride(-2), 1], [BM, BK]), b_spec]
-        tiles = [y for y in layout.outputs if y.mode == "tile"]
-        first = len(values) - len(tiles)
-        specs += [(first + k, [args.M, args.N], [args.strides[y.name]["M"], 1], [BM, EN])
-                  for k, y in enumerate(tiles) if values[first + k] is not None]
+        names = _slot_names(layout)
+        first = len(values) - len(names)
+        specs += [(first + k, [args.M, args.N], [args.strides[name]["M"], 1], [BM, EN])
+                  for k, name in enumerate(names) if values[first + k] is not None]
         specs = [(i, shape, strides, block, _shared_layout(block, values[i].dtype))
                  for i, shape, strides, block in specs]
 
@@ -176,32 +181,73 @@ def _b_kmajor(args) -> bool:
     return args.B.stride(-1) != 1
 
 
-def _stages_and_stores(args, cfg: TileConfig, tiles, consumers: int = 2) -> tuple[int, dict, dict]:
-    """The ring's depth, which tile outputs TMA stores, and whose shared-memory buffer each
-    uses (the number of that output's prefix). A buffer holds a (BLOCK_M, BLOCK_N) tile for
-    each of the `consumers`; outputs of one dtype share it, one TMA store after the other. Outputs TMA
-    cannot move, or whose buffer does not fit next to a ring of at least three stages, are
-    stored through pointers."""
+# (M, N) operands loaded by TMA into shared memory: the types the epilogue reads there as
+# floats (two- and four-byte ones; others are loaded through pointers)
+TMA_OPERAND_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferPlan:
+    """How a launch uses shared memory next to the ring: `slots` (gluon_codegen.tile_slots),
+    for each whether TMA moves it (`tma`) and the index of the slot whose buffer it uses
+    (`owner`), for each tile output whether an earlier output stores from that buffer too
+    (`wait`), the ring's depth and the bytes one tile's operand loads bring."""
+    slots: tuple
+    tma: dict
+    owner: dict
+    wait: dict
+    stages: int
+    load_bytes: int
+
+
+def _slot_names(layout) -> list[str]:
+    """The user's names of the tile slots, in tile_slots order."""
+    return ([o.name for o in layout.operands if {"M", "N"} <= set(o.axes)]
+            + [y.name for y in layout.outputs if y.mode == "tile"])
+
+
+def _slot_tensors(args, layout, buffers) -> dict:
+    operands = {o.prefix: args.operands[o.name] for o in layout.operands if {"M", "N"} <= set(o.axes)}
+    return {**operands, **{y.prefix: buffers[y.name][0] for y in layout.outputs if y.mode == "tile"}}
+
+
+def _buffer_plan(args, cfg: TileConfig, layout, consumers: int = 2) -> BufferPlan:
+    """A buffer holds a (BLOCK_M, BLOCK_N) tile for each of the `consumers`. Tile outputs come
+    first (a TMA store saves more than a TMA load): each takes the buffer of the first output
+    of its dtype, one TMA store after the other, or its own. Then each (M, N) operand takes a
+    buffer of its dtype that no other operand has (all are loaded when a tile starts, and read
+    before any output is stored), or its own. What TMA cannot move, or whose buffer does not
+    fit next to a ring of at least three stages, goes through pointers."""
     size = args.A.element_size()
     stage = (cfg.block_m + cfg.block_n) * cfg.block_k * size
-    stores, owner, by_dtype, used = {}, {}, {}, 0
-    for y in tiles:
-        dest = args.outputs[y.name]
-        number = int(y.prefix[1:])
-        if _tma_mode(dest, args.strides[y.name], False) != 2:
-            stores[y.prefix], owner[y.prefix] = False, number
-            continue
-        if dest.dtype in by_dtype:
-            stores[y.prefix], owner[y.prefix] = True, by_dtype[dest.dtype]
-            continue
-        need = consumers * cfg.block_m * cfg.block_n * dest.element_size()
-        fits = 3 * stage + used + need <= SHARED_MEMORY
-        stores[y.prefix], owner[y.prefix] = fits, number
-        if fits:
-            by_dtype[dest.dtype] = number
+    slots = tile_slots(layout)
+    names = dict(zip(slots, _slot_names(layout)))
+    outputs = {y.prefix for y in layout.outputs if y.mode == "tile"}
+    tma, owner, wait, used, load_bytes = {}, {}, {}, 0, 0
+    by_dtype: dict = {}   # dtype -> the buffers (owner indices) of that dtype, in order
+    loaded_into: set = set()
+    for k, p in sorted(enumerate(slots), key=lambda kp: kp[1] not in outputs):
+        operand = p not in outputs
+        t, strides = (args.operands if operand else args.outputs)[names[p]], args.strides[names[p]]
+        movable = _tma_mode(t, strides, False) == 2 and (
+            not operand or (t.dtype in TMA_OPERAND_DTYPES and strides["M"] >= args.N))
+        free = [b for b in by_dtype.get(t.dtype, ()) if not (operand and b in loaded_into)]
+        need = consumers * cfg.block_m * cfg.block_n * t.element_size()
+        if movable and free:
+            tma[p], owner[p] = True, free[0]
+        elif movable and 3 * stage + used + need <= SHARED_MEMORY:
+            tma[p], owner[p] = True, k
+            by_dtype.setdefault(t.dtype, []).append(k)
             used += need
+        else:
+            tma[p], owner[p] = False, k
+        if operand and tma[p]:
+            loaded_into.add(owner[p])
+            load_bytes += cfg.block_m * cfg.block_n * t.element_size()
+        if not operand:
+            wait[p] = tma[p] and owner[p] != k
     stages = max(2, min(cfg.num_stages, (SHARED_MEMORY - used) // stage))
-    return stages, stores, owner
+    return BufferPlan(tuple(slots), tma, owner, wait, stages, load_bytes)
 
 
 class GluonCooperative(GluonPingPong):
