@@ -34,9 +34,10 @@ from .tiled import TileConfig, _conversion_meta, epilogue_values, uses_interpret
 # byte (fp8, int8) take K tiles of 128, so that a stage's rows are 128 bytes as for fp16.
 CUDA_CONFIGS = tuple(TileConfig(128, 128, 64, 8, 4, 4, epilogue_pieces=p) for p in (1, 2))
 BYTE_CONFIGS = tuple(TileConfig(128, 128, 128, 8, 4, 4, epilogue_pieces=p) for p in (1, 2))
-# The cooperative kernel with its epilogue over the whole tile (in two pieces it never won;
-# in four through two buffers, beside a fourth stage, neither: RESULTS.md, 2026-11-23 14:18).
-COOPERATIVE_CONFIGS = (TileConfig(128, 256, 64, 8, 8, 3),)
+# The cooperative kernel with its epilogue over the whole tile, or in two pieces: since C is
+# loaded by TMA, the loss epilogue's fastest kernel (RESULTS.md, 2026-11-24 17:45; in four
+# pieces through two buffers, beside a fourth stage, it never won: 2026-11-23 14:18).
+COOPERATIVE_CONFIGS = tuple(TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=p) for p in (1, 2))
 COOPERATIVE_BYTE_CONFIGS = (TileConfig(128, 256, 128, 8, 8, 3),)
 GLUON_INPUTS = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 SHARED_MEMORY = 220 * 1024  # of the 227 KiB a Hopper CTA may use; the rest for barriers and scratch
