@@ -131,6 +131,11 @@ def test_signature_refuses_what_it_cannot_key():
     assert callsite.signature("src", torch.ones(0, 3), B, {}, opts) is None        # empty
     assert callsite.signature("src", A, B, {"C": A}, opts) is None                 # shared storage
     assert callsite.signature("src", A, B, {"C": A[1:]}, opts) is None             # a view of A
+    assert callsite.signature("src", [[1.0]], B, {}, opts) is None                 # not a tensor
+    weight = torch.nn.Parameter(torch.ones(3, 5))
+    assert callsite.signature("src", A, weight, {}, opts) is None      # autograd: the custom ops
+    with torch.no_grad():
+        assert callsite.signature("src", A, weight, {}, opts) is not None
     base = torch.ones(64)
     aligned, misaligned = base[:20].view(4, 5), base[1:21].view(4, 5)   # 4 bytes apart
     assert callsite.signature("src", A, B, {"C": aligned}, opts) != \

@@ -294,16 +294,20 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     >>> epifuse.gemm(A, B, epi, bias=torch.full((5,), -1.0))[0]
     tensor([2., 2., 2., 2., 2.])
     """
-    if _through_torch_ops(A, B, tensors):
+    # A kept launch first: its signature admits only calls that do not go through the custom
+    # ops (torch.compile traces this function: nothing is looked up while it does)
+    compiling = torch.compiler.is_compiling()
+    key = None if compiling else callsite.signature(
+        epilogue, A, B, tensors, (out_dtype, accumulate, deterministic, compute_dtype, precision))
+    if key is not None:
+        site = callsite.lookup(key)
+        if site is not None:
+            return site.call(A, B, tensors)
+    if compiling or _through_torch_ops(A, B, tensors):
         from .torch_ops import gemm as gemm_op  # autograd and torch.compile: the custom ops
         return gemm_op(A, B, epilogue, out_dtype=out_dtype, accumulate=accumulate,
                        deterministic=deterministic, compute_dtype=compute_dtype,
                        precision=precision, **tensors)
-    key = callsite.signature(epilogue, A, B, tensors,
-                             (out_dtype, accumulate, deterministic, compute_dtype, precision))
-    site = callsite.lookup(key)
-    if site is not None:
-        return site.call(A, B, tensors)
     program = epilogue if isinstance(epilogue, Program) else parse(
         epilogue if epilogue is not None else IDENTITY_EPILOGUE)
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
@@ -330,10 +334,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
 
 
 def _through_torch_ops(A, B, tensors: dict) -> bool:
-    """Inputs that require grad, tensor subclasses (FakeTensor, ...) or tracing by torch.compile
-    go through epifuse.torch_ops (custom ops with fake impls and a derived backward)."""
-    if torch.compiler.is_compiling():
-        return True
+    """Inputs that require grad and tensor subclasses (FakeTensor, ...) go through
+    epifuse.torch_ops (custom ops with fake impls and a derived backward), as does everything
+    while torch.compile traces (gemm asks that first)."""
     values = [t for t in (A, B, *tensors.values()) if isinstance(t, torch.Tensor)]
     return any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in values) or (
         torch.is_grad_enabled() and any(t.requires_grad for t in values))

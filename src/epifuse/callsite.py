@@ -28,28 +28,39 @@ _LOCK = threading.Lock()
 HITS = [0]  # calls served from a kept launch (for tests and the overhead benchmark)
 
 
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_NUMBER_TYPES = (int, float)
+
+
 def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
-    """The call's signature, or None when it must take the full path."""
+    """The call's signature, or None when it must take the full path: an unhashable epilogue,
+    anything but plain tensors and numbers (bools, tensor subclasses), an empty tensor, tensors
+    sharing storage, or a tensor that requires grad while grad is enabled (that call goes
+    through epifuse.torch_ops). Keyword order is part of it."""
     try:
         hash(epilogue)
     except TypeError:
         return None
+    if type(A) not in _TENSOR_TYPES:
+        return None
     parts = [epilogue, options]
     if A.is_cuda:   # kernel-owned buffers (split-K's workspace) are kept per site: one stream each
         parts.append(torch._C._cuda_getCurrentRawStream(A.device.index))
+    grad = torch.is_grad_enabled()
     storages = set()
-    for name, t in (("A", A), ("B", B), *sorted(tensors.items(), key=lambda kv: kv[0])):
-        if isinstance(t, torch.Tensor):
-            if t.numel() == 0 or type(t) not in (torch.Tensor, torch.nn.Parameter):
+    for name, t in (("A", A), ("B", B), *tensors.items()):
+        kind = type(t)
+        if kind in _TENSOR_TYPES:
+            requires_grad = t.requires_grad
+            if (grad and requires_grad) or t.numel() == 0:
                 return None
             storage = t.untyped_storage().data_ptr()
             if storage in storages:
                 return None
             storages.add(storage)
-            parts.append((name, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0,
-                          t.requires_grad))
-        elif isinstance(t, (int, float)) and not isinstance(t, bool):
-            parts.append((name, type(t), t))
+            parts.append((name, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0, requires_grad))
+        elif kind in _NUMBER_TYPES:
+            parts.append((name, kind, t))
         else:
             return None
     return tuple(parts)
