@@ -70,7 +70,7 @@ EVERY_CONFIG = [(PINGPONG, c) for c in pingpong.CUDA_CONFIGS] + [(COOPERATIVE, c
 
 def _config_id(kernel_config):
     cls, config = kernel_config
-    return f"{cls.schedule}-{config.epilogue_pieces}"
+    return f"{cls.schedule}-{config.epilogue_pieces}-s{config.num_stages}"
 
 
 @pytest.mark.parametrize("src,deterministic,kmajor,dtype,cls,config", [
@@ -136,8 +136,9 @@ def test_tile_buffers_fit_shared_memory():
     fp16 it shares D's buffer after D's store (WAIT). C is loaded into D's buffer when the
     tile starts. A misaligned D goes through pointers: C takes a buffer of its own, or F's.
     C in fp32 does not fit: pointer loads. Operands TMA cannot load (unaligned rows, an integer
-    type, a broadcast along M) are loaded through pointers. The cooperative kernel's
-    (128, 256) tiles leave room for three 48 KB stages next to one 64 KB buffer."""
+    type, a broadcast along M) are loaded through pointers. Beside one buffer the ring takes
+    five stages where the config asks for them (224 KB in all). The cooperative kernel's (128, 256) tiles leave room for three
+    48 KB stages next to one 64 KB buffer."""
     A, B, tensors = _problem(AUX, 256, 256, 64, out=torch.float16)
     cfg = pingpong.CUDA_CONFIGS[0]
 
@@ -163,6 +164,9 @@ def test_tile_buffers_fit_shared_memory():
         assert plan(C=C)[2]["C"] == (False, 0), C.stride()
     wide = torch.empty(256, 320, dtype=torch.float16)[:, 8:264]   # 16-byte aligned rows and start
     assert plan(C=wide)[2]["C"] == (True, 1)
+    five = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[2])
+    assert five.config.num_stages == 5 and plan(five)[0] == 5
+    assert plan(five, C=tensors["C"].float())[0] == 5
     assert plan(COOPERATIVE(pingpong.COOPERATIVE_CONFIGS[0])) == \
         (3, 128 * 256 * 2, {"C": (True, 1), "D": (True, 1, False), "F": (False, 2, False)})
 

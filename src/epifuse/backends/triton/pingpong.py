@@ -30,9 +30,12 @@ from .tiled import TileConfig, _conversion_meta, epilogue_values, uses_interpret
 
 # The same kernel with its epilogue over the whole tile, or over its two column halves in turn:
 # fewer registers live at once (a loss epilogue spilled 1.6 KB whole), twice the reduction
-# atomics (benchmarks/RESULTS.md, 2026-11-23 10:48: four pieces never won). Inputs of one
+# atomics (benchmarks/RESULTS.md, 2026-11-23 10:48: four pieces never won). In halves also with
+# a fifth stage where it fits beside the tile buffer: lincomb and relu_aux 5-8 % faster at S2,
+# identity, bias_gelu and rowsumsq 2-5 % slower (RESULTS.md, 2026-11-24 18:05). Inputs of one
 # byte (fp8, int8) take K tiles of 128, so that a stage's rows are 128 bytes as for fp16.
-CUDA_CONFIGS = tuple(TileConfig(128, 128, 64, 8, 4, 4, epilogue_pieces=p) for p in (1, 2))
+CUDA_CONFIGS = (*(TileConfig(128, 128, 64, 8, 4, 4, epilogue_pieces=p) for p in (1, 2)),
+                TileConfig(128, 128, 64, 8, 4, 5, epilogue_pieces=2))
 BYTE_CONFIGS = tuple(TileConfig(128, 128, 128, 8, 4, 4, epilogue_pieces=p) for p in (1, 2))
 # The cooperative kernel with its epilogue over the whole tile, or in two pieces: since C is
 # loaded by TMA, the loss epilogue's fastest kernel (RESULTS.md, 2026-11-24 17:45; in four
@@ -40,7 +43,12 @@ BYTE_CONFIGS = tuple(TileConfig(128, 128, 128, 8, 4, 4, epilogue_pieces=p) for p
 COOPERATIVE_CONFIGS = tuple(TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=p) for p in (1, 2))
 COOPERATIVE_BYTE_CONFIGS = (TileConfig(128, 256, 128, 8, 8, 3),)
 GLUON_INPUTS = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
-SHARED_MEMORY = 220 * 1024  # of the 227 KiB a Hopper CTA may use; the rest for barriers and scratch
+# Of the 227 KiB a Hopper CTA may use: the ring and the tile buffers take at most RING_BUDGET
+# (the rest for barriers and the epilogue's scratch), and a tile buffer is given only where
+# three stages fit beside it in BUFFER_BUDGET: beside a second 64 KB buffer the ping-pong ring
+# would fall to three stages, which costs more than the buffer saves (RESULTS.md, 2026-11-24 17:45).
+RING_BUDGET = 224 * 1024
+BUFFER_BUDGET = 220 * 1024
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
 OFFLINE_SMS = 132  # the grid of a compile_offline (an H100's SM count; it changes no code)
 
@@ -236,7 +244,7 @@ def _buffer_plan(args, cfg: TileConfig, layout, consumers: int = 2) -> BufferPla
         need = consumers * cfg.block_m * cfg.block_n * t.element_size()
         if movable and free:
             tma[p], owner[p] = True, free[0]
-        elif movable and 3 * stage + used + need <= SHARED_MEMORY:
+        elif movable and 3 * stage + used + need <= BUFFER_BUDGET:
             tma[p], owner[p] = True, k
             by_dtype.setdefault(t.dtype, []).append(k)
             used += need
@@ -247,7 +255,7 @@ def _buffer_plan(args, cfg: TileConfig, layout, consumers: int = 2) -> BufferPla
             load_bytes += cfg.block_m * cfg.block_n * t.element_size()
         if not operand:
             wait[p] = tma[p] and owner[p] != k
-    stages = max(2, min(cfg.num_stages, (SHARED_MEMORY - used) // stage))
+    stages = max(2, min(cfg.num_stages, (RING_BUDGET - used) // stage))
     return BufferPlan(tuple(slots), tma, owner, wait, stages, load_bytes)
 
 
