@@ -122,6 +122,26 @@ def test_kept_reductions_fold_into_their_destination_when_accumulating(device):
     assert callsite.HITS[0] - hits == 2
 
 
+def test_a_kept_inference_launch_does_not_serve_calls_that_need_autograd(device):
+    """A weight that requires grad, used under no_grad, keeps its launch; the same call with
+    grad enabled must still go through the custom ops and come back with a grad_fn."""
+    A = integer_tensor(40, 24, dtype=torch.float32, device=device)
+    weight = torch.nn.Parameter(integer_tensor(24, 36, dtype=torch.float32, device=device))
+    bias = integer_tensor(36, dtype=torch.float32, device=device)
+    hits = callsite.HITS[0]
+    with torch.no_grad():
+        for _ in range(2):
+            D, F = epifuse.gemm(A, weight, SRC, bias=bias, alpha=2.0)
+            assert D.grad_fn is None
+    assert callsite.HITS[0] - hits == 1
+    D, F = epifuse.gemm(A, weight, SRC, bias=bias, alpha=2.0)
+    assert D.grad_fn is not None and callsite.HITS[0] - hits == 1
+    (D.sum() + F.sum()).backward()
+    accum = A.double() @ weight.detach().double()
+    expected = A.double().t() @ ((accum * 2.0 + bias.double() > 0).double() * 2.0 + 1.0)
+    assert torch.allclose(weight.grad.double(), expected)
+
+
 def test_signature_refuses_what_it_cannot_key():
     A, B = torch.ones(4, 3), torch.ones(3, 5)
     opts = (None, False, False, torch.float32, "default")

@@ -78,11 +78,13 @@ def _config_id(kernel_config):
     (AUX, False, True, torch.bfloat16, PINGPONG, pingpong.CUDA_CONFIGS[1]),
     (LOSS, True, False, torch.float16, PINGPONG, dataclasses.replace(pingpong.CUDA_CONFIGS[0], epilogue_pieces=4)),
     (ROWS, False, False, torch.bfloat16, PINGPONG, pingpong.CUDA_CONFIGS[1]),
+    (AUX, False, False, torch.float16, PINGPONG, pingpong.CUDA_CONFIGS[2]),
+    (ROWS, False, False, torch.float16, PINGPONG, pingpong.CUDA_CONFIGS[2]),
     (GELU, False, True, torch.float16, COOPERATIVE, pingpong.COOPERATIVE_CONFIGS[0]),
     (AUX, False, False, torch.bfloat16, COOPERATIVE, dataclasses.replace(pingpong.COOPERATIVE_CONFIGS[0], epilogue_pieces=2)),
     (LOSS, True, True, torch.float16, COOPERATIVE, dataclasses.replace(pingpong.COOPERATIVE_CONFIGS[0], epilogue_pieces=4)),
     (ROWS, False, False, torch.float16, COOPERATIVE, pingpong.COOPERATIVE_CONFIGS[0]),
-], ids=["gelu", "aux-kmajor-bf16", "loss-deterministic", "rows-bf16",
+], ids=["gelu", "aux-kmajor-bf16", "loss-deterministic", "rows-bf16", "aux-5-stages", "rows-5-stages",
         "coop-gelu-kmajor", "coop-aux-bf16", "coop-loss-deterministic", "coop-rows"])
 def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls, config):
     """Two TMA-stored tile outputs do not fit next to the ring: AUX stores F through pointers;
@@ -167,6 +169,10 @@ def test_tile_buffers_fit_shared_memory():
     five = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[2])
     assert five.config.num_stages == 5 and plan(five)[0] == 5
     assert plan(five, C=tensors["C"].float())[0] == 5
+    A_rows, B_rows, rows = _problem(ROWS, 256, 256, 64)   # reductions: their scratch keeps 4 KB
+    rows_args = _args(ROWS, A_rows, B_rows, **rows)
+    rows_plan = pingpong._buffer_plan(rows_args, five.config, pingpong.launch_layout(rows_args.graph))
+    assert rows_plan.stages == 4 and rows_plan.tma["y0"]
     assert plan(COOPERATIVE(pingpong.COOPERATIVE_CONFIGS[0])) == \
         (3, 128 * 256 * 2, {"C": (True, 1), "D": (True, 1, False), "F": (False, 2, False)})
 

@@ -296,8 +296,9 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
                 f"            if {any_store}:\n"
                 "                tma.store_wait(pendings=0)\n"
                 "            mbarrier.expect(load_bars.index(CID), LOAD_BYTES)\n" + copies) if loads else ""
-    # One wait for this consumer's stores of the tile before (issued a whole main loop ago)
-    # covers every output's shared-memory buffer; then the wait for this tile's operands.
+    # One wait for this consumer's stores of the tile before (issued a whole main loop ago, and
+    # already waited for where operands were loaded) covers every output's shared-memory
+    # buffer; then the wait for this tile's operands.
     wait = (f"        if {any_store}:\n            tma.store_wait(pendings=0)\n"
             f"        if {any_load}:\n            mbarrier.wait(load_bars.index(CID), j & 1)\n")
     drain = f"    if {any_store}:\n        tma.store_wait(pendings=0)\n"

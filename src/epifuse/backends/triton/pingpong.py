@@ -44,9 +44,10 @@ COOPERATIVE_CONFIGS = tuple(TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=p)
 COOPERATIVE_BYTE_CONFIGS = (TileConfig(128, 256, 128, 8, 8, 3),)
 GLUON_INPUTS = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 # Of the 227 KiB a Hopper CTA may use: the ring and the tile buffers take at most RING_BUDGET
-# (the rest for barriers and the epilogue's scratch), and a tile buffer is given only where
-# three stages fit beside it in BUFFER_BUDGET: beside a second 64 KB buffer the ping-pong ring
-# would fall to three stages, which costs more than the buffer saves (RESULTS.md, 2026-11-24 17:45).
+# (the rest for barriers), or BUFFER_BUDGET where the epilogue reduces (its scratch needs a few
+# KB more); a tile buffer is given only where three stages fit beside it in BUFFER_BUDGET:
+# beside a second 64 KB buffer the ping-pong ring would fall to three stages, which costs more
+# than the buffer saves (RESULTS.md, 2026-11-24 17:45).
 RING_BUDGET = 224 * 1024
 BUFFER_BUDGET = 220 * 1024
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
@@ -255,7 +256,8 @@ def _buffer_plan(args, cfg: TileConfig, layout, consumers: int = 2) -> BufferPla
             load_bytes += cfg.block_m * cfg.block_n * t.element_size()
         if not operand:
             wait[p] = tma[p] and owner[p] != k
-    stages = max(2, min(cfg.num_stages, (RING_BUDGET - used) // stage))
+    budget = BUFFER_BUDGET if any(y.reduce for y in layout.outputs) else RING_BUDGET
+    stages = max(2, min(cfg.num_stages, (budget - used) // stage))
     return BufferPlan(tuple(slots), tma, owner, wait, stages, load_bytes)
 
 
