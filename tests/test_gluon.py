@@ -7,13 +7,18 @@ float64 reference: integer-valued inputs exactly, random ones by relative error.
 """
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, assume, given, note, settings
+from hypothesis import strategies as st
 
 import epifuse
 from epifuse.backends.reference import saturate
 from epifuse.backends.triton import pingpong
+from fuzz_harness import build, describe, seeded
+from fuzz_strategies import Example, examples
 from helpers import integer_tensor, reference_outputs, rel_error
 
 GELU = "def epi(accum, bias):\n    D = gelu(accum + bias, approximate='tanh')\n    return D\n"
@@ -403,3 +408,34 @@ def test_tile_operand_layouts(layout, cls):
     _gpu_kernel(args, configs[0], cls).run(args)
     torch.cuda.synchronize()
     _check(args, reference_outputs(args))
+
+
+# Fuzzed epilogues through the Gluon code generator: compiled for sm_90 (CPU, no GPU), which
+# catches source the generator gets wrong for some combination of ops, operand roles, dtypes
+# and layouts (TMA or pointer loads and stores, shared buffers, reductions). Whether the
+# kernels compute the right numbers is the GPU fuzz's question (tests/gpu_fuzz.py).
+GLUON_FUZZ_EXAMPLES = int(os.environ.get("EPIFUSE_GLUON_FUZZ_EXAMPLES", "8"))
+
+
+@seeded
+@settings(max_examples=GLUON_FUZZ_EXAMPLES, deadline=None, derandomize=False,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@given(ex=examples(), kernel_config=st.sampled_from(EVERY_CONFIG), kmajor=st.booleans(),
+       sizes=st.tuples(st.sampled_from([8, 64, 136, 264]), st.sampled_from([16, 64, 72])))
+def test_fuzzed_epilogues_compile_for_sm90(ex, kernel_config, kmajor, sizes):
+    """A fuzz example made one the Gluon kernels take (one batch, 16-bit inputs, A contiguous,
+    B contiguous along N or K, N and K multiples of 8), compiled with a random Gluon config."""
+    assume(not ex.batch)
+    in_dtype = ex.in_dtype if ex.in_dtype != torch.float32 else torch.float16
+    ex = Example(**{**ex.__dict__, "in_dtype": in_dtype, "N": sizes[0], "K": sizes[1],
+                    "layout_a": "contiguous", "layout_b": "transposed" if kmajor else "contiguous"})
+    note(describe(ex))
+    args, _ = build(ex, "cpu")
+    cls, config = kernel_config
+    kernel = cls(config)
+    status = kernel.supports_problem(args, cc=90)
+    assume(status)
+    compiled = pingpong.compile_offline(kernel, args)
+    assert "wgmma.mma_async" in compiled.asm["ptx"]
+    assert compiled.metadata.shared <= 227 * 1024, compiled.metadata.shared

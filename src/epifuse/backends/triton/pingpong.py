@@ -96,6 +96,11 @@ class GluonPingPong(TritonPersistent):
             return unsupported(f"the Gluon kernel uses wgmma, which only compute capability 9.x has; this GPU is {major}.x")
         if not gluon_available():
             return unsupported(f"triton {triton.__version__} has no Gluon Hopper support")
+        return self.supports_problem(args, cc)
+
+    def supports_problem(self, args, cc: int | None = None) -> Status:
+        """Whether the kernel takes these dtypes, shapes and layouts on a Hopper GPU, whatever
+        device the tensors are on: the question before an offline compile (compile_offline)."""
         status = super().supports(args, cc)
         if not status:
             return status
@@ -270,8 +275,8 @@ class GluonCooperative(GluonPingPong):
     consumers = 1
     num_warps = 8
 
-    def supports(self, args, cc: int | None = None) -> Status:
-        status = super().supports(args, cc)
+    def supports_problem(self, args, cc: int | None = None) -> Status:
+        status = super().supports_problem(args, cc)
         if status and args.A.dtype == torch.int8:
             # Triton 3.6 fails to lower its m64n256k32 s8 wgmma (ConvertNVGPUToLLVM); the
             # ping-pong kernel's n128 one builds
