@@ -254,6 +254,28 @@ def test_tuning_entries_are_kept_across_stores(cache_root):
     assert not list(tune._path().parent.glob(".tuning.*.tmp"))
 
 
+def test_tuning_keys_tell_operand_layouts_apart():
+    """Whether a kernel loads a C tile by TMA or through pointers depends on C's alignment and
+    contiguity, and so does which kernel is fastest: the tuning key and the remembered choice
+    tell them apart; new tensors of the same layout share both."""
+    src = "def epi(accum, C):\n    D = accum + C\n    return D\n"
+    A, B = torch.ones(64, 32), torch.ones(32, 48)
+
+    def args(C):
+        return epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+            src, C=C, D=torch.empty(64, 48)))
+    aligned = torch.ones(64, 48)
+    unaligned_rows = torch.ones(64, 50)[:, :48]
+    transposed = torch.ones(48, 64).t()
+    keys = [tune.tuning_key(args(C)) for C in (aligned, unaligned_rows, transposed)]
+    assert len(set(keys)) == 3
+    assert tune.tuning_key(args(torch.zeros(64, 48))) == keys[0]
+    epifuse.api._CHOSEN.clear()
+    for C in (aligned, unaligned_rows, transposed, torch.zeros(64, 48)):
+        epifuse.api._choose_kernel(args(C))
+    assert len(epifuse.api._CHOSEN) == 3
+
+
 def _drifting_timer(costs, drift, fails=()):
     """A fake timer: each kernel's true cost plus `drift` per earlier call (a GPU heating up)."""
     calls = []

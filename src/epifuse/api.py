@@ -26,7 +26,8 @@ from .frontend import Program, parse
 from .ir import AXES, Graph, Operand
 from .ops import OPS
 from .passes import canonical_hash, optimize
-from .shapes import accum_shape_of, accumulator_types, classify_operand, output_strides, overlaps, span
+from .shapes import (accum_shape_of, accumulator_types, classify_operand, layout_class, operand_layouts,
+                     output_strides, overlaps, span)
 
 IDENTITY_EPILOGUE = "def identity(accum):\n    D = accum\n    return D\n"
 
@@ -255,7 +256,7 @@ def _choose_kernel(args: GemmArguments):
     key = (args.key, args.A.device, args.A.dtype, args.B.dtype, shape_bucket(args), args.deterministic,
            args.compute_dtype, args.accumulator_type, args.precision,
            tuple((n, t.dtype) for n, t in args.outputs.items()),
-           args.largest_span >= 2**31, _layout_class(args.A), _layout_class(args.B))
+           args.largest_span >= 2**31, layout_class(args.A), layout_class(args.B), operand_layouts(args))
     kernel = _CHOSEN.get(key)
     if kernel is None:
         from .runtime.tune import choose
@@ -264,14 +265,6 @@ def _choose_kernel(args: GemmArguments):
             raise UnsupportedError("No kernel supports these arguments.")
         kernel = _CHOSEN[key] = choose(args, kernels)
     return kernel
-
-
-def _layout_class(t: torch.Tensor) -> tuple:
-    """What the TMA kernels' support reads of an operand's layout: which dimension is
-    contiguous, and whether its base and leading strides are 16-byte aligned."""
-    size = t.element_size()
-    return (t.stride(-1) == 1, t.stride(-2) == 1, t.data_ptr() % 16 == 0,
-            all((s * size) % 16 == 0 for s in t.stride()[:-1]))
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | None = None, /, *,

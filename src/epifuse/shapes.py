@@ -205,3 +205,18 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     a0, b0 = a.data_ptr(), b.data_ptr()
     a1, b1 = a0 + span(a) * a.element_size(), b0 + span(b) * b.element_size()
     return a0 < b1 and b0 < a1
+
+
+def layout_class(t: torch.Tensor) -> tuple:
+    """What the TMA kernels' support and plans read of a tensor's layout: which of its last two
+    dimensions is contiguous, and whether its base and leading strides are 16-byte aligned."""
+    size = t.element_size()
+    return (t.stride(-1) == 1, t.dim() > 1 and t.stride(-2) == 1, t.data_ptr() % 16 == 0,
+            all((s * size) % 16 == 0 for s in t.stride()[:-1]))
+
+
+def operand_layouts(args) -> tuple:
+    """layout_class of each tensor operand of at least two dimensions (a C tile, a column):
+    whether a kernel loads it by TMA or through pointers, which changes which kernel is fastest."""
+    return tuple((name, layout_class(t)) for name, t in args.operands.items()
+                 if isinstance(t, torch.Tensor) and t.dim() > 1)

@@ -19,6 +19,7 @@ import threading
 import torch
 import triton
 
+from ..shapes import operand_layouts
 from .cache import cache_dir, write_atomically
 
 _LOCK = threading.Lock()
@@ -39,8 +40,9 @@ def tuning_key(args) -> str:
     device = args.A.device
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     outputs = ",".join(f"{n}:{t.dtype}" for n, t in args.outputs.items())
+    layouts = ",".join(f"{n}:{''.join('1' if bit else '0' for bit in cls)}" for n, cls in operand_layouts(args))
     return "|".join([
-        args.key, shape_bucket(args),
+        args.key, shape_bucket(args), f"operands {layouts}",
         f"{args.A.dtype}x{args.B.dtype}", outputs, f"{args.precision} det={args.deterministic}",
         gpu, f"torch {torch.__version__}", f"triton {triton.__version__}", f"epifuse {__version__}"])
 
