@@ -153,7 +153,7 @@ def test_tile_buffers_fit_shared_memory():
         args = _args(AUX, A, B, **dict(tensors, **changed))
         layout = pingpong.launch_layout(args.graph)
         p = pingpong._buffer_plan(args, kernel.config, layout, kernel.consumers)
-        names = dict(zip(p.slots, pingpong._slot_names(layout)))
+        names = {slot.prefix: slot.name for slot in layout.tile_slots()}
         slots = {names[s]: (p.tma[s], p.owner[s]) + ((p.wait[s],) if s in p.wait else ()) for s in p.slots}
         return p.stages, p.load_bytes, slots
 

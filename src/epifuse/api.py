@@ -331,7 +331,7 @@ def _through_torch_ops(A, B, tensors: dict) -> bool:
     epifuse.torch_ops (custom ops with fake impls and a derived backward), as does everything
     while torch.compile traces (gemm asks that first)."""
     values = [t for t in (A, B, *tensors.values()) if isinstance(t, torch.Tensor)]
-    return any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in values) or (
+    return any(type(t) not in callsite.PLAIN_TENSOR_TYPES for t in values) or (
         torch.is_grad_enabled() and any(t.requires_grad for t in values))
 
 

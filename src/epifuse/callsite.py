@@ -28,7 +28,8 @@ _LOCK = threading.Lock()
 HITS = [0]  # calls served from a kept launch (for tests and the overhead benchmark)
 
 
-_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+# the tensor types a call may pass without going through epifuse.torch_ops (subclasses do)
+PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _NUMBER_TYPES = (int, float)
 
 
@@ -41,7 +42,7 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
         hash(epilogue)
     except TypeError:
         return None
-    if type(A) not in _TENSOR_TYPES:
+    if type(A) not in PLAIN_TENSOR_TYPES:
         return None
     parts = [epilogue, options]
     if A.is_cuda:   # kernel-owned buffers (split-K's workspace) are kept per site: one stream each
@@ -50,7 +51,7 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
     storages = set()
     for name, t in (("A", A), ("B", B), *tensors.items()):
         kind = type(t)
-        if kind in _TENSOR_TYPES:
+        if kind in PLAIN_TENSOR_TYPES:
             requires_grad = t.requires_grad
             if (grad and requires_grad) or t.numel() == 0:
                 return None

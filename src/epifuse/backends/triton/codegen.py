@@ -67,10 +67,15 @@ class Layout:
                 names.append(f"{y.prefix}_scale")
         return names
 
+    def tile_slots(self) -> list:
+        """The (M, N) operands, then the tile outputs: what a TMA descriptor or a shared-memory
+        tile buffer could move (OperandParams and OutputParams, each with its name and prefix)."""
+        return ([o for o in self.operands if {"M", "N"} <= set(o.axes)]
+                + [y for y in self.outputs if y.mode == "tile"])
+
     def tma_candidates(self) -> list[str]:
-        """Prefixes of the tile operands and tile outputs a TMA descriptor could move."""
-        return ([o.prefix for o in self.operands if {"M", "N"} <= set(o.axes)]
-                + [y.prefix for y in self.outputs if y.mode == "tile"])
+        """Prefixes of the tile slots."""
+        return [slot.prefix for slot in self.tile_slots()]
 
 
 def reduction_mode(op: str, deterministic: bool) -> str:

@@ -238,16 +238,9 @@ def tile_outputs(layout) -> list[str]:
     return [y.prefix for y in layout.outputs if y.mode == "tile"]
 
 
-def tile_slots(layout) -> list[str]:
-    """Prefixes of what may pass through a shared-memory tile buffer: the (M, N) operands, then
-    the tile outputs. A slot's BUF constexpr is the index in this list of the slot whose buffer
-    it uses."""
-    return layout.tma_candidates()
-
-
 def _buffer_of(q: str, slots: list[str], pieces: int, index: int, indent: int) -> str:
     """Lines naming `q`_smem: piece `index` of this consumer's part of the buffer slot q
-    uses, which is that of slot Q_BUF: its own, or another's of the same dtype
+    uses (`slots`: the tile slots' prefixes), which is that of slot Q_BUF: its own, or another's of the same dtype
     (pingpong._buffer_plan), which an output reuses once the operand loaded into it has been
     read or the TMA store out of it has read it."""
     pad = " " * indent
@@ -261,7 +254,7 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     """The module source of the Gluon `epifuse_kernel` for `graph` (CUDA, compute capability 9.0).
 
     Its parameters: a_desc, b_desc, M, N, K, the epilogue's (launch_layout order), then
-    *_desc for each tile slot (`tile_slots`; None when that operand or output moves through
+    *_desc for each tile slot (`Layout.tile_slots`; None when that operand or output moves through
     pointers), then the constexprs: GEMM_META, LOAD_BYTES (the bytes one tile's operand loads
     bring), each slot's TMA flag and BUF, and each tile output's KIND/LO/HI and WAIT (an
     earlier output of the tile stores from its buffer). The epilogue runs on `pieces` column
@@ -274,7 +267,7 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     layout = launch_layout(graph, deterministic)
     lines, helpers = _emit_epilogue(graph, layout, "gluon")
     tiles = tile_outputs(layout)
-    slots = tile_slots(layout)
+    slots = layout.tma_candidates()
     loads = [p for p in slots if p not in tiles]
     meta = (GEMM_META + ["LOAD_BYTES"] + [f"{p.upper()}_{part}" for p in slots for part in ("TMA", "BUF")]
             + [f"{p.upper()}_{part}" for p in tiles for part in ("KIND", "LO", "HI", "WAIT")])

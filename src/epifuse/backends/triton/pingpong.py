@@ -22,8 +22,8 @@ import torch
 import triton
 
 from ..base import Status, supported, unsupported
-from .codegen import launch_layout
-from .gluon_codegen import emit_gluon_kernel, tile_slots
+from .codegen import OperandParams, launch_layout
+from .gluon_codegen import emit_gluon_kernel
 from .grouped import TL_TYPES
 from .persistent import TritonPersistent, _sm_count, _tma_mode
 from .tiled import TileConfig, _conversion_meta, epilogue_values, uses_interpreter
@@ -133,8 +133,8 @@ class GluonPingPong(TritonPersistent):
         # makes the descriptors, so a kept launch (epifuse.callsite) can swap in new tensors.
         values = [args.A, args.B, args.M, args.N, args.K, *epilogue_values(args, layout, buffers)]
         plan = _buffer_plan(args, cfg, layout, self.consumers)
-        slots = _slot_tensors(args, layout, buffers)
-        values += [slots[p] if plan.tma[p] else None for p in plan.slots]
+        values += [(args.operands[s.name] if isinstance(s, OperandParams) else buffers[s.name][0])
+                   if plan.tma[s.prefix] else None for s in layout.tile_slots()]
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                     EPI_N=cfg.block_n // cfg.epilogue_pieces, GROUP_M=cfg.group_m, STAGES=plan.stages,
                     B_KMAJOR=_b_kmajor(args), INSTR_K=32 if args.A.dtype.itemsize == 1 else 16,
@@ -159,10 +159,10 @@ class GluonPingPong(TritonPersistent):
         else:
             b_spec = (1, [args.K, args.N], [B.stride(-2), 1], [BK, BN])
         specs = [(0, [args.M, args.K], [A.stride(-2), 1], [BM, BK]), b_spec]
-        names = _slot_names(layout)
-        first = len(values) - len(names)
-        specs += [(first + k, [args.M, args.N], [args.strides[name]["M"], 1], [BM, EN])
-                  for k, name in enumerate(names) if values[first + k] is not None]
+        slots = layout.tile_slots()
+        first = len(values) - len(slots)
+        specs += [(first + k, [args.M, args.N], [args.strides[slot.name]["M"], 1], [BM, EN])
+                  for k, slot in enumerate(slots) if values[first + k] is not None]
         specs = [(i, shape, strides, block, _shared_layout(block, values[i].dtype))
                  for i, shape, strides, block in specs]
 
@@ -203,7 +203,7 @@ TMA_OPERAND_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclasses.dataclass(frozen=True)
 class BufferPlan:
-    """How a launch uses shared memory next to the ring: `slots` (gluon_codegen.tile_slots),
+    """How a launch uses shared memory next to the ring: `slots` (the prefixes of Layout.tile_slots),
     for each whether TMA moves it (`tma`) and the index of the slot whose buffer it uses
     (`owner`), for each tile output whether an earlier output stores from that buffer too
     (`wait`), the ring's depth and the bytes one tile's operand loads bring."""
@@ -215,17 +215,6 @@ class BufferPlan:
     load_bytes: int
 
 
-def _slot_names(layout) -> list[str]:
-    """The user's names of the tile slots, in tile_slots order."""
-    return ([o.name for o in layout.operands if {"M", "N"} <= set(o.axes)]
-            + [y.name for y in layout.outputs if y.mode == "tile"])
-
-
-def _slot_tensors(args, layout, buffers) -> dict:
-    operands = {o.prefix: args.operands[o.name] for o in layout.operands if {"M", "N"} <= set(o.axes)}
-    return {**operands, **{y.prefix: buffers[y.name][0] for y in layout.outputs if y.mode == "tile"}}
-
-
 def _buffer_plan(args, cfg: TileConfig, layout, consumers: int = 2) -> BufferPlan:
     """A buffer holds a (BLOCK_M, BLOCK_N) tile for each of the `consumers`. Tile outputs come
     first (a TMA store saves more than a TMA load): each takes the buffer of the first output
@@ -235,15 +224,13 @@ def _buffer_plan(args, cfg: TileConfig, layout, consumers: int = 2) -> BufferPla
     fit next to a ring of at least three stages, goes through pointers."""
     size = args.A.element_size()
     stage = (cfg.block_m + cfg.block_n) * cfg.block_k * size
-    slots = tile_slots(layout)
-    names = dict(zip(slots, _slot_names(layout)))
-    outputs = {y.prefix for y in layout.outputs if y.mode == "tile"}
+    slots = layout.tile_slots()
     tma, owner, wait, used, load_bytes = {}, {}, {}, 0, 0
     by_dtype: dict = {}   # dtype -> the buffers (owner indices) of that dtype, in order
     loaded_into: set = set()
-    for k, p in sorted(enumerate(slots), key=lambda kp: kp[1] not in outputs):
-        operand = p not in outputs
-        t, strides = (args.operands if operand else args.outputs)[names[p]], args.strides[names[p]]
+    for k, slot in sorted(enumerate(slots), key=lambda ks: isinstance(ks[1], OperandParams)):
+        p, operand = slot.prefix, isinstance(slot, OperandParams)
+        t, strides = (args.operands if operand else args.outputs)[slot.name], args.strides[slot.name]
         movable = _tma_mode(t, strides, False) == 2 and (
             not operand or (t.dtype in TMA_OPERAND_DTYPES and strides["M"] >= args.N))
         free = [b for b in by_dtype.get(t.dtype, ()) if not (operand and b in loaded_into)]
@@ -263,7 +250,7 @@ def _buffer_plan(args, cfg: TileConfig, layout, consumers: int = 2) -> BufferPla
             wait[p] = tma[p] and owner[p] != k
     budget = BUFFER_BUDGET if any(y.reduce for y in layout.outputs) else RING_BUDGET
     stages = max(2, min(cfg.num_stages, (budget - used) // stage))
-    return BufferPlan(tuple(slots), tma, owner, wait, stages, load_bytes)
+    return BufferPlan(tuple(slot.prefix for slot in slots), tma, owner, wait, stages, load_bytes)
 
 
 class GluonCooperative(GluonPingPong):
