@@ -86,22 +86,24 @@ def test_in_place_update_takes_the_full_path(device):
 def test_reductions_are_kept_and_start_over_every_call(deterministic, device):
     """A kept launch with reductions initializes them and writes them out on every call: an
     fp32 sum (atomic into the output itself), a sum into fp16 (a work buffer), a max (partials
-    folded after the launch), beside a tile output; each call with new inputs."""
+    folded after the launch), an amax (an integer atomic max), beside a tile output; each call
+    with new inputs."""
     src = ("def epi(accum, bias):\n    D = accum + bias\n    r = sum(D, dim=1)\n    h = sum(D, dim=0)\n"
-           "    m = amax(D)\n    return D, r, h, m\n")
+           "    m = max(D)\n    a = amax(D)\n    return D, r, h, m, a\n")
     B = integer_tensor(16, 24, dtype=torch.float16, device=device)
     hits = callsite.HITS[0]
     for _ in range(3):
         A = integer_tensor(40, 16, dtype=torch.float16, device=device)
         bias = integer_tensor(24, dtype=torch.float32, device=device)
         h = torch.full((24,), float("nan"), device=device, dtype=torch.float16)
-        D, r, h_out, m = epifuse.gemm(A, B, src, bias=bias, h=h, out_dtype=torch.float32,
+        D, r, h_out, m, a = epifuse.gemm(A, B, src, bias=bias, h=h, out_dtype=torch.float32,
                                       deterministic=deterministic)
         expected = A.double() @ B.double() + bias.double()
         assert torch.equal(D.double(), expected)
         assert torch.equal(r.double(), expected.sum(1))
         assert h_out is h and torch.equal(h.double(), expected.sum(0).half().double())
-        assert torch.equal(m.double(), expected.abs().amax().reshape(1))
+        assert torch.equal(m.double(), expected.amax().reshape(1))
+        assert torch.equal(a.double(), expected.abs().amax().reshape(1))
     assert callsite.HITS[0] - hits == 2
 
 

@@ -115,6 +115,35 @@ def test_padding_lanes_never_contribute(kind, device):
         _check(_run(A, B, src, s=sign, r=r, c=c, t=t), kind)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_amax_folds_with_an_integer_atomic_max(deterministic, device):
+    """amax folds |x|'s fp32 bits with an integer atomic max (codegen.reduction_mode), in either
+    mode: exact, NaN where any element is NaN (a NaN with its sign bit set too), inf where an
+    element is infinite; accumulating folds the destination in (its own -NaN included), into
+    fp32 and fp16 destinations."""
+    from epifuse.backends.triton.codegen import reduction_mode
+    assert reduction_mode("amax", deterministic) == "atomic"
+    A, B = _gemm_inputs(2, device)
+    C = integer_tensor(M, N, device=device, dtype=torch.float32)
+    negative_nan = torch.tensor([-0x400000], dtype=torch.int32).view(torch.float32).item()
+    C[3, 5], C[7, 70], C[20, 9] = negative_nan, float("-inf"), float("nan")
+    src = "def epi(accum, C):\n    r = amax(accum + C, dim=1)\n    c = amax(accum + C, dim=0)\n    return r, c\n"
+    r, c = torch.empty(M, device=device), torch.empty(N, device=device, dtype=torch.float16)
+    args = _run(A, B, src, deterministic=deterministic, C=C, r=r, c=c)
+    _check(args, "amax")
+    assert torch.isnan(r[3]) and torch.isnan(r[20]) and r[7] == float("inf")
+    assert torch.isnan(c[5]) and torch.isnan(c[9]) and c[70] == float("inf")
+    exact = "def epi(accum):\n    r = amax(accum, dim=1)\n    t = amax(accum * 0.5)\n    return r, t\n"
+    r0 = integer_tensor(M, device=device, dtype=torch.float32) * 30.0  # some above every |accum|
+    r0[0], r0[1] = negative_nan, -7.0
+    r, t = r0.clone(), torch.full((1,), -1.0, device=device, dtype=torch.float16)
+    args = _run(A, B, exact, deterministic=deterministic, accumulate=True, r=r, t=t)
+    refs = reference_outputs(args)
+    expected = torch.maximum(refs["r"], r0.double())  # NaN at 0, as torch.maximum
+    assert torch.isnan(r[0]) and torch.equal(r[1:].double(), expected[1:].float().double())
+    assert torch.equal(t.double(), refs["t"].clamp(min=-1.0).half().double())
+
+
 def test_accumulate_folds_into_existing(device):
     A, B = _gemm_inputs(2, device)
     src = "def epi(accum):\n    r = sum(accum, dim=1)\n    m = max(accum, dim=0)\n    return r, m\n"

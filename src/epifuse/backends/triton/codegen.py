@@ -79,7 +79,12 @@ class Layout:
 
 
 def reduction_mode(op: str, deterministic: bool) -> str:
-    """Sums fold with atomics unless asked to be deterministic; max/min always use partials."""
+    """Sums fold with atomics unless asked to be deterministic. amax always folds with an atomic
+    integer maximum of the fp32 bits: |x|, and NaN with its sign cleared, order as int32 as they
+    do as floats, so the result is exact (identical run to run) and NaN where any element is.
+    max and min use partials, which keep NaN exact for either sign."""
+    if op == "amax":
+        return "atomic"
     return "atomic" if op in ("sum", "mean") and not deterministic else "partials"
 
 
@@ -525,9 +530,14 @@ def _store_reduction(y: OutputParams, expr: str, node: Node, style: str) -> list
         if y.reduce == "mean":
             lines.append(f"{r} = {r} * {y.prefix}_scale")
         terms = [f"{index[a]} * {y.prefix}_s{a.lower()}" for a in y.axes]
-        # relaxed: nothing in the kernel reads the sum back, and acq_rel costs each atomic a
+        address = f"{y.prefix}_ptr + {' + '.join(terms) or '0'}"
+        # relaxed: nothing in the kernel reads the result back, and acq_rel costs each atomic a
         # GPU-wide fence and an L1 invalidation
-        lines.append(f"tl.atomic_add({y.prefix}_ptr + {' + '.join(terms) or '0'}, {r}{mask}, sem='relaxed')")
+        if y.reduce == "amax":  # see reduction_mode
+            lines.append(f"tl.atomic_max(({address}).to(tl.pointer_type(tl.int32)), "
+                         f"{r}.to(tl.int32, bitcast=True) & 0x7FFFFFFF{mask}, sem='relaxed')")
+        else:
+            lines.append(f"tl.atomic_add({address}, {r}{mask}, sem='relaxed')")
     else:
         index.update({a: {"M": "pid_m", "N": "pid_en"}[a] for a in ("M", "N") if a in y.dims})
         terms = [f"{index[a]} * {y.prefix}_s{a.lower()}" for a in AXES]

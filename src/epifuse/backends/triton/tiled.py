@@ -443,8 +443,11 @@ def prepare_reduction(y, buffer: torch.Tensor, dest: torch.Tensor, accumulate: b
     accumulating (a work buffer gets a copy of it); a mean over nothing is NaN (0 / 0, as torch)."""
     if not accumulate:
         buffer.fill_(0.0)
-    elif buffer is not dest:
-        buffer.copy_(dest)
+    else:
+        if buffer is not dest:
+            buffer.copy_(dest)
+        if y.reduce == "amax":  # a NaN with its sign set would order below every |x| (reduction_mode)
+            buffer.masked_fill_(buffer.isnan(), float("nan"))
     if y.reduce == "mean" and count == 0:
         buffer.fill_(float("nan"))
 
