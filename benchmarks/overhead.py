@@ -40,10 +40,15 @@ def measure() -> dict:
     result["kernel_run_us"] = _per_call_us(lambda: kernel.run(args))
     from epifuse.backends.triton import pingpong
     gluon = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0])
-    if gluon.supports(args):  # its launches also rebuild three TMA descriptors
+    if gluon.supports(args):  # its launches also pass three TMA descriptors (four with C)
         gluon_args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, bias=bias, alpha=2.0, D=D))
         gluon.compile(gluon_args)
         result["gluon_kernel_run_us"] = _per_call_us(lambda: gluon.run(gluon_args))
+        C = torch.randn(256, 256, device=dev, dtype=torch.float16)  # a fourth descriptor: C by TMA
+        with_c = "def epi(accum, alpha, C):\n    D = accum * alpha + C\n    return D\n"
+        c_args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(with_c, alpha=2.0, C=C, D=D))
+        gluon.compile(c_args)
+        result["gluon_kernel_run_c_us"] = _per_call_us(lambda: gluon.run(c_args))
     result["build_args_and_run_us"] = _per_call_us(lambda: kernel.run(epifuse.GemmArguments(
         A, B, epilogue=epifuse.EpilogueArguments(src, bias=bias, alpha=2.0, D=D))))
     result["epifuse_gemm_us"] = _per_call_us(lambda: epifuse.gemm(A, B, src, bias=bias, alpha=2.0, D=D))

@@ -27,7 +27,7 @@ AUX = ("def epi(accum, alpha, C, bias):\n    F = accum * alpha + C * 2.0 + bias\
 LOSS = ("def epi(accum, bias, C):\n    f = accum + bias\n"
         "    loss = sum((1 - C) * (-f) + log(clamp(sigmoid(f), 0.001, 0.999)))\n    return loss\n")
 ROWS = ("def epi(accum, alpha, rb):\n    D = accum * alpha + rb\n    r = sum(D * D, dim=1)\n"
-        "    c = amax(D, dim=0)\n    return D, r, c\n")
+        "    c = amax(D, dim=0)\n    m = max(D, dim=0)\n    return D, r, c, m\n")
 
 
 def _args(src, A, B, deterministic=False, **tensors):
@@ -49,7 +49,8 @@ def _problem(src, M, N, K, dtype=torch.float16, device="cpu", kmajor=False, out=
                LOSS: dict(bias=bias, C=C.clamp(0, 1), loss=torch.empty((), dtype=torch.float32, **empty)),
                ROWS: dict(alpha=0.5, rb=rb, D=torch.empty(M, N, dtype=out, **empty),
                           r=torch.empty(M, dtype=torch.float32, **empty),
-                          c=torch.empty(N, dtype=torch.float16, **empty))}[src]
+                          c=torch.empty(N, dtype=torch.float16, **empty),
+                          m=torch.empty(N, dtype=torch.float32, **empty))}[src]
     return A, B, tensors
 
 
@@ -110,6 +111,8 @@ def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls,
     # invalidation per atomic (rowsumsq S2 1.19 -> 1.06 of cuBLAS, RESULTS.md 2026-11-24)
     if src in (LOSS, ROWS) and not deterministic:
         assert "atom.global.gpu.relaxed.add.f32" in ptx or "red.global.gpu.relaxed.add.f32" in ptx
+    if src == ROWS:  # amax folds with an integer atomic max (codegen.reduction_mode)
+        assert "atom.global.gpu.relaxed.max.s32" in ptx or "red.global.gpu.relaxed.max.s32" in ptx
     assert "acq_rel" not in ptx and "membar.gl" not in ptx
     if cls is COOPERATIVE:
         assert f".reqntid {32 * (8 + 4)}" in ptx  # two consumer warpgroups and the producer's
@@ -367,6 +370,52 @@ def test_repeated_launches_take_new_tensors():
     kernel.run(args)
     torch.cuda.synchronize()
     _check(args, reference_outputs(args))
+
+
+@pytest.mark.gpu
+def test_launches_encode_each_descriptor_once_per_tensor(monkeypatch):
+    """Direct launches keep each TMA descriptor Triton encoded, per base address, shape and
+    strides (tiled._described_launcher): relaunching on the same tensors encodes nothing;
+    tensors at new addresses are encoded once each and computed right; a second problem
+    shape sharing the compiled kernel gets its own descriptors, not the first's."""
+    from triton.backends.nvidia import driver
+    encoded = []
+    real = driver.make_tensordesc_arg
+    monkeypatch.setattr(driver, "make_tensordesc_arg", lambda arg, meta: encoded.append(arg) or real(arg, meta))
+    M, N, K = 1000, 744, 520
+    A, B, tensors = _problem(AUX, M, N, K, device="cuda")
+    args = _args(AUX, A, B, **tensors)
+    kernel = _gpu_kernel(args)
+    kernel.compile(args)
+    kernel.run(args)  # through Triton: it encodes every descriptor
+    plan = args._plans[kernel]
+    described = sum(v is not None for v in plan.values[-len(plan.layout.tile_slots()):]) + 2  # A, B
+    encoded.clear()
+    for _ in range(3):
+        kernel.run(args)
+    assert len(encoded) == described  # the first direct launch encodes; the next two reuse
+    sets = []
+    for _ in range(2):
+        A2 = integer_tensor(M, K, device="cuda")
+        C2 = integer_tensor(M, N, dtype=torch.float16, device="cuda")
+        D2 = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
+        F2 = torch.full((M, N), float("nan"), device="cuda")
+        sets.append((A2, C2, D2, F2))
+    encoded.clear()
+    for A2, C2, D2, F2 in sets * 2:
+        D2.fill_(float("nan")), F2.fill_(float("nan"))
+        swap = {id(A): A2, id(tensors["C"]): C2, id(tensors["D"]): D2, id(tensors["F"]): F2}
+        plan.launch_with([swap.get(id(v), v) for v in plan.values])
+        new = _args(AUX, A2, B, **dict(tensors, C=C2, D=D2, F=F2))
+        torch.cuda.synchronize()
+        _check(new, reference_outputs(new))
+    assert len(encoded) == 2 * (described - 1)  # B is the same tensor in both sets
+    A3, B3, tensors3 = _problem(AUX, 600, N, K, device="cuda")  # another M, the same kernel
+    args3 = _args(AUX, A3, B3, **tensors3)
+    kernel.run(args3)
+    kernel.run(args3)
+    torch.cuda.synchronize()
+    _check(args3, reference_outputs(args3))
 
 
 @pytest.mark.gpu

@@ -209,13 +209,14 @@ def test_random_fp16_relative_error():
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_reductions(deterministic):
     src = ("def epi(accum, bias):\n    D = accum + bias\n    s = sum(D, dim=1)\n"
-           "    m = mean(D, dim=0)\n    x = amax(D, dim=1)\n    return D, s, m, x\n")
+           "    m = mean(D, dim=0)\n    x = amax(D, dim=1)\n    y = max(D, dim=1)\n    return D, s, m, x, y\n")
     problems = []
     for M, N, K in SIZES:
         epi = epifuse.EpilogueArguments(
             src, deterministic=deterministic, bias=ints(N, dtype=torch.float32),
             D=torch.full((M, N), float("nan")), s=torch.full((M,), float("nan")),
-            m=torch.full((N,), float("nan"), dtype=torch.float16), x=torch.full((M, 1), float("nan")))
+            m=torch.full((N,), float("nan"), dtype=torch.float16), x=torch.full((M, 1), float("nan")),
+            y=torch.full((M,), float("nan"), dtype=torch.float16))
         problems.append(epifuse.GemmArguments(ints(M, K), ints(K, N), epilogue=epi))
     grouped = epifuse.GroupedGemmArguments(problems)
     refs = [reference_outputs(p) for p in grouped]
@@ -223,6 +224,7 @@ def test_reductions(deterministic):
     for p, ref in zip(grouped, refs):
         for name in ("D", "s", "x"):
             assert torch.equal(p.outputs[name], ref[name].float()), name
+        assert torch.equal(p.outputs["y"], ref["y"].half()), "y"
         assert rel_error(p.outputs["m"], ref["m"]) < 1e-3
 
 

@@ -360,6 +360,7 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher asks
     convert = plan.convert
     current_device = torch._C._cuda_getDevice
+    described = _described_launcher(compiled) if convert is not None else None
 
     def launch_with(values):
         if current_device() != device:  # the kernel is loaded on `device`: launch it there
@@ -369,11 +370,62 @@ def _direct_launcher(plan, compiled, device: int, before=None):
             before()
         if convert is not None:
             values = convert(values, False)
-        run(grid[0], grid[1], grid[2], raw_stream(device), function, packed, None, None, None,
-            *values, *constexprs)
+        if described is not None:
+            described(grid, raw_stream(device), function, packed, [*values, *constexprs])
+        else:
+            run(grid[0], grid[1], grid[2], raw_stream(device), function, packed, None, None, None,
+                *values, *constexprs)
     plan.launch_with = launch_with
     values = list(plan.values)
     return lambda: launch_with(values)
+
+
+DESCRIPTORS_KEPT = 16  # encoded TMA descriptors kept per argument of a plan's launch
+
+
+def _described_launcher(compiled):
+    """Triton's launch of `compiled`, a kernel with host TMA descriptor arguments, without
+    encoding each descriptor anew at every launch as Triton's wrapper does
+    (driver.wrap_handle_tensordesc: a cuTensorMapEncodeTiled per descriptor and a Python loop
+    over every argument). It keeps, per argument, the encoding Triton's own make_tensordesc_arg
+    made for each (base address, shape, strides) it has seen. None where the kernel has no host
+    descriptors or needs launch scratch, or Triton's launcher is not built as this expects
+    (the caller then launches through Triton)."""
+    runner = compiled.run
+    wrapper = getattr(runner, "launch", None)
+    code, closure = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
+    if code is None or not closure or getattr(runner, "global_scratch_size", 1) or \
+            getattr(runner, "profile_scratch_size", 1):
+        return None
+    cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in closure)))
+    raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
+    if not callable(raw) or not indices or not metas or None in metas or len(metas) != len(indices):
+        return None
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+    meta_of = dict(zip(sorted(indices), metas))
+    kept: dict = {i: {} for i in indices}
+    cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
+
+    def expand(args) -> list:
+        out = []
+        for i, arg in enumerate(args):
+            encodings = kept.get(i)
+            if encodings is None:
+                out.append(arg)
+                continue
+            key = (arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides))
+            encoded = encodings.get(key)
+            if encoded is None:
+                if len(encodings) >= DESCRIPTORS_KEPT:
+                    encodings.clear()
+                encoded = encodings[key] = make_tensordesc_arg(arg, meta_of[i])
+            out.extend(encoded)
+        return out
+
+    def launch(grid, stream, function, packed, args) -> None:
+        raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, packed, None, None, None,
+            *expand(args))
+    return launch
 
 
 def on_device(device: torch.device):
@@ -440,7 +492,8 @@ def _conversion_meta(prefix: str, dtype: torch.dtype) -> dict:
 
 def prepare_reduction(y, buffer: torch.Tensor, dest: torch.Tensor, accumulate: bool, count: int) -> None:
     """Start an atomic reduction's buffer from zero, or from what its destination holds when
-    accumulating (a work buffer gets a copy of it); a mean over nothing is NaN (0 / 0, as torch)."""
+    accumulating (a work buffer gets a copy of it; for amax with its NaNs made positive, as the
+    integer atomic max needs); a mean over nothing is NaN (0 / 0, as torch)."""
     if not accumulate:
         buffer.fill_(0.0)
     else:
@@ -456,14 +509,13 @@ def finish_reduction(y, work: torch.Tensor, dest: torch.Tensor, accumulate: bool
     """Write a reduction computed into `work` (partials or an fp32 atomic buffer) to `dest`."""
     if y.mode == "partials":
         dims = tuple(AXES.index(a) for a in AXES if a in y.dims)
-        fold = {"sum": torch.sum, "mean": torch.sum, "max": torch.amax, "min": torch.amin,
-                "amax": torch.amax}[y.reduce]
+        fold = {"sum": torch.sum, "mean": torch.sum, "max": torch.amax, "min": torch.amin}[y.reduce]
         result = fold(work, dim=dims)
         if y.reduce == "mean":
             result = result / count  # 0 / 0 = NaN over an empty dim, as torch
         result = result.reshape(dest.shape)
         if accumulate:
-            combine = {"max": torch.maximum, "amax": torch.maximum, "min": torch.minimum}.get(y.reduce, torch.add)
+            combine = {"max": torch.maximum, "min": torch.minimum}.get(y.reduce, torch.add)
             result = combine(dest.to(torch.float32), result)
     else:
         result = work
