@@ -372,6 +372,50 @@ def test_repeated_launches_take_new_tensors():
     _check(args, reference_outputs(args))
 
 
+def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
+    """On the CPU, with Triton's own descriptor wrapper around a recording launcher: the kept
+    launch finds Triton's launcher and metadata in the wrapper, passes it exactly the arguments
+    the wrapper would, and encodes each descriptor once per base address, shape and strides."""
+    from triton.backends.nvidia import driver
+    from epifuse.backends.triton import tiled
+    from epifuse.backends.triton.pingpong import _Described
+    encoded = []
+
+    def encode(arg, meta):
+        encoded.append((arg.base.data_ptr(), tuple(arg.shape)))
+        return [("tensor map", arg.base.data_ptr(), tuple(arg.shape), meta["n"]), *arg.shape, *arg.strides]
+    monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
+    calls = []
+    signature = {"a_desc": "tensordesc<fp16[64, 64]>", "M": "i32", "b_desc": "tensordesc<fp16[64, 64]>",
+                 "BLOCK": "constexpr"}
+
+    class Runner:  # what Triton's CudaLauncher keeps
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid = launch_pdl = False
+
+        def __init__(self):
+            self.launch = driver.wrap_handle_tensordesc(lambda *args: calls.append(args), signature,
+                                                        [{"n": 0}, {"n": 1}])
+
+    class Compiled:
+        run = Runner()
+    launch = tiled._described_launcher(Compiled)
+    assert launch is not None
+    x, y, z = (torch.zeros(64, 64, dtype=torch.float16) for _ in range(3))
+    args = [_Described(x, [64, 64], [64, 1]), 7, _Described(y, [64, 64], [64, 1]), 128]
+    Compiled.run.launch(2, 1, 1, 0, "function", False, False, None, None, "packed", None, None, None, *args)
+    through_triton = calls.pop()
+    encoded.clear()
+    for _ in range(3):
+        launch((2, 1, 1), 0, "function", "packed", args)
+        assert calls.pop() == through_triton
+    assert encoded == [(x.data_ptr(), (64, 64)), (y.data_ptr(), (64, 64))]
+    launch((2, 1, 1), 0, "function", "packed", [_Described(z, [64, 64], [64, 1]), 7, args[2], 128])
+    launch((2, 1, 1), 0, "function", "packed", [_Described(x, [32, 64], [64, 1]), 7, args[2], 128])
+    assert encoded[2:] == [(z.data_ptr(), (64, 64)), (x.data_ptr(), (32, 64))]
+    assert calls[-1][13] == ("tensor map", x.data_ptr(), (32, 64), 0)
+
+
 @pytest.mark.gpu
 def test_launches_encode_each_descriptor_once_per_tensor(monkeypatch):
     """Direct launches keep each TMA descriptor Triton encoded, per base address, shape and

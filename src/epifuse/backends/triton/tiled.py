@@ -401,7 +401,10 @@ def _described_launcher(compiled):
     raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
     if not callable(raw) or not indices or not metas or None in metas or len(metas) != len(indices):
         return None
-    from triton.backends.nvidia.driver import make_tensordesc_arg
+    try:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+    except ImportError:
+        return None
     meta_of = dict(zip(sorted(indices), metas))
     kept: dict = {i: {} for i in indices}
     cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
