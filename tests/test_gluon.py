@@ -147,8 +147,8 @@ def test_tile_buffers_fit_shared_memory():
     tile starts. A misaligned D goes through pointers: C takes a buffer of its own, or F's.
     C in fp32 does not fit: pointer loads. Operands TMA cannot load (unaligned rows, an integer
     type, a broadcast along M) are loaded through pointers. Beside one buffer the ring takes
-    five stages where the config asks for them (224 KB in all). The cooperative kernel's (128, 256) tiles leave room for three
-    48 KB stages next to one 64 KB buffer."""
+    five stages where the config asks for them (224 KB in all). The cooperative kernel's
+    (128, 256) tiles leave room for three 48 KB stages next to one 64 KB buffer."""
     A, B, tensors = _problem(AUX, 256, 256, 64, out=torch.float16)
     cfg = pingpong.CUDA_CONFIGS[0]
 

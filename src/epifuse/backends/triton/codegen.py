@@ -35,9 +35,9 @@ class OutputParams:
 
     reduce: None for a tile store, else the reduction op. mode: "tile"; "atomic" (each
     program folds its partial into the fp32 destination, or an fp32 work buffer, with an
-    atomic add, or for amax an integer atomic max of the bits: see reduction_mode); "partials" (each
-    program writes its partial to a (L, PM, PN) buffer that a finishing step reduces: run-to-run
-    identical, and NaN-exact for max/min). axes: the axes whose strides the kernel takes.
+    atomic add, or for amax an integer atomic max of the bits: see reduction_mode);
+    "partials" (each program writes its partial to a (L, PM, PN) buffer that a finishing step
+    reduces: run-to-run identical, and NaN-exact for max/min). axes: the axes whose strides the kernel takes.
     """
 
     name: str

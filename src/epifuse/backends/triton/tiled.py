@@ -360,7 +360,7 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher asks
     convert = plan.convert
     current_device = torch._C._cuda_getDevice
-    described = _described_launcher(compiled) if convert is not None else None
+    described = _described_launcher(compiled)  # None for kernels without host TMA descriptors
 
     def launch_with(values):
         if current_device() != device:  # the kernel is loaded on `device`: launch it there
