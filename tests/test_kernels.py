@@ -245,6 +245,30 @@ def _log_of_clamped_values(device, M, N):
     assert error.max() <= 1.5, error.max()   # within 1.04 ulp without fma (numpy), 0.92 with
 
 
+@pytest.mark.parametrize("text,flushed", [
+    ("1.0 + exp(accum)", True),
+    ("exp(accum * 2.0) + 3.0", True),
+    ("exp(accum) + 1e-35", False),        # a subnormal would not round away
+    ("accum + exp(accum)", False),
+    ("exp(accum)", False),
+])
+def test_exp_added_to_a_number_flushes_subnormal_results(text, flushed):
+    """c + exp(y) with |c| >= 2**-100 lowers the exp to one that flushes subnormal results
+    (rules.ADD_EXP_FLUSHED, whose CUDA helper is tl.exp2, i.e. ex2.approx.ftz): c plus a
+    subnormal rounds to c, so the sum is the same, three instructions cheaper per element."""
+    from epifuse.backends.triton.codegen import emit_kernel
+    from epifuse.backends.triton.rules import ADD_EXP_FLUSHED, rule_for
+    from epifuse.passes import optimize
+    from frontend_helpers import body, bound
+    graph = optimize(bound(body(text)))
+    rules = [rule_for(n) for n in graph.nodes() if n.op == "add"]
+    assert any(r in ADD_EXP_FLUSHED for r in rules) == flushed, rules
+    cuda, interpreted = (emit_kernel(graph, "tiled", target, "k") for target in ("cuda", "interpret"))
+    assert ("+ _exp_flushed(" in cuda) == flushed and ("+ _exp_flushed(" in interpreted) == flushed
+    if flushed:  # the interpreter keeps tl.exp, which is exact there
+        assert "return tl.exp2(x * 1.4426950408889634)" in cuda and "return tl.exp(x)" in interpreted
+
+
 @pytest.mark.parametrize("text,bounds", [
     ("clamp(accum, 0.001, 1.0)", (0.001, 1.0)),
     ("clamp(accum, min=0.001)", (0.001, float("inf"))),

@@ -411,7 +411,8 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
             if rule is None:
                 raise InternalError(f"no Triton rule for {node.op}; supports() should have said so")
             helpers.update(rule.helpers)
-            srcs = [_coerce(names[id(s)], s, node, k) for k, s in enumerate(node.src)]
+            srcs = [_coerce(names[id(s.src[0])], s.src[0], s, 0) if k in rule.through else _coerce(names[id(s)], s, node, k)
+                    for k, s in enumerate(node.src)]
             lines.append(f"{var} = {rule.emit(*srcs, **node.params)}")
     for y, out in zip(layout.outputs, graph.outputs):
         if y.reduce is None:
