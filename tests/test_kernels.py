@@ -269,6 +269,23 @@ def test_exp_added_to_a_number_flushes_subnormal_results(text, flushed):
         assert "return tl.exp2(x * 1.4426950408889634)" in cuda and "return tl.exp(x)" in interpreted
 
 
+def test_negation_flips_the_sign_of_zero(device):
+    """-x negates as torch does, -(+0.0) being -0.0, where Triton's unary minus (0 - x) gives
+    +0.0; the rule multiplies by -1.0, which the CUDA compiler folds into the next operation."""
+    A, B = ints(M, K, device=device), ints(K, N, device=device)
+    C = torch.where(torch.rand(M, N, device=device) < 0.5, 0.0, ints(M, N, device=device, dtype=torch.float32))
+    epi = epifuse.EpilogueArguments("def epi(accum, C):\n    D = -(accum * C)\n    return D\n",
+                                    C=C, D=torch.empty(M, N, device=device))
+    args = epifuse.GemmArguments(A, B, epilogue=epi, precision="highest")
+    expected = reference_outputs(args)["D"].float()
+    assert torch.signbit(expected).any() and (~torch.signbit(expected[expected == 0])).any()
+    for kernel in (k for k in epifuse.get_kernels(args) if k.name != "reference"):
+        args.outputs["D"].fill_(float("nan"))
+        kernel.run(args)
+        assert torch.equal(args.outputs["D"], expected), kernel
+        assert torch.equal(torch.signbit(args.outputs["D"]), torch.signbit(expected)), kernel
+
+
 @pytest.mark.parametrize("text,bounds", [
     ("clamp(accum, 0.001, 1.0)", (0.001, 1.0)),
     ("clamp(accum, min=0.001)", (0.001, float("inf"))),

@@ -64,7 +64,9 @@ TRITON: dict[str, Rule] = {
     "logical_and": Rule(lambda a, b: f"tl.where({a}, {b}, False)"),
     "logical_or": Rule(lambda a, b: f"tl.where({a}, True, {b})"),
     "logical_not": Rule(lambda a: f"({a} == 0)"),
-    "neg": Rule(lambda a: f"(-{a})"),
+    # Triton's unary minus is 0 - x: +0.0 for +0.0, and an instruction of its own on Hopper;
+    # x * -1.0 is IEEE negation, which the CUDA compiler folds into the next operation
+    "neg": Rule(lambda a: f"({a} * -1.0)"),
     "abs": Rule(lambda a: f"tl.abs({a})"),
     "sqrt": Rule(lambda a: f"tl.sqrt_rn({a})"),
     "rsqrt": Rule(lambda a: f"tl.rsqrt({a})"),
@@ -85,7 +87,7 @@ TRITON: dict[str, Rule] = {
     "sigmoid": Rule(lambda a: f"_sigmoid({a})", ("_sigmoid",)),
     "relu": Rule(lambda a: f"tl.maximum({a}, 0.0, {_NAN_ALL})"),
     "relu6": Rule(lambda a: f"_clamp({a}, 0.0, 6.0)", ("_clamp",)),
-    "silu": Rule(lambda a: f"tl.fdiv({a}, 1.0 + tl.exp(-{a}))"),
+    "silu": Rule(lambda a: f"tl.fdiv({a}, 1.0 + tl.exp({a} * -1.0))"),
     "hardswish": Rule(lambda a: f"tl.div_rn({a} * _clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
     "hardsigmoid": Rule(lambda a: f"tl.div_rn(_clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
     "mish": Rule(lambda a: f"({a} * _tanh(_softplus({a}, 1.0, 20.0)))", ("_tanh", "_softplus")),
@@ -203,7 +205,7 @@ def _log_normal(x):
     "_sigmoid": {"any": '''
 @triton.jit
 def _sigmoid(x):
-    return tl.fdiv(1.0, 1.0 + _exp_flushed(-x))
+    return tl.fdiv(1.0, 1.0 + _exp_flushed(x * -1.0))
 '''},
     "_exp_flushed": {"any": '''
 @triton.jit
@@ -239,8 +241,8 @@ def _log1p(x):
 @triton.jit
 def _tanh(x):
     t = _expm1(-2.0 * tl.abs(x))
-    r = tl.fdiv(-t, 2.0 + t)
-    return tl.where(x < 0, -r, r)
+    r = tl.fdiv(t * -1.0, 2.0 + t)
+    return tl.where(x < 0, r * -1.0, r)
 '''},
     "_tan": {"any": '''
 @triton.jit
