@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ...errors import InternalError
 from ...ir import AXES, Graph, Node
 from ...ops import OPS
-from .rules import _f, helper_source, rule_for
+from .rules import LOG_OF_NORMAL, LogSum, _f, helper_source, log_sum, rule_for
 
 REDUCE_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf"), "amax": 0.0}
 _COMBINE = {"sum": "_add", "mean": "_add", "max": "_max_nan", "min": "_min_nan", "amax": "_max_nan"}
@@ -419,7 +419,10 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
             lines.extend(_store_tile(y, names[id(out.node)], out.node, style))
         else:
             source = out.node.src[0]
-            lines.extend(_store_reduction(y, names[id(source)], source, style))
+            logs = log_sum(source) if y.reduce in ("sum", "mean") and "N" in y.dims else None
+            if logs is not None:
+                helpers.update(LOG_OF_NORMAL.helpers)
+            lines.extend(_store_reduction(y, names, source, style, logs))
     return lines, helpers
 
 
@@ -506,24 +509,57 @@ def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]
             f"    {pointer_store}"]
 
 
-def _store_reduction(y: OutputParams, expr: str, node: Node, style: str) -> list[str]:
-    """Reduce the tile over its in-tile dims; fold it in atomically or store it as a partial."""
-    tile = _as_full_tile(expr, node, style)
-    if y.reduce == "amax":
-        tile = f"tl.abs({tile})"
+def _log_of_products(p: str, names: dict, logs: LogSum, style: str) -> list[str]:
+    """Lines leaving in `p` the (BLOCK_M,) row sums of log(y) over the tile's columns, taken as
+    logs of products of logs.group columns: the columns are halved and the halves multiplied
+    (c times c + EPI_N / 2, ...), which pairs values one thread holds in the wgmma layout."""
+    y = _as_full_tile(names[id(logs.y)], logs.y, style)
+    lines = [f"{p} = tl.where(mask, {y}, 1.0)"]
+    group = 1
+    while group < logs.group:
+        group *= 2
+        shape = f"BLOCK_M, 2, EPI_N // {group}"
+        if style == "gluon":
+            lines.append(f"{p}_0, {p}_1 = gl.split({p}.reshape([{shape}]).permute((0, 2, 1)))")
+        else:
+            lines.append(f"{p}_0, {p}_1 = tl.split(tl.permute(tl.reshape({p}, ({shape})), (0, 2, 1)))")
+        lines.append(f"{p} = {p}_0 * {p}_1")
+    lines.append(f"{p} = tl.reduce({LOG_OF_NORMAL.emit(p)}, 1, _add)")
+    return lines
+
+
+def _store_reduction(y: OutputParams, names: dict, node: Node, style: str,
+                     logs: LogSum | None = None) -> list[str]:
+    """Reduce the tile over its in-tile dims; fold it in atomically or store it as a partial.
+    `logs`: the summand's log term, summed as logs of products (rules.LogSum; y.dims has N)."""
     r = f"r_{y.prefix}"
-    lines = [f"{r} = tl.where(mask, {tile}, {_f(REDUCE_IDENTITY[y.reduce])})"]
     combine = _COMBINE[y.reduce]
 
     def reduce_call(v, axis):
         return f"tl.reduce({v}, {axis}, {combine})"
 
-    if "N" in y.dims:
-        lines.append(f"{r} = {reduce_call(r, 1)}")   # (BLOCK_M,), or a scalar after the next line
+    lines = []
+    summed = node if logs is None else logs.rest
+    if summed is not None:
+        tile = _as_full_tile(names[id(summed)], summed, style)
+        if y.reduce == "amax":
+            tile = f"tl.abs({tile})"
+        lines.append(f"{r} = tl.where(mask, {tile}, {_f(REDUCE_IDENTITY[y.reduce])})")
+        if "N" in y.dims:
+            lines.append(f"{r} = {reduce_call(r, 1)}")   # (BLOCK_M,), or a scalar after the next line
+            if "M" in y.dims:
+                lines.append(f"{r} = {reduce_call(r, 0)}")
+        elif "M" in y.dims:
+            lines.append(f"{r} = {reduce_call(r, 0)}")   # (BLOCK_N,)
+    if logs is not None:
+        lines.extend(_log_of_products(f"{r}_log", names, logs, style))
         if "M" in y.dims:
-            lines.append(f"{r} = {reduce_call(r, 0)}")
-    elif "M" in y.dims:
-        lines.append(f"{r} = {reduce_call(r, 0)}")   # (BLOCK_N,)
+            lines.append(f"{r}_log = {reduce_call(f'{r}_log', 0)}")
+        elif style == "gluon":
+            lines.append(f"{r}_log = gl.convert_layout({r}_log, gl.SliceLayout(1, acc_layout))")
+        sign = "+" if logs.sign > 0 else "-"
+        lines.append(f"{r} = {r} {sign} {r}_log" if summed is not None
+                     else f"{r} = {r}_log" if logs.sign > 0 else f"{r} = {r}_log * -1.0")
     kept = tuple(a for a in ("M", "N") if a not in y.dims)
     both = kept == ("M", "N")
     index = {"L": "pid_l", "M": "rm[:, None]" if both else "rm", "N": "rn[None, :]" if both else "rn"}

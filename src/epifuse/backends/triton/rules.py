@@ -133,6 +133,50 @@ def rule_for(node) -> Rule | None:
     return TRITON.get(node.op)
 
 
+@dataclass(frozen=True)
+class LogSum:
+    """A summand `rest + sign * log(y)` (rest None: no other term) whose y stays where a product
+    of `group` values is a normal float: summed as log(y_1 ... y_group) per group of neighbouring
+    columns, one log per group instead of one per element. Rounding the product costs at most
+    (group - 1) / 2 ulp of it, about as much as summing the group's logs costs."""
+    rest: object
+    sign: float
+    y: object
+    group: int
+
+
+_GROUPS = (8, 4, 2)
+_PRODUCT_RANGE = (2.0 ** -120, 2.0 ** 120)  # inside _NORMAL_RANGE, leaving room for rounding
+
+
+def log_sum(node) -> LogSum | None:
+    """The LogSum of a summed node of the form log(y), -log(y), a + log(y), log(y) + a or a - log(y)
+    (log(y) or -log(y) in each), where y's bounds allow a group; None otherwise."""
+    def signed_log(n):
+        if n.op == "log":
+            return n.src[0], 1.0
+        if n.op == "neg" and n.src[0].op == "log":
+            return n.src[0].src[0], -1.0
+        return None
+
+    rest, found = None, signed_log(node)
+    if found is None and node.op in ("add", "sub"):
+        a, b = node.src
+        found, rest = signed_log(b), a
+        if found is not None and node.op == "sub":
+            found = (found[0], -found[1])
+        elif found is None and node.op == "add":
+            found, rest = signed_log(a), b
+    if found is None:
+        return None
+    y, sign = found
+    low, high = value_bounds(y)
+    for group in _GROUPS:
+        if low > 0 and _PRODUCT_RANGE[0] <= low ** group and high ** group <= _PRODUCT_RANGE[1]:
+            return LogSum(rest, sign, y, group)
+    return None
+
+
 def value_bounds(node) -> tuple[float, float]:
     """Bounds every non-NaN value of `node` lies within, as far as constants, clamps and
     elementwise minimum / maximum with constants show; (-inf, inf) otherwise."""
