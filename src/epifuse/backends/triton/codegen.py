@@ -511,19 +511,22 @@ def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]
 
 def _log_of_products(p: str, names: dict, logs: LogSum, style: str) -> list[str]:
     """Lines leaving in `p` the (BLOCK_M,) row sums of log(y) over the tile's columns, taken as
-    logs of products of logs.group columns: the columns are halved and the halves multiplied
-    (c times c + EPI_N / 2, ...), which pairs values one thread holds in the wgmma layout."""
+    logs of products of logs.group columns (fewer where the piece is narrow): the columns are
+    halved and the halves multiplied (c times c + EPI_N / 2, ...) while the halves are at least
+    8 wide, which pairs values one thread holds."""
     y = _as_full_tile(names[id(logs.y)], logs.y, style)
     lines = [f"{p} = tl.where(mask, {y}, 1.0)"]
     group = 1
     while group < logs.group:
         group *= 2
+        # in thread: the wgmma and mma layouts give a thread 2 neighbouring columns of every 8
+        lines.append(f"if EPI_N // {group} >= 8:")
         shape = f"BLOCK_M, 2, EPI_N // {group}"
         if style == "gluon":
-            lines.append(f"{p}_0, {p}_1 = gl.split({p}.reshape([{shape}]).permute((0, 2, 1)))")
+            lines.append(f"    {p}_0, {p}_1 = gl.split({p}.reshape([{shape}]).permute((0, 2, 1)))")
         else:
-            lines.append(f"{p}_0, {p}_1 = tl.split(tl.permute(tl.reshape({p}, ({shape})), (0, 2, 1)))")
-        lines.append(f"{p} = {p}_0 * {p}_1")
+            lines.append(f"    {p}_0, {p}_1 = tl.split(tl.permute(tl.reshape({p}, ({shape})), (0, 2, 1)))")
+        lines.append(f"    {p} = {p}_0 * {p}_1")
     lines.append(f"{p} = tl.reduce({LOG_OF_NORMAL.emit(p)}, 1, _add)")
     return lines
 
