@@ -191,3 +191,34 @@ def test_tensors_on_a_gpu_that_is_not_the_current_one():
             torch.cuda.synchronize(dev)
             assert torch.equal(args.outputs["D"].double(), expected), kernel
     assert torch.cuda.current_device() == 0
+
+
+@pytest.mark.parametrize("dims", ["", "dim=1", "mean"])
+@pytest.mark.parametrize("summand", ["(1 - C) * (-f) + log(clamp(sigmoid(f), 0.001, 0.999))",
+                                     "log(clamp(f, 2.0 ** -20, 2.0 ** 20)) + f", "-log(clamp(f, 2.0 ** -20, 1.0))"])
+def test_summed_logs_large(summand, dims):
+    """Sums of logs taken as logs of products (rules.LogSum) in every kernel, the Gluon ones
+    included, on ragged tiles, against float64, in both reduction modes."""
+    M, N, K = 1000, 744, 520
+    call = {"": "sum({})", "dim=1": "sum({}, dim=1)", "mean": "mean({})"}[dims]
+    source = f"def epi(accum, C):\n    f = accum * 0.5\n    s = {call.format(summand)}\n    return s\n"
+    A = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    B = torch.randn(K, N, device="cuda", dtype=torch.float16) / math.sqrt(K) * 4
+    C = torch.randint(0, 2, (M, N), device="cuda").float()
+    for deterministic in (False, True):
+        epi = epifuse.EpilogueArguments(source, deterministic=deterministic, C=C,
+                                        s=torch.empty((M,) if dims == "dim=1" else (1,), device="cuda"))
+        args = epifuse.GemmArguments(A, B, epilogue=epi)
+        ref = reference_outputs(args)["s"]
+        kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+        assert any(k.name.startswith("gluon_") for k in kernels), epifuse.kernel_statuses(args)
+        for kernel in kernels:
+            args.outputs["s"].fill_(float("nan"))
+            kernel.run(args)
+            torch.cuda.synchronize()
+            assert rel_error(args.outputs["s"], ref) < 1e-5, (kernel, deterministic, rel_error(args.outputs["s"], ref))
+
+
+def test_negation_flips_the_sign_of_zero_large():
+    from test_kernels import test_negation_flips_the_sign_of_zero
+    test_negation_flips_the_sign_of_zero("cuda")
