@@ -195,10 +195,11 @@ def test_tensors_on_a_gpu_that_is_not_the_current_one():
 
 @pytest.mark.parametrize("dims", ["", "dim=1", "mean"])
 @pytest.mark.parametrize("summand", ["(1 - C) * (-f) + log(clamp(sigmoid(f), 0.001, 0.999))",
-                                     "log(clamp(f, 2.0 ** -20, 2.0 ** 20)) + f", "-log(clamp(f, 2.0 ** -20, 1.0))"])
+                                     "log(clamp(f, 2.0, 2.0 ** 20)) + f", "-log(clamp(f, 2.0 ** -20, 0.75))"])
 def test_summed_logs_large(summand, dims):
-    """Sums of logs taken as logs of products (rules.LogSum) in every kernel, the Gluon ones
-    included, on ragged tiles, against float64, in both reduction modes."""
+    """Sums of logs taken as logs of products (rules.LogSum: shifted, direct above 1 and below)
+    in every kernel, the Gluon ones included, on ragged tiles, against float64, in both
+    reduction modes."""
     M, N, K = 1000, 744, 520
     call = {"": "sum({})", "dim=1": "sum({}, dim=1)", "mean": "mean({})"}[dims]
     source = f"def epi(accum, C):\n    f = accum * 0.5\n    s = {call.format(summand)}\n    return s\n"
@@ -222,3 +223,8 @@ def test_summed_logs_large(summand, dims):
 def test_negation_flips_the_sign_of_zero_large():
     from test_kernels import test_negation_flips_the_sign_of_zero
     test_negation_flips_the_sign_of_zero("cuda")
+
+
+def test_summed_logs_near_one_keep_their_digits_large():
+    from test_reductions import test_summed_logs_near_one_keep_their_digits
+    test_summed_logs_near_one_keep_their_digits("cuda")

@@ -421,7 +421,7 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
             source = out.node.src[0]
             logs = log_sum(source) if y.reduce in ("sum", "mean") and "N" in y.dims else None
             if logs is not None:
-                helpers.update(LOG_OF_NORMAL.helpers)
+                helpers.add("_log1p_of_excess" if logs.shifted else "_log_normal")
             lines.extend(_store_reduction(y, names, source, style, logs))
     return lines, helpers
 
@@ -513,9 +513,11 @@ def _log_of_products(p: str, names: dict, logs: LogSum, style: str) -> list[str]
     """Lines leaving in `p` the (BLOCK_M,) row sums of log(y) over the tile's columns, taken as
     logs of products of logs.group columns (fewer where the piece is narrow): the columns are
     halved and the halves multiplied (c times c + EPI_N / 2, ...) while the halves are at least
-    8 wide, which pairs values one thread holds."""
+    8 wide, which pairs values one thread holds. Shifted: the products of y - 1 terms, as
+    (1 + a)(1 + b) - 1 (rules.LogSum)."""
     y = _as_full_tile(names[id(logs.y)], logs.y, style)
-    lines = [f"{p} = tl.where(mask, {y}, 1.0)"]
+    lines = [f"{p} = tl.where(mask, {y} - 1.0, 0.0)" if logs.shifted else f"{p} = tl.where(mask, {y}, 1.0)"]
+    combine = f"{p}_0 * {p}_1 + ({p}_0 + {p}_1)" if logs.shifted else f"{p}_0 * {p}_1"
     group = 1
     while group < logs.group:
         group *= 2
@@ -526,8 +528,9 @@ def _log_of_products(p: str, names: dict, logs: LogSum, style: str) -> list[str]
             lines.append(f"    {p}_0, {p}_1 = gl.split({p}.reshape([{shape}]).permute((0, 2, 1)))")
         else:
             lines.append(f"    {p}_0, {p}_1 = tl.split(tl.permute(tl.reshape({p}, ({shape})), (0, 2, 1)))")
-        lines.append(f"    {p} = {p}_0 * {p}_1")
-    lines.append(f"{p} = tl.reduce({LOG_OF_NORMAL.emit(p)}, 1, _add)")
+        lines.append(f"    {p} = {combine}")
+    log = f"_log1p_of_excess({p})" if logs.shifted else LOG_OF_NORMAL.emit(p)
+    lines.append(f"{p} = tl.reduce({log}, 1, _add)")
     return lines
 
 

@@ -135,18 +135,21 @@ def rule_for(node) -> Rule | None:
 
 @dataclass(frozen=True)
 class LogSum:
-    """A summand `rest + sign * log(y)` (rest None: no other term) whose y stays where a product
-    of `group` values is a normal float: summed as log(y_1 ... y_group) per group of neighbouring
-    columns, one log per group instead of one per element. Rounding the product costs at most
-    (group - 1) / 2 ulp of it, about as much as summing the group's logs costs."""
+    """A summand `rest + sign * log(y)` (rest None: no other term) whose logs are summed as one
+    log per `group` neighbouring columns. Direct: log(y_1 ... y_group), where y stays away from 1
+    (the product's rounding, (group - 1) / 2 ulp of it, is then a few ulp of the logs' sum).
+    Shifted, where y >= 1: with u = y - 1 (exact), (1 + a)(1 + b) - 1 = a + b + ab keeps the
+    product's excess over 1 to a few ulp, and log1p of it keeps them, near 1 as well."""
     rest: object
     sign: float
     y: object
     group: int
+    shifted: bool
 
 
 _GROUPS = (8, 4, 2)
-_PRODUCT_RANGE = (2.0 ** -120, 2.0 ** 120)  # inside _NORMAL_RANGE, leaving room for rounding
+_PRODUCT_LOG2_RANGE = (-120.0, 120.0)  # products inside _NORMAL_RANGE, with room for rounding
+_AWAY_FROM_ONE = (0.78, 1.28)          # |log y| >= 0.24: a direct product costs at most 4 ulp
 
 
 def log_sum(node) -> LogSum | None:
@@ -171,9 +174,15 @@ def log_sum(node) -> LogSum | None:
         return None
     y, sign = found
     low, high = value_bounds(y)
+    shifted = low >= 1.0 and low < _AWAY_FROM_ONE[1]
+    if not (shifted or 0.0 < low and high <= _AWAY_FROM_ONE[0] or low >= _AWAY_FROM_ONE[1]):
+        return None
+    if math.isinf(high):
+        return None
     for group in _GROUPS:
-        if low > 0 and _PRODUCT_RANGE[0] <= low ** group and high ** group <= _PRODUCT_RANGE[1]:
-            return LogSum(rest, sign, y, group)
+        if (_PRODUCT_LOG2_RANGE[0] <= group * math.log2(low)
+                and group * math.log2(high) <= _PRODUCT_LOG2_RANGE[1]):
+            return LogSum(rest, sign, y, group, shifted)
     return None
 
 
@@ -245,6 +254,14 @@ def _log_normal(x):
     q = q * f + 0.33333203196525574
     r = (f * f) * (q * f - 0.5) + f
     return k.to(tl.float32) * 8.262958405176314e-08 + r  # k * 2**23 * (log(2) * 2**-23)
+'''},
+    "_log1p_of_excess": {"any": '''
+@triton.jit
+def _log1p_of_excess(v):
+    # log(1 + v) for v in [0, 2**120] or NaN: the log of w = 1 + v, plus the rounding of that
+    # sum relative to w (w - 1 is exact below 2**24; above, the term is below an ulp of the log)
+    w = 1.0 + v
+    return _log_normal(w) + tl.fdiv(v - (w - 1.0), w)
 '''},
     "_sigmoid": {"any": '''
 @triton.jit
@@ -339,7 +356,8 @@ def _gelu_tanh(x):
 
 
 # Helpers whose formula calls other helpers.
-HELPER_NEEDS = {"_tanh": ("_expm1",), "_softplus": ("_log1p",), "_sigmoid": ("_exp_flushed",)}
+HELPER_NEEDS = {"_tanh": ("_expm1",), "_softplus": ("_log1p",), "_sigmoid": ("_exp_flushed",),
+                "_log1p_of_excess": ("_log_normal",)}
 
 
 def helper_source(names, target: str) -> str:
