@@ -312,20 +312,35 @@ def test_log_sum_grouping(summand, group, shifted):
 
 
 @pytest.mark.parametrize("dims", ["", "dim=1", "mean", "rank3"])
-@pytest.mark.parametrize("summand,group,shifted", [LOG_SUMS[k] for k in (0, 2, 4, 5)])
+@pytest.mark.parametrize("summand,group,shifted", [LOG_SUMS[k] for k in (0, 1, 2, 4, 5)])
 def test_summed_logs_match_float64_in_every_kernel(summand, group, shifted, dims, device):
     """Sums (scalar, per row, mean, per batch) whose logs are taken per group of columns agree
-    with the float64 reference as closely as sums of one log per element, in every kernel
-    (ragged tiles: masked columns multiply by 1), also in deterministic mode."""
+    with the float64 reference to fp32 summation's accuracy, in every kernel (ragged tiles:
+    masked columns multiply by 1), also in deterministic mode."""
+    _check_summed_logs(summand, group, dims, device, K, (False, True))
+
+
+@pytest.mark.parametrize("dims", ["", "dim=1"])
+@pytest.mark.parametrize("summand,group,shifted", [LOG_SUMS[k] for k in (0, 1, 3)])
+def test_summed_logs_in_the_persistent_and_split_k_kernels(summand, group, shifted, dims, device):
+    """As above with a K the persistent and split-K kernels take in the interpreter too."""
+    names = _check_summed_logs(summand, group, dims, device, 160, (False,))
+    assert {"triton_persistent", "triton_splitk"} <= names, names
+
+
+def _check_summed_logs(summand, group, dims, device, K, modes) -> set:
     rank = 3 if dims == "rank3" else 2
     call = {"": "sum({})", "dim=1": "sum({}, dim=1)", "mean": "mean({})", "rank3": "sum({}, dim=(1, 2))"}[dims]
     source = (f"def epi(accum, C):\n    f = accum * 0.5\n    s = {call.format(summand)}\n    return s\n")
     shape = (L, M, N) if rank == 3 else (M, N)
-    A = torch.randn(*((L, M, K) if rank == 3 else (M, K)), device=device, dtype=torch.float16)
-    B = torch.randn(*((L, K, N) if rank == 3 else (K, N)), device=device, dtype=torch.float16)
+    # integer-valued: accum is exact, so the logs' arguments are the reference's (a GEMM's rounding
+    # near accum = 0 would move log(f * f) far more than the grouping does)
+    A = integer_tensor(*((L, M, K) if rank == 3 else (M, K)), device=device)
+    B = integer_tensor(*((L, K, N) if rank == 3 else (K, N)), low=-1, high=2, device=device)
     C = torch.randint(0, 2, shape, device=device).float()
     out_shape = {"": (1,), "dim=1": (M,), "mean": (1,), "rank3": (L,)}[dims]
-    for deterministic in (False, True):
+    names = set()
+    for deterministic in modes:
         epi = epifuse.EpilogueArguments(source, deterministic=deterministic, C=C,
                                         s=torch.empty(out_shape, device=device))
         args = epifuse.GemmArguments(A, B, epilogue=epi)
@@ -338,6 +353,8 @@ def test_summed_logs_match_float64_in_every_kernel(summand, group, shifted, dims
             args.outputs["s"].fill_(float("nan"))
             kernel.run(args)
             assert rel_error(args.outputs["s"], ref) < 1e-5, (kernel, deterministic, rel_error(args.outputs["s"], ref))
+            names.add(kernel.name)
+    return names
 
 
 def test_summed_logs_near_one_keep_their_digits(device):
