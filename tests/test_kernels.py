@@ -286,6 +286,22 @@ def test_negation_flips_the_sign_of_zero(device):
         assert torch.equal(torch.signbit(args.outputs["D"]), torch.signbit(expected)), kernel
 
 
+def test_log_sigmoid_of_large_values_is_positive_zero(device):
+    """log(sigmoid(x)) is rewritten to 0 - softplus(-x), which is +0.0 where softplus(-x)
+    underflows (x > ~104), as torch's log(sigmoid(x)) = log(1.0) is; -softplus(-x) gave -0.0."""
+    A = integer_tensor(M, K, low=3, high=6, device=device)
+    B = integer_tensor(K, N, low=1, high=3, device=device)
+    epi = epifuse.EpilogueArguments("def epi(accum):\n    D = log(sigmoid(accum))\n    return D\n",
+                                    D=torch.empty(M, N, device=device))
+    args = epifuse.GemmArguments(A, B, epilogue=epi, precision="highest")
+    assert ((A.double() @ B.double()) > 110).all()
+    for kernel in (k for k in epifuse.get_kernels(args) if k.name != "reference"):
+        args.outputs["D"].fill_(float("nan"))
+        kernel.run(args)
+        assert torch.equal(args.outputs["D"], torch.zeros(M, N, device=device)), kernel
+        assert not torch.signbit(args.outputs["D"]).any(), kernel
+
+
 @pytest.mark.parametrize("text,bounds", [
     ("clamp(accum, 0.001, 1.0)", (0.001, 1.0)),
     ("clamp(accum, min=0.001)", (0.001, float("inf"))),

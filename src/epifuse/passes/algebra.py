@@ -46,10 +46,11 @@ def pow_by_small_integer(node: Node) -> Node | None:
 
 
 def stable_log_sigmoid(node: Node) -> Node | None:
-    """log(sigmoid(x)) -> -softplus(-x): finite for very negative x, where sigmoid underflows."""
+    """log(sigmoid(x)) -> 0 - softplus(-x): finite for very negative x, where sigmoid underflows;
+    +0.0, as torch's log(1), where softplus(-x) underflows to 0 (a negation would give -0.0)."""
     if node.op == "log" and node.src[0].op == "sigmoid":
         x = node.src[0].src[0]
-        return op("neg", op("softplus", op("neg", x), beta=1.0, threshold=20.0))
+        return op("sub", const(0.0), op("softplus", op("neg", x), beta=1.0, threshold=20.0))
     return None
 
 
