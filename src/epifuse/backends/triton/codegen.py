@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ...errors import InternalError
 from ...ir import AXES, Graph, Node
 from ...ops import OPS
-from .rules import LOG_OF_NORMAL, LogSum, _f, helper_source, log_sum, rule_for
+from .rules import LOG_OF_NORMAL, LogSum, _clamp, _f, helper_source, log_sum, rule_for
 
 REDUCE_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf"), "amax": 0.0}
 _COMBINE = {"sum": "_add", "mean": "_add", "max": "_max_nan", "min": "_min_nan", "amax": "_max_nan"}
@@ -421,7 +421,7 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
             source = out.node.src[0]
             logs = log_sum(source) if y.reduce in ("sum", "mean") and "N" in y.dims else None
             if logs is not None:
-                helpers.add("_log1p_of_excess" if logs.shifted else "_log_normal")
+                helpers.update(("_log1p_of_excess", "_clamp", "_exp_flushed") if logs.shifted else ("_log_normal",))
             lines.extend(_store_reduction(y, names, source, style, logs))
     return lines, helpers
 
@@ -514,9 +514,17 @@ def _log_of_products(p: str, names: dict, logs: LogSum, style: str) -> list[str]
     logs of products of logs.group columns (fewer where the piece is narrow): the columns are
     halved and the halves multiplied (c times c + EPI_N / 2, ...) while the halves are at least
     8 wide, which pairs values one thread holds. Shifted: the products of y - 1 terms, as
-    (1 + a)(1 + b) - 1 (rules.LogSum)."""
-    y = _as_full_tile(names[id(logs.y)], logs.y, style)
-    lines = [f"{p} = tl.where(mask, {y} - 1.0, 0.0)" if logs.shifted else f"{p} = tl.where(mask, {y}, 1.0)"]
+    (1 + a)(1 + b) - 1 (rules.LogSum; y - 1 read off a clamped 1 + t where it is one)."""
+    excess = logs.excess()
+    if excess is not None:
+        t, low, high = excess
+        t_expr = _as_full_tile(names[id(t)], t, style)
+        if t.op == "exp" and low >= 2.0 ** -126:  # the clamp takes any subnormal exp to low
+            t_expr = _as_full_tile(f"_exp_flushed({names[id(t.src[0])]})", t, style)
+        lines = [f"{p} = tl.where(mask, {_clamp(t_expr, low, high)}, 0.0)"]
+    else:
+        y = _as_full_tile(names[id(logs.y)], logs.y, style)
+        lines = [f"{p} = tl.where(mask, {y} - 1.0, 0.0)" if logs.shifted else f"{p} = tl.where(mask, {y}, 1.0)"]
     combine = f"{p}_0 * {p}_1 + ({p}_0 + {p}_1)" if logs.shifted else f"{p}_0 * {p}_1"
     group = 1
     while group < logs.group:

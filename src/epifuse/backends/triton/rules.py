@@ -146,6 +146,19 @@ class LogSum:
     group: int
     shifted: bool
 
+    def excess(self) -> tuple[object, float, float] | None:
+        """(t, lo - 1, hi - 1) where y is clamp(1 + t, lo, hi): y - 1 as clamp(t, lo - 1, hi - 1),
+        with no rounding of 1 + t and no subtraction (the BCE rewrite's form); None otherwise."""
+        y = self.y
+        if not (self.shifted and y.op == "clamp" and y.src[0].op == "add"):
+            return None
+        low, high = y.params.get("min"), y.params.get("max")
+        a, b = y.src[0].src
+        t = b if a.op == "const" and a.arg == 1.0 else a if b.op == "const" and b.arg == 1.0 else None
+        if t is None or low is None or high is None:
+            return None
+        return t, low - 1.0, high - 1.0
+
 
 _GROUPS = (8, 4, 2)
 _PRODUCT_LOG2_RANGE = (-120.0, 120.0)  # products inside _NORMAL_RANGE, with room for rounding
