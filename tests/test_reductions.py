@@ -328,7 +328,9 @@ def test_summed_logs_in_the_persistent_and_split_k_kernels(summand, group, shift
     assert {"triton_persistent", "triton_splitk"} <= names, names
 
 
-def _check_summed_logs(summand, group, dims, device, K, modes) -> set:
+def _check_summed_logs(summand, group, dims, device, K, modes, M=M, N=N) -> set:
+    """Run `summand` summed as `dims` says through every kernel but the reference in each
+    reduction mode of `modes`, against float64; the names of the kernels run."""
     rank = 3 if dims == "rank3" else 2
     call = {"": "sum({})", "dim=1": "sum({}, dim=1)", "mean": "mean({})", "rank3": "sum({}, dim=(1, 2))"}[dims]
     source = (f"def epi(accum, C):\n    f = accum * 0.5\n    s = {call.format(summand)}\n    return s\n")

@@ -420,9 +420,7 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
         else:
             source = out.node.src[0]
             logs = log_sum(source) if y.reduce in ("sum", "mean") and "N" in y.dims else None
-            if logs is not None:
-                helpers.update(("_log1p_of_excess", "_clamp", "_exp_flushed") if logs.shifted else ("_log_normal",))
-            lines.extend(_store_reduction(y, names, source, style, logs))
+            lines.extend(_store_reduction(y, names, source, style, logs, helpers))
     return lines, helpers
 
 
@@ -509,19 +507,22 @@ def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]
             f"    {pointer_store}"]
 
 
-def _log_of_products(p: str, names: dict, logs: LogSum, style: str) -> list[str]:
+def _log_of_products(p: str, names: dict, logs: LogSum, style: str, helpers: set) -> list[str]:
     """Lines leaving in `p` the (BLOCK_M,) row sums of log(y) over the tile's columns, taken as
     logs of products of logs.group columns (fewer where the piece is narrow): the columns are
     halved and the halves multiplied (c times c + EPI_N / 2, ...) while the halves are at least
     8 wide, which pairs values one thread holds. Shifted: the products of y - 1 terms, as
-    (1 + a)(1 + b) - 1 (rules.LogSum; y - 1 read off a clamped 1 + t where it is one)."""
+    (1 + a)(1 + b) - 1 (rules.LogSum; y - 1 read off a clamped 1 + t where it is one). Adds
+    the helpers the lines call to `helpers`."""
     excess = logs.excess()
     if excess is not None:
         t, low, high = excess
         t_expr = _as_full_tile(names[id(t)], t, style)
         if t.op == "exp" and low >= 2.0 ** -126:  # the clamp takes any subnormal exp to low
             t_expr = _as_full_tile(f"_exp_flushed({names[id(t.src[0])]})", t, style)
+            helpers.add("_exp_flushed")
         lines = [f"{p} = tl.where(mask, {_clamp(t_expr, low, high)}, 0.0)"]
+        helpers.add("_clamp")
     else:
         y = _as_full_tile(names[id(logs.y)], logs.y, style)
         lines = [f"{p} = tl.where(mask, {y} - 1.0, 0.0)" if logs.shifted else f"{p} = tl.where(mask, {y}, 1.0)"]
@@ -538,12 +539,13 @@ def _log_of_products(p: str, names: dict, logs: LogSum, style: str) -> list[str]
             lines.append(f"    {p}_0, {p}_1 = tl.split(tl.permute(tl.reshape({p}, ({shape})), (0, 2, 1)))")
         lines.append(f"    {p} = {combine}")
     log = f"_log1p_of_excess({p})" if logs.shifted else LOG_OF_NORMAL.emit(p)
+    helpers.update(("_log1p_of_excess",) if logs.shifted else LOG_OF_NORMAL.helpers)
     lines.append(f"{p} = tl.reduce({log}, 1, _add)")
     return lines
 
 
 def _store_reduction(y: OutputParams, names: dict, node: Node, style: str,
-                     logs: LogSum | None = None) -> list[str]:
+                     logs: LogSum | None, helpers: set) -> list[str]:
     """Reduce the tile over its in-tile dims; fold it in atomically or store it as a partial.
     `logs`: the summand's log term, summed as logs of products (rules.LogSum; y.dims has N)."""
     r = f"r_{y.prefix}"
@@ -566,7 +568,7 @@ def _store_reduction(y: OutputParams, names: dict, node: Node, style: str,
         elif "M" in y.dims:
             lines.append(f"{r} = {reduce_call(r, 0)}")   # (BLOCK_N,)
     if logs is not None:
-        lines.extend(_log_of_products(f"{r}_log", names, logs, style))
+        lines.extend(_log_of_products(f"{r}_log", names, logs, style, helpers))
         if "M" in y.dims:
             lines.append(f"{r}_log = {reduce_call(f'{r}_log', 0)}")
         elif style == "gluon":

@@ -241,8 +241,8 @@ def tile_outputs(layout) -> list[str]:
 def _buffer_of(q: str, slots: list[str], pieces: int, index: int, indent: int) -> str:
     """Lines naming `q`_smem: piece `index` of this consumer's part of the buffer slot q
     uses (`slots`: the tile slots' prefixes), which is that of slot Q_BUF: its own, or
-    another's of the same dtype (pingpong._buffer_plan), which an output reuses once the operand loaded into it has been
-    read or the TMA store out of it has read it."""
+    another's of the same dtype (pingpong._buffer_plan), which an output reuses once the
+    operand loaded into it has been read or the TMA store out of it has read it."""
     pad = " " * indent
     return "".join(f"{pad}{'if' if k == 0 else 'elif'} {q.upper()}_BUF == {k}:\n"
                    f"{pad}    {q}_smem = {p}_bufs.index(CID * {pieces} + {index})\n"

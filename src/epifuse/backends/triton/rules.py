@@ -190,9 +190,7 @@ def log_sum(node) -> LogSum | None:
     shifted = low >= 1.0 and low < _AWAY_FROM_ONE[1]
     if not (shifted or 0.0 < low and high <= _AWAY_FROM_ONE[0] or low >= _AWAY_FROM_ONE[1]):
         return None
-    if math.isinf(high):
-        return None
-    for group in _GROUPS:
+    for group in _GROUPS:  # an infinite bound fits no group
         if (_PRODUCT_LOG2_RANGE[0] <= group * math.log2(low)
                 and group * math.log2(high) <= _PRODUCT_LOG2_RANGE[1]):
             return LogSum(rest, sign, y, group, shifted)
