@@ -72,12 +72,14 @@ def test_other_devices_get_reasons_not_errors():
 
 
 PINGPONG, COOPERATIVE = pingpong.GluonPingPong, pingpong.GluonCooperative
-EVERY_CONFIG = [(PINGPONG, c) for c in pingpong.CUDA_CONFIGS] + [(COOPERATIVE, c) for c in pingpong.COOPERATIVE_CONFIGS]
+EVERY_CONFIG = ([(PINGPONG, c) for c in pingpong.CUDA_CONFIGS + pingpong.SMALL_GRID_CONFIGS]
+                + [(COOPERATIVE, c) for c in pingpong.COOPERATIVE_CONFIGS])
 
 
 def _config_id(kernel_config):
     cls, config = kernel_config
-    return f"{cls.schedule}-{config.epilogue_pieces}-s{config.num_stages}"
+    rows = "" if config.block_m == 128 else f"-m{config.block_m}"
+    return f"{cls.schedule}{rows}-{config.epilogue_pieces}-s{config.num_stages}"
 
 
 @pytest.mark.parametrize("src,deterministic,kmajor,dtype,cls,config", [
@@ -91,10 +93,14 @@ def _config_id(kernel_config):
     (AUX, False, False, torch.bfloat16, COOPERATIVE, dataclasses.replace(pingpong.COOPERATIVE_CONFIGS[0], epilogue_pieces=2)),
     (LOSS, True, True, torch.float16, COOPERATIVE, dataclasses.replace(pingpong.COOPERATIVE_CONFIGS[0], epilogue_pieces=4)),
     (ROWS, False, False, torch.float16, COOPERATIVE, pingpong.COOPERATIVE_CONFIGS[0]),
+    (AUX, False, True, torch.float16, PINGPONG, pingpong.SMALL_GRID_CONFIGS[0]),
+    (LOSS, False, False, torch.bfloat16, PINGPONG, pingpong.SMALL_GRID_CONFIGS[0]),
 ], ids=["gelu", "aux-kmajor-bf16", "loss-deterministic", "rows-bf16", "aux-5-stages", "rows-5-stages",
-        "coop-gelu-kmajor", "coop-aux-bf16", "coop-loss-deterministic", "coop-rows"])
+        "coop-gelu-kmajor", "coop-aux-bf16", "coop-loss-deterministic", "coop-rows", "small-grid-aux-kmajor",
+        "small-grid-loss-bf16"])
 def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls, config):
-    """Two TMA-stored tile outputs do not fit next to the ring: AUX stores F through pointers;
+    """Two TMA-stored tile outputs do not fit next to the ring of 128-row tiles: AUX stores F
+    (fp32) through pointers, but beside the 64-row tiles' smaller stages it has a buffer;
     LOSS and ROWS reduce (atomics, partials). An epilogue in column blocks keeps the
     accumulator's registers (no layout conversion through shared memory) and stores each
     block with its own TMA store. The cooperative kernel's 128x256 tile is two warpgroups'
@@ -107,7 +113,11 @@ def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls,
     assert ("cp.async.bulk.tensor" in ptx)   # the TMA loads (and stores where used)
     assert compiled.metadata.shared <= 227 * 1024
     stores = ptx.count("cp.async.bulk.tensor.2d.global.shared")
-    assert stores == (0 if src == LOSS else cls.consumers * config.epilogue_pieces)  # each consumer's copies
+    layout = pingpong.launch_layout(args.graph, deterministic)
+    plan = pingpong._buffer_plan(args, config, layout, cls.consumers)
+    stored = sum(plan.tma[y.prefix] for y in layout.outputs if y.mode == "tile")
+    assert stored == (0 if src == LOSS else 2 if config.block_m == 64 else 1)  # F fits beside 64-row stages
+    assert stores == stored * cls.consumers * config.epilogue_pieces  # each consumer's copies
     # reductions fold with relaxed atomics: an acq_rel one costs a GPU-wide fence and an L1
     # invalidation per atomic (rowsumsq S2 1.19 -> 1.06 of cuBLAS, RESULTS.md 2026-11-24)
     if src in (LOSS, ROWS) and not deterministic:
@@ -135,10 +145,13 @@ def test_eight_bit_inputs_compile_without_a_gpu(cls, dtype):
     A, B = A.to(dtype), B.t().contiguous().to(dtype).t()
     args = _args(GELU, A, B, **tensors)
     configs = pingpong.cuda_configs(dtype) if cls is PINGPONG else pingpong.cooperative_configs(dtype)
-    assert configs[0].block_k == 128
-    ptx = pingpong.compile_offline(cls(configs[0]), args).asm["ptx"]
-    shape = "k32.f32.e4m3.e4m3" if dtype == torch.float8_e4m3fn else "k32.s32.s8.s8"
-    assert shape in ptx
+    if cls is PINGPONG:  # and the 64-row tiles of small grids
+        configs = (configs[0], *pingpong.small_grid_configs(dtype))
+    for config in configs[:2]:
+        assert config.block_k == 128
+        ptx = pingpong.compile_offline(cls(config), args).asm["ptx"]
+        shape = "k32.f32.e4m3.e4m3" if dtype == torch.float8_e4m3fn else "k32.s32.s8.s8"
+        assert f"m64n{config.block_n}{shape}" in ptx
 
 
 
@@ -184,6 +197,10 @@ def test_tile_buffers_fit_shared_memory():
     rows_args = _args(ROWS, A_rows, B_rows, **rows)
     rows_plan = pingpong._buffer_plan(rows_args, five.config, pingpong.launch_layout(rows_args.graph))
     assert rows_plan.stages == 4 and rows_plan.tma["y0"]
+    # 64-row tiles (small grids): 24 KB stages, so an fp32 F fits beside D with five of them
+    small = pingpong.GluonPingPong(pingpong.SMALL_GRID_CONFIGS[0])
+    assert plan(small) == (5, 64 * 128 * 2, {"C": (True, 1), "D": (True, 1, False), "F": (True, 2, False)})
+    assert plan(small, **fp16)[0] == 8
     assert plan(COOPERATIVE(pingpong.COOPERATIVE_CONFIGS[0])) == \
         (3, 128 * 256 * 2, {"C": (True, 1), "D": (True, 1, False), "F": (False, 2, False)})
 
@@ -239,12 +256,13 @@ def test_matches_the_reference(M, N, K, src, kmajor, kernel_config):
 @pytest.mark.parametrize("kernel_config", EVERY_CONFIG, ids=_config_id)
 def test_output_dtypes(out, kernel_config):
     """F as the same dtype as D: both TMA-stored through one shared buffer (fp32 does not fit
-    next to the ring and goes through pointers). N = 512 keeps every row 16-byte aligned."""
+    next to the ring of 128-row tiles and goes through pointers; beside the 64-row tiles' smaller
+    stages it has a buffer of its own). N = 512 keeps every row 16-byte aligned."""
     A, B, tensors = _problem(AUX, 777, 512, 96, device="cuda", out=out)
     args = _args(AUX, A, B, **dict(tensors, F=torch.empty(777, 512, dtype=out, device="cuda")))
     kernel = _gpu_kernel(args, kernel_config[1], kernel_config[0])
     kernel.run(args)
-    assert args._plans[kernel].meta["Y0_TMA"] == (out != torch.float32)
+    assert args._plans[kernel].meta["Y0_TMA"] == (out != torch.float32 or kernel.config.block_m == 64)
     torch.cuda.synchronize()
     _check(args, reference_outputs(args))
 
@@ -255,7 +273,8 @@ def test_output_dtypes(out, kernel_config):
 def test_tile_operands(form, kernel_config):
     """C through TMA into shared memory at each tile's start (fp16, bf16, a view whose rows are
     16-byte aligned; D and F, of its dtype, then store from its buffer) or through pointers
-    (fp32 does not fit next to the ring; an integer type, unaligned rows, a broadcast along M),
+    (fp32 does not fit next to the ring of 128-row tiles; an integer type, unaligned rows, a
+    broadcast along M),
     exact against the reference on ragged tiles, several per CTA."""
     M, N, K = 1531, 744, 200
     A, B, tensors = _problem(AUX, M, N, K, device="cuda")
@@ -272,7 +291,8 @@ def test_tile_operands(form, kernel_config):
         t.fill_(float("nan"))
     kernel.run(args)
     meta = args._plans[kernel].meta
-    assert meta.get("X1_TMA", False) == (form in ("fp16", "bf16", "wide-view")), meta
+    fits = ("fp16", "bf16", "wide-view") + (("fp32",) if kernel.config.block_m == 64 else ())
+    assert meta.get("X1_TMA", False) == (form in fits), meta
     assert meta["Y0_TMA"] and meta["Y1_TMA"] and meta["Y1_WAIT"]
     torch.cuda.synchronize()
     _check(args, reference_outputs(args))
@@ -289,9 +309,9 @@ def test_eight_bit_inputs_match_the_reference(dtype, M, N, K):
     Bt = integer_tensor(N, K, low=-2, high=3, dtype=torch.float32, device="cuda").to(dtype)
     _, _, tensors = _problem(AUX, M, N, K, device="cuda")
     args = _args(AUX, A, Bt.t(), **tensors)
-    kernels = [PINGPONG(c) for c in pingpong.cuda_configs(dtype)] + \
+    kernels = [PINGPONG(c) for c in pingpong.cuda_configs(dtype) + pingpong.small_grid_configs(dtype)] + \
               [COOPERATIVE(c) for c in pingpong.cooperative_configs(dtype)]
-    assert len(kernels) == (2 if dtype == torch.int8 else 3)
+    assert len(kernels) == (3 if dtype == torch.int8 else 4)
     for kernel in kernels:
         assert kernel.supports(args), kernel.supports(args)
         for t in args.outputs.values():
@@ -306,6 +326,20 @@ def test_eight_bit_inputs_match_the_reference(dtype, M, N, K):
     if dtype == torch.int8:
         status = COOPERATIVE(pingpong.COOPERATIVE_BYTE_CONFIGS[0]).supports(args)
         assert not status and "ping-pong" in status.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn], ids=str)
+def test_small_grids_take_64_row_tiles_first(dtype):
+    """Where the 128x128 tiles leave SMs idle (32 tiles here), the 64-row ping-pong is offered
+    first; where they fill the GPU it is not offered at all."""
+    def kernels(M):
+        A, Bt, tensors = _problem(GELU, M, 4096, 512, device="cuda", kmajor=True)
+        return [k for k, status in epifuse.kernel_statuses(_args(GELU, A.to(dtype), Bt.to(dtype), **tensors))
+                if status]
+    small = kernels(128)
+    assert isinstance(small[0], PINGPONG) and small[0].config in pingpong.small_grid_configs(dtype)
+    assert not any(isinstance(k, PINGPONG) and k.config.block_m == 64 for k in kernels(8192))
 
 
 @pytest.mark.gpu

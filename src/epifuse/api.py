@@ -241,6 +241,9 @@ def kernel_statuses(args: GemmArguments, cc: int | None = None) -> list:
                       *(tiled.TritonTiled(c) for c in tiled.cuda_configs(dtype))]
     split = splitk.candidates(args)
     candidates = [*split, *candidates] if splitk.ranks_first(args) else [*candidates, *split]
+    if splitk.leaves_sms_idle(args):  # first: the fastest there (benchmarks/RESULTS.md, 2026-11-25)
+        candidates = [*(pingpong.GluonPingPong(c) for c in pingpong.small_grid_configs(args.A.dtype)),
+                      *candidates]
     result = [(k, k.supports(args, cc)) for k in candidates]
     reference = ReferenceKernel()
     result.append((reference, reference.supports(args)))

@@ -42,6 +42,12 @@ BYTE_CONFIGS = tuple(TileConfig(128, 128, 128, 8, 4, 4, epilogue_pieces=p) for p
 # pieces through two buffers, beside a fourth stage, it never won: 2026-11-23 14:18).
 COOPERATIVE_CONFIGS = tuple(TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=p) for p in (1, 2))
 COOPERATIVE_BYTE_CONFIGS = (TileConfig(128, 256, 128, 8, 8, 3),)
+# Where the 128x128 tiles leave SMs idle (fewer tiles than SMs: a decode-like M of a few
+# hundred rows), tiles of 64 rows put twice the CTAs on B's stream, each with a deeper ring
+# (eight 24 KB stages): at 128x8192x8192, which reads B at DRAM speed, 63.3 -> 59.8 us for
+# identity against cuBLAS's 59.2, fp8 47.4 -> 39.4 (RESULTS.md, 2026-11-25).
+SMALL_GRID_CONFIGS = (TileConfig(64, 128, 64, 8, 4, 8),)
+SMALL_GRID_BYTE_CONFIGS = (TileConfig(64, 128, 128, 8, 4, 8),)
 GLUON_INPUTS = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 # Of the 227 KiB a Hopper CTA may use: the ring and the tile buffers take at most RING_BUDGET
 # (the rest for barriers), or BUFFER_BUDGET where the epilogue reduces (its scratch needs a few
@@ -66,6 +72,11 @@ def gluon_available() -> bool:
 
 def cuda_configs(dtype: torch.dtype) -> tuple:
     return BYTE_CONFIGS if dtype.itemsize == 1 else CUDA_CONFIGS
+
+
+def small_grid_configs(dtype: torch.dtype) -> tuple:
+    """The configs offered besides cuda_configs' where the 128x128 tiles leave SMs idle."""
+    return SMALL_GRID_BYTE_CONFIGS if dtype.itemsize == 1 else SMALL_GRID_CONFIGS
 
 
 class GluonPingPong(TritonPersistent):

@@ -128,10 +128,15 @@ def _capability(device: torch.device) -> int:
     return major * 10 + minor
 
 
+def few_tiles(args, sms: int) -> bool:
+    """Whether the usual 128x128 output tiles are fewer than the GPU's `sms`."""
+    return output_tiles(args, CUDA_CONFIGS[0]) < sms
+
+
 def small_grid(args, sms: int) -> bool:
     """The cheap model for the untimed order: split-K first when the usual 128x128 tiles
     cannot fill the GPU and K is long enough for the split main loops to outweigh the fix-up."""
-    return output_tiles(args, CUDA_CONFIGS[0]) < sms and args.K >= LONG_K
+    return few_tiles(args, sms) and args.K >= LONG_K
 
 
 def candidates(args) -> list[TritonSplitK]:
@@ -152,3 +157,12 @@ def ranks_first(args) -> bool:
     if device.type != "cuda" or uses_interpreter(device):
         return False
     return small_grid(args, _sm_count(device.index or 0))
+
+
+def leaves_sms_idle(args) -> bool:
+    """Whether the usual 128x128 tiles leave SMs of args' GPU without a tile (never under
+    the interpreter)."""
+    device = args.A.device
+    if device.type != "cuda" or uses_interpreter(device):
+        return False
+    return few_tiles(args, _sm_count(device.index or 0))
