@@ -26,11 +26,30 @@ EPILOGUES = {
     "tile_C": "def e(accum, C):\n    D = accum * 1.5 + C * 0.5\n    return D\n",
     "two_outputs": "def e(accum, C):\n    F = accum * 1.5 + C * 2.0\n    D = relu(F)\n    return D, F\n",
     "row_sum": "def e(accum):\n    D = accum * 0.5\n    r = sum(D * D, dim=1)\n    return D, r\n",
+    "bce_loss": "def e(accum, bias, L):\n    f = accum + bias\n"
+                "    loss = sum((1 - L) * (-f) + log(clamp(sigmoid(f), 0.001, 0.999)))\n    return loss\n",
     # the epilogue left out (one number per tile leaves the chip) and done twice
     "no_store": "def e(accum):\n    s = sum(accum, dim=(0, 1))\n    return s\n",
     "gelu_twice": "def e(accum, bias):\n    D = gelu(gelu(accum + bias, approximate='tanh') * 1.5 - 0.25, "
                   "approximate='tanh')\n    return D\n",
+    "tile_C_twice": "def e(accum, C, C2):\n    D = accum * 1.5 + C * 0.5 + C2 * 0.25\n    return D\n",
+    "row_sum_twice": "def e(accum):\n    D = accum * 0.5\n    r = sum(D * D, dim=1)\n"
+                     "    r2 = sum(D * D * 0.25 + D, dim=1)\n    return D, r, r2\n",
+    "bce_twice": "def e(accum, bias, L):\n    f = accum + bias\n    g = f * 0.5 + 0.25\n"
+                 "    loss = sum((1 - L) * (-f) + log(clamp(sigmoid(f), 0.001, 0.999)))\n"
+                 "    loss2 = sum((1 - L) * (-g) + log(clamp(sigmoid(g), 0.001, 0.999)))\n    return loss, loss2\n",
 }
+REDUCED = {"r": "M", "r2": "M", "s": "1", "loss": "1", "loss2": "1"}  # outputs that are not (M, N) tiles
+
+
+def _compiler_report(args, kernel) -> dict:
+    """Registers, spills and shared memory of the kernel's launch, where Triton's warmup gives them."""
+    plan = args._plans[kernel]
+    try:
+        compiled = plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
+        return dict(regs=compiled.n_regs, spills=compiled.n_spills, smem=compiled.metadata.shared)
+    except Exception as exc:  # noqa: BLE001 - a report, not a result
+        return {"report": type(exc).__name__, "stages": plan.meta.get("STAGES")}
 
 
 def main(argv=None):
@@ -39,13 +58,16 @@ def main(argv=None):
     parser.add_argument("--epilogues", default=",".join(EPILOGUES))
     parser.add_argument("--out", default=None)
     parser.add_argument("--top", type=int, default=0, help="only the first N supported kernels (0: all)")
+    parser.add_argument("--kernels", default="", help="only these kernels, by repr, ';'-separated")
     ns = parser.parse_args(argv)
     M, N, K = ns.shape
     dev = "cuda"
     A = torch.randn(M, K, device=dev, dtype=torch.float16)
     B = torch.randn(K, N, device=dev, dtype=torch.float16) / math.sqrt(K)
     operands = {"bias": torch.randn(N, device=dev, dtype=torch.float16),
-                "C": torch.randn(M, N, device=dev, dtype=torch.float16)}
+                "C": torch.randn(M, N, device=dev, dtype=torch.float16),
+                "C2": torch.randn(M, N, device=dev, dtype=torch.float16),
+                "L": torch.randint(0, 2, (M, N), device=dev).to(torch.float16)}  # labels
     cublas = do_bench(lambda: A @ B, return_mode="median")
     rows = []
     print(f"cublas {cublas * 1e3:.1f} us at {M}x{N}x{K}")
@@ -54,21 +76,20 @@ def main(argv=None):
         program = epifuse.frontend.parse(src)
         tensors = {k: operands[k] for k in program.operands}
         for out, _ in program.outputs:
-            reduced = {"r": (M,), "s": (1,)}
-            tensors[out] = torch.empty(reduced[out], dtype=torch.float32, device=dev) if out in reduced else \
-                torch.empty(M, N, dtype=torch.float16, device=dev)
+            shape = {"M": (M,), "1": ()}.get(REDUCED.get(out), (M, N))
+            tensors[out] = torch.empty(shape, dtype=torch.float32 if out in REDUCED else torch.float16, device=dev)
         args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors))
         kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+        if ns.kernels:
+            kernels = [k for k in kernels if repr(k) in ns.kernels.split(";")]
         for kernel in kernels[:ns.top or None]:
             try:
                 kernel.run(args)
                 ms = do_bench(lambda: kernel.run(args), return_mode="median")
-                plan = args._plans[kernel]
-                compiled = plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
-                info = dict(regs=compiled.n_regs, spills=compiled.n_spills,
-                            smem=compiled.metadata.shared)
             except Exception as exc:  # report and go on
                 ms, info = float("nan"), {"error": type(exc).__name__}
+            else:
+                info = _compiler_report(args, kernel)
             row = dict(epilogue=name, kernel=repr(kernel), us=ms * 1e3, ratio=ms / cublas, **info)
             rows.append(row)
             print(f"{name:12s} {row['ratio']:5.2f}  {ms * 1e3:7.1f} us  {info}  {kernel!r}", flush=True)
