@@ -255,9 +255,11 @@ _CHOSEN: dict[tuple, Any] = {}
 
 def _choose_kernel(args: GemmArguments):
     """The best supported kernel, remembered per everything its support depends on."""
+    from .backends.triton.splitk import leaves_sms_idle
     from .runtime.tune import shape_bucket
-    key = (args.key, args.A.device, args.A.dtype, args.B.dtype, shape_bucket(args), args.deterministic,
-           args.compute_dtype, args.accumulator_type, args.precision,
+    # a bucket of shapes may straddle the small-grid threshold, which changes the candidates
+    key = (args.key, args.A.device, args.A.dtype, args.B.dtype, shape_bucket(args), leaves_sms_idle(args),
+           args.deterministic, args.compute_dtype, args.accumulator_type, args.precision,
            tuple((n, t.dtype) for n, t in args.outputs.items()),
            args.largest_span >= 2**31, layout_class(args.A), layout_class(args.B), operand_layouts(args))
     kernel = _CHOSEN.get(key)
