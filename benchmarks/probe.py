@@ -39,17 +39,18 @@ EPILOGUES = {
                  "    loss = sum((1 - L) * (-f) + log(clamp(sigmoid(f), 0.001, 0.999)))\n"
                  "    loss2 = sum((1 - L) * (-g) + log(clamp(sigmoid(g), 0.001, 0.999)))\n    return loss, loss2\n",
 }
-REDUCED = {"r": "M", "r2": "M", "s": "1", "loss": "1", "loss2": "1"}  # outputs that are not (M, N) tiles
+REDUCED = {"r": "rows", "r2": "rows", "s": "scalar", "loss": "scalar", "loss2": "scalar"}  # not (M, N) tiles
 
 
 def _compiler_report(args, kernel) -> dict:
     """Registers, spills and shared memory of the kernel's launch, where Triton's warmup gives them."""
     plan = args._plans[kernel]
+    report = {"stages": plan.meta.get("num_stages", plan.meta.get("STAGES"))}  # as launched, not as configured
     try:
-        compiled = plan.kernel.warmup(*plan.values, grid=plan.grid, **plan.meta)
-        return dict(regs=compiled.n_regs, spills=compiled.n_spills, smem=compiled.metadata.shared)
+        compiled = plan.kernel.warmup(*plan.jit_values(plan.values), grid=plan.grid, **plan.meta)
+        return dict(report, regs=compiled.n_regs, spills=compiled.n_spills, smem=compiled.metadata.shared)
     except Exception as exc:  # noqa: BLE001 - a report, not a result
-        return {"report": type(exc).__name__, "stages": plan.meta.get("STAGES")}
+        return dict(report, report_error=type(exc).__name__)
 
 
 def main(argv=None):
@@ -76,12 +77,16 @@ def main(argv=None):
         program = epifuse.frontend.parse(src)
         tensors = {k: operands[k] for k in program.operands}
         for out, _ in program.outputs:
-            shape = {"M": (M,), "1": ()}.get(REDUCED.get(out), (M, N))
+            shape = {"rows": (M,), "scalar": ()}.get(REDUCED.get(out), (M, N))
             tensors[out] = torch.empty(shape, dtype=torch.float32 if out in REDUCED else torch.float16, device=dev)
         args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors))
         kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
         if ns.kernels:
-            kernels = [k for k in kernels if repr(k) in ns.kernels.split(";")]
+            wanted = ns.kernels.split(";")
+            unknown = set(wanted) - {repr(k) for k in kernels}
+            if unknown:
+                print(f"{name}: no supported kernel is named {sorted(unknown)}", flush=True)
+            kernels = [k for k in kernels if repr(k) in wanted]
         for kernel in kernels[:ns.top or None]:
             try:
                 kernel.run(args)

@@ -280,14 +280,14 @@ def test_remembered_choices_tell_small_grids_apart(monkeypatch):
     """Within one shape bucket the 128x128 tiles may fill the GPU for one shape and not for
     the next, which changes the candidates (the 64-row ping-pong): each side keeps its own
     choice. (A CPU has no SMs to count, so the predicate is stood in for.)"""
-    from epifuse.backends.triton import splitk
+    from epifuse.backends.triton import persistent
     src = "def epi(accum):\n    D = accum * 2.0\n    return D\n"
 
     def args(M):
         return epifuse.GemmArguments(torch.ones(M, 32), torch.ones(32, 48),
                                      epilogue=epifuse.EpilogueArguments(src, D=torch.empty(M, 48)))
     assert tune.shape_bucket(args(40)) == tune.shape_bucket(args(60))
-    monkeypatch.setattr(splitk, "leaves_sms_idle", lambda a: a.M < 50)
+    monkeypatch.setattr(persistent, "leaves_sms_idle", lambda a: a.M < 50)
     epifuse.api._CHOSEN.clear()
     for M in (40, 60, 45):
         epifuse.api._choose_kernel(args(M))

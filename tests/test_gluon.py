@@ -116,7 +116,8 @@ def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls,
     layout = pingpong.launch_layout(args.graph, deterministic)
     plan = pingpong._buffer_plan(args, config, layout, cls.consumers)
     stored = sum(plan.tma[y.prefix] for y in layout.outputs if y.mode == "tile")
-    assert stored == (0 if src == LOSS else 2 if config.block_m == 64 else 1)  # F fits beside 64-row stages
+    # AUX's fp32 F fits beside the 64-row tiles' stages, not beside the 128-row ones
+    assert stored == {GELU: 1, ROWS: 1, LOSS: 0, AUX: 2 if config.block_m == 64 else 1}[src]
     assert stores == stored * cls.consumers * config.epilogue_pieces  # each consumer's copies
     # reductions fold with relaxed atomics: an acq_rel one costs a GPU-wide fence and an L1
     # invalidation per atomic (rowsumsq S2 1.19 -> 1.06 of cuBLAS, RESULTS.md 2026-11-24)
@@ -144,14 +145,17 @@ def test_eight_bit_inputs_compile_without_a_gpu(cls, dtype):
     A, B, tensors = _problem(GELU, 1000, 744, 512, kmajor=True)
     A, B = A.to(dtype), B.t().contiguous().to(dtype).t()
     args = _args(GELU, A, B, **tensors)
-    configs = pingpong.cuda_configs(dtype) if cls is PINGPONG else pingpong.cooperative_configs(dtype)
     if cls is PINGPONG:  # and the 64-row tiles of small grids
-        configs = (configs[0], *pingpong.small_grid_configs(dtype))
-    for config in configs[:2]:
+        configs = (pingpong.cuda_configs(dtype)[0], *pingpong.small_grid_configs(dtype))
+    else:
+        configs = pingpong.cooperative_configs(dtype)
+    for config in configs:
         assert config.block_k == 128
         ptx = pingpong.compile_offline(cls(config), args).asm["ptx"]
         shape = "k32.f32.e4m3.e4m3" if dtype == torch.float8_e4m3fn else "k32.s32.s8.s8"
         assert f"m64n{config.block_n}{shape}" in ptx
+        if cls is PINGPONG:  # per K step, each consumer's copy: a wgmma per 32 of K per 64 rows
+            assert ptx.count("wgmma.mma_async") == 2 * (config.block_k // 32) * (config.block_m // 64)
 
 
 
@@ -164,7 +168,8 @@ def test_tile_buffers_fit_shared_memory():
     C in fp32 does not fit: pointer loads. Operands TMA cannot load (unaligned rows, an integer
     type, a broadcast along M) are loaded through pointers. Beside one buffer the ring takes
     five stages where the config asks for them (224 KB in all). The cooperative kernel's
-    (128, 256) tiles leave room for three 48 KB stages next to one 64 KB buffer."""
+    (128, 256) tiles leave room for three 48 KB stages next to one 64 KB buffer; the 64-row
+    tiles' 24 KB stages leave room for F's fp32 buffer too."""
     A, B, tensors = _problem(AUX, 256, 256, 64, out=torch.float16)
     cfg = pingpong.CUDA_CONFIGS[0]
 
@@ -334,8 +339,8 @@ def test_small_grids_take_64_row_tiles_first(dtype):
     """Where the 128x128 tiles leave SMs idle (32 tiles here), the 64-row ping-pong is offered
     first; where they fill the GPU it is not offered at all."""
     def kernels(M):
-        A, Bt, tensors = _problem(GELU, M, 4096, 512, device="cuda", kmajor=True)
-        return [k for k, status in epifuse.kernel_statuses(_args(GELU, A.to(dtype), Bt.to(dtype), **tensors))
+        A, B, tensors = _problem(GELU, M, 4096, 512, device="cuda", kmajor=True)   # B contiguous along K
+        return [k for k, status in epifuse.kernel_statuses(_args(GELU, A.to(dtype), B.to(dtype), **tensors))
                 if status]
     small = kernels(128)
     assert isinstance(small[0], PINGPONG) and small[0].config in pingpong.small_grid_configs(dtype)

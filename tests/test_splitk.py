@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import epifuse
-from epifuse.backends.triton import splitk
+from epifuse.backends.triton import persistent, splitk
 from epifuse.backends.triton.splitk import SplitKConfig, TritonSplitK
 from epifuse.backends.triton.tiled import interpreter_requested
 from helpers import integer_tensor, reference_outputs, rel_error
@@ -220,8 +220,11 @@ def test_cheap_model_prefers_split_k_only_on_small_grids_with_long_k():
     assert not splitk.small_grid(args_of(128, 8192, 1024), sms=132)      # K too short
     assert not splitk.small_grid(args_of(4096, 4096, 8192), sms=132)     # 1024 tiles fill the GPU
     # the 64-row ping-pong is offered wherever the 128x128 tiles leave SMs idle, K short or long
-    assert splitk.few_tiles(args_of(128, 8192, 1024), sms=132) and splitk.few_tiles(args_of(512, 4096, 64), sms=132)
-    assert not splitk.few_tiles(args_of(640, 4096, 64), sms=132)        # 160 tiles
+    assert persistent.few_tiles(args_of(128, 8192, 1024), sms=132)
+    assert persistent.few_tiles(args_of(256, 8320, 64), sms=132)          # 2 x 65 = 130 tiles
+    assert not persistent.few_tiles(args_of(256, 8448, 64), sms=132)      # 2 x 66 = 132: every SM has one
+    assert not persistent.leaves_sms_idle(args_of(128, 8192, 8192))       # a CPU has no SMs to leave idle
+    assert not splitk.ranks_first(args_of(128, 8192, 8192))
 
 
 @pytest.mark.gpu

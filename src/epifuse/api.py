@@ -241,7 +241,7 @@ def kernel_statuses(args: GemmArguments, cc: int | None = None) -> list:
                       *(tiled.TritonTiled(c) for c in tiled.cuda_configs(dtype))]
     split = splitk.candidates(args)
     candidates = [*split, *candidates] if splitk.ranks_first(args) else [*candidates, *split]
-    if splitk.leaves_sms_idle(args):  # first: the fastest there (benchmarks/RESULTS.md, 2026-11-25)
+    if persistent.leaves_sms_idle(args):  # first: the fastest there (benchmarks/RESULTS.md, 2026-11-25)
         candidates = [*(pingpong.GluonPingPong(c) for c in pingpong.small_grid_configs(args.A.dtype)),
                       *candidates]
     result = [(k, k.supports(args, cc)) for k in candidates]
@@ -255,7 +255,7 @@ _CHOSEN: dict[tuple, Any] = {}
 
 def _choose_kernel(args: GemmArguments):
     """The best supported kernel, remembered per everything its support depends on."""
-    from .backends.triton.splitk import leaves_sms_idle
+    from .backends.triton.persistent import leaves_sms_idle
     from .runtime.tune import shape_bucket
     # a bucket of shapes may straddle the small-grid threshold, which changes the candidates
     key = (args.key, args.A.device, args.A.dtype, args.B.dtype, shape_bucket(args), leaves_sms_idle(args),

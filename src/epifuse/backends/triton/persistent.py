@@ -43,6 +43,27 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+USUAL_TILE = TileConfig(128, 128, 64)  # the tiles most configs take: what decides a small grid
+
+
+def output_tiles(args, cfg: TileConfig) -> int:
+    return args.L * triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n)
+
+
+def few_tiles(args, sms: int) -> bool:
+    """Whether the usual 128x128 output tiles are fewer than the GPU's `sms`."""
+    return output_tiles(args, USUAL_TILE) < sms
+
+
+def leaves_sms_idle(args) -> bool:
+    """Whether the usual 128x128 tiles leave SMs of args' GPU without a tile (never on a CPU
+    or under the interpreter): where the split-K kernels and the 64-row ping-pong come first."""
+    device = args.A.device
+    if device.type != "cuda" or uses_interpreter(device):
+        return False
+    return few_tiles(args, _sm_count(device.index or 0))
+
+
 def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, device="cuda", dtype=torch.int8)
 

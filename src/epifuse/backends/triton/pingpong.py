@@ -44,7 +44,7 @@ COOPERATIVE_CONFIGS = tuple(TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=p)
 COOPERATIVE_BYTE_CONFIGS = (TileConfig(128, 256, 128, 8, 8, 3),)
 # Where the 128x128 tiles leave SMs idle (fewer tiles than SMs: a decode-like M of a few
 # hundred rows), tiles of 64 rows put twice the CTAs on B's stream, each with a deeper ring
-# (eight 24 KB stages): at 128x8192x8192, which reads B at DRAM speed, 63.3 -> 59.8 us for
+# (up to eight 24 KB stages): at 128x8192x8192, which reads B at DRAM speed, 63.3 -> 59.8 us for
 # identity against cuBLAS's 59.2, fp8 47.4 -> 39.4 (RESULTS.md, 2026-11-25).
 SMALL_GRID_CONFIGS = (TileConfig(64, 128, 64, 8, 4, 8),)
 SMALL_GRID_BYTE_CONFIGS = (TileConfig(64, 128, 128, 8, 4, 8),)

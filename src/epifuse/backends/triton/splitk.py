@@ -15,7 +15,7 @@ import torch
 import triton
 
 from ..base import Status, supported, unsupported
-from .persistent import _sm_count
+from .persistent import _sm_count, few_tiles, leaves_sms_idle, output_tiles
 from .tiled import TileConfig, TritonTiled, uses_interpreter
 
 
@@ -119,18 +119,9 @@ class TritonSplitK(TritonTiled):
         return meta, (*grid, cfg.split_k)
 
 
-def output_tiles(args, cfg: TileConfig) -> int:
-    return args.L * triton.cdiv(args.M, cfg.block_m) * triton.cdiv(args.N, cfg.block_n)
-
-
 def _capability(device: torch.device) -> int:
     major, minor = torch.cuda.get_device_capability(device)
     return major * 10 + minor
-
-
-def few_tiles(args, sms: int) -> bool:
-    """Whether the usual 128x128 output tiles are fewer than the GPU's `sms`."""
-    return output_tiles(args, CUDA_CONFIGS[0]) < sms
 
 
 def small_grid(args, sms: int) -> bool:
@@ -153,16 +144,4 @@ def cuda_configs(dtype: torch.dtype) -> tuple:
 def ranks_first(args) -> bool:
     """Whether kernel_statuses puts the split-K kernels before the others (never under the
     interpreter, where the tiled kernel stays the default)."""
-    device = args.A.device
-    if device.type != "cuda" or uses_interpreter(device):
-        return False
-    return small_grid(args, _sm_count(device.index or 0))
-
-
-def leaves_sms_idle(args) -> bool:
-    """Whether the usual 128x128 tiles leave SMs of args' GPU without a tile (never under
-    the interpreter)."""
-    device = args.A.device
-    if device.type != "cuda" or uses_interpreter(device):
-        return False
-    return few_tiles(args, _sm_count(device.index or 0))
+    return leaves_sms_idle(args) and args.K >= LONG_K
