@@ -15,7 +15,7 @@ import torch
 import triton
 
 from ..base import Status, supported, unsupported
-from .persistent import _sm_count, few_tiles, leaves_sms_idle, output_tiles
+from .persistent import _sm_count, few_tiles, output_tiles
 from .tiled import TileConfig, TritonTiled, uses_interpreter
 
 
@@ -144,4 +144,7 @@ def cuda_configs(dtype: torch.dtype) -> tuple:
 def ranks_first(args) -> bool:
     """Whether kernel_statuses puts the split-K kernels before the others (never under the
     interpreter, where the tiled kernel stays the default)."""
-    return leaves_sms_idle(args) and args.K >= LONG_K
+    device = args.A.device
+    if device.type != "cuda" or uses_interpreter(device):
+        return False
+    return small_grid(args, _sm_count(device.index or 0))
