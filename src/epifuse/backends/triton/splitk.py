@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
 from ..base import Status, supported, unsupported
 from .persistent import _sm_count, few_tiles, output_tiles
