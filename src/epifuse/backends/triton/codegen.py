@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ...errors import InternalError
 from ...ir import AXES, Graph, Node
 from ...ops import OPS
-from .rules import LOG_OF_NORMAL, LogSum, _clamp, _f, helper_source, log_sum, rule_for
+from .rules import EXP_FLUSHED, LOG_OF_NORMAL, MIN_NORMAL, LogSum, _clamp, _f, helper_source, log_sum, rule_for
 
 REDUCE_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf"), "amax": 0.0}
 _COMBINE = {"sum": "_add", "mean": "_add", "max": "_max_nan", "min": "_min_nan", "amax": "_max_nan"}
@@ -517,11 +517,12 @@ def _log_of_products(p: str, names: dict, logs: LogSum, style: str, helpers: set
     excess = logs.excess()
     if excess is not None:
         t, low, high = excess
-        t_expr = _as_full_tile(names[id(t)], t, style)
-        if t.op == "exp" and low >= 2.0 ** -126:  # the clamp takes any subnormal exp to low
-            t_expr = _as_full_tile(f"_exp_flushed({names[id(t.src[0])]})", t, style)
-            helpers.add("_exp_flushed")
-        lines = [f"{p} = tl.where(mask, {_clamp(t_expr, low, high)}, 0.0)"]
+        if t.op == "exp" and low >= MIN_NORMAL:  # the clamp takes any subnormal exp to low
+            t_expr = EXP_FLUSHED.emit(names[id(t.src[0])])
+            helpers.update(EXP_FLUSHED.helpers)
+        else:
+            t_expr = names[id(t)]
+        lines = [f"{p} = tl.where(mask, {_clamp(_as_full_tile(t_expr, t, style), low, high)}, 0.0)"]
         helpers.add("_clamp")
     else:
         y = _as_full_tile(names[id(logs.y)], logs.y, style)

@@ -112,11 +112,15 @@ LOG_OF_NORMAL = Rule(lambda a: f"_log_normal({a})", ("_log_normal",))
 _NORMAL_RANGE = (2.0 ** -125, 2.0 ** 125)
 
 
-# c + exp(y) with |c| >= 2**-100: an exp that flushes subnormal results changes nothing, since c
-# plus a subnormal rounds to c; the position of the exp among the add's operands picks the rule
-ADD_EXP_FLUSHED = (Rule(lambda y, c: f"({c} + _exp_flushed({y}))", ("_exp_flushed",), through=(0,)),
-                   Rule(lambda c, y: f"({c} + _exp_flushed({y}))", ("_exp_flushed",), through=(1,)))
+# exp(y) with subnormal results flushed to zero: exact wherever what the result meets absorbs a
+# subnormal. c + exp(y) with |c| >= 2**-100, since c plus a subnormal rounds to c (the position of
+# the exp among the add's operands picks the rule); an exp clamped below at a normal number
+# (MIN_NORMAL or more: codegen's logs of products)
+EXP_FLUSHED = Rule(lambda y: f"_exp_flushed({y})", ("_exp_flushed",))
+ADD_EXP_FLUSHED = (Rule(lambda y, c: f"({c} + {EXP_FLUSHED.emit(y)})", EXP_FLUSHED.helpers, through=(0,)),
+                   Rule(lambda c, y: f"({c} + {EXP_FLUSHED.emit(y)})", EXP_FLUSHED.helpers, through=(1,)))
 _ABSORBS_SUBNORMALS = 2.0 ** -100
+MIN_NORMAL = 2.0 ** -126
 
 
 def rule_for(node) -> Rule | None:
