@@ -136,6 +136,21 @@ def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls,
     assert shared_traffic <= whole.count("st.shared") + whole.count("stmatrix") + 8 * config.epilogue_pieces
 
 
+@pytest.mark.parametrize("cls,config", [(PINGPONG, pingpong.CUDA_CONFIGS[0]),
+                                        (COOPERATIVE, pingpong.COOPERATIVE_CONFIGS[0])], ids=["pingpong", "coop"])
+@pytest.mark.parametrize("src", [LOSS, ROWS], ids=["loss", "rows"])
+def test_whole_tiles_drop_the_reductions_masks(src, cls, config):
+    """Where the tiles divide M and N, the reductions select no masked elements (EVEN_M and
+    EVEN_N make the masks constants): the loss's two selects per element and the row sum's
+    one are gone; a ragged axis keeps them."""
+    selects = {}
+    for M, N in ((1024, 768), (1000, 768), (1024, 744)):
+        A, B, tensors = _problem(src, M, N, 512)
+        ptx = pingpong.compile_offline(cls(config), _args(src, A, B, **tensors)).asm["ptx"]
+        selects[M, N] = ptx.count("selp.")
+    assert selects[1024, 768] == 0 and selects[1000, 768] > 0 and selects[1024, 744] > 0, selects
+
+
 @pytest.mark.parametrize("cls,dtype", [(PINGPONG, torch.float8_e4m3fn), (PINGPONG, torch.int8),
                                        (COOPERATIVE, torch.float8_e4m3fn)], ids=["fp8", "int8", "coop-fp8"])
 def test_eight_bit_inputs_compile_without_a_gpu(cls, dtype):

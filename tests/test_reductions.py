@@ -372,3 +372,50 @@ def test_summed_logs_near_one_keep_their_digits(device):
         for kernel in (k for k in epifuse.get_kernels(kernel_args) if k.name != "reference"):
             kernel.run(kernel_args)
             assert rel_error(kernel_args.outputs["loss"], ref) < 1.5e-6, (kernel, rel_error(kernel_args.outputs["loss"], ref))
+
+
+WHOLE_AND_RAGGED = [(128, 128), (128, 72), (100, 128), (100, 72)]
+
+
+@pytest.mark.parametrize("rows,cols", WHOLE_AND_RAGGED)
+def test_whole_and_ragged_tiles(rows, cols, device):
+    """Where every tile is whole along an axis, the launch says so (EVEN_M / EVEN_N) and the
+    epilogue's mask there is a constant the compiler drops; row sums, column maxima and a
+    BCE loss agree with float64 either way, in every kernel."""
+    _check_whole_and_ragged(rows, cols, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,cols", WHOLE_AND_RAGGED + [(512, 384), (512, 380)])
+def test_whole_and_ragged_tiles_on_the_gpu(rows, cols):
+    """As above with the GPU's kernels (the Gluon ones included), several tiles per CTA."""
+    _check_whole_and_ragged(rows, cols, "cuda")
+
+
+def _check_whole_and_ragged(rows, cols, device):
+    from epifuse.backends.triton.codegen import launch_layout
+    src = ("def epi(accum, C):\n    f = accum * 0.25\n    r = sum(f * f, dim=1)\n    c = max(f, dim=0)\n"
+           "    loss = sum((1 - C) * (-f) + log(clamp(sigmoid(f), 0.001, 0.999)))\n    return r, c, loss\n")
+    A = integer_tensor(rows, K, device=device)
+    B = integer_tensor(K, cols, low=-1, high=2, device=device)
+    C = torch.randint(0, 2, (rows, cols), device=device).half()
+    outs = dict(r=torch.empty(rows, device=device), c=torch.empty(cols, device=device),
+                loss=torch.empty((), device=device))
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, C=C, **outs))
+    refs = reference_outputs(args)
+    kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+    assert kernels, epifuse.kernel_statuses(args)
+    whole = set()
+    for kernel in kernels:
+        layout = launch_layout(args.graph, args.deterministic)
+        buffers, _ = kernel._reduction_buffers(args, layout)
+        meta = kernel._launch_args(args, layout, buffers)[1]
+        assert meta["EVEN_M"] == (rows % meta["BLOCK_M"] == 0), kernel
+        assert meta["EVEN_N"] == (cols % meta["BLOCK_N"] == 0), kernel
+        whole.update(axis for axis in ("M", "N") if meta[f"EVEN_{axis}"])
+        for out in args.outputs.values():
+            out.fill_(float("nan"))
+        kernel.run(args)
+        for name, ref in refs.items():
+            assert rel_error(args.outputs[name], ref) < 1e-5, (kernel, name, rel_error(args.outputs[name], ref))
+    assert ("M" in whole) == (rows % 128 == 0) and ("N" in whole) == (cols % 128 == 0), whole

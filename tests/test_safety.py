@@ -334,7 +334,7 @@ def test_nesting_in_a_thread_with_a_small_stack(tmp_path):
 COLLIDING_NAMES = ["tl", "triton", "acc", "acc_e", "mask", "mask_m", "mask_n", "rm", "rn", "rk", "pid",
                    "pid_l", "pid_m", "pid_n", "pid_en", "offs_m", "offs_en", "v0", "v1", "v2", "x0", "x1",
                    "x0_ptr", "x0_sm", "y0", "y1", "y0_ptr", "r_y0", "a_ptr", "b_ptr", "a", "b", "k",
-                   "M", "N", "K", "L", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K", "UPCAST",
+                   "M", "N", "K", "L", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K", "EVEN_M", "EVEN_N", "UPCAST",
                    "PRECISION", "EPI_N", "NUM_SMS", "_INF", "_NAN", "_pow", "_clamp", "_max_nan",
                    "_sigmoid", "epifuse_kernel", "libdevice", "math", "os", "sys", "self", "cls",
                    "print", "len", "range", "float", "int", "str", "type", "match", "case", "_",

@@ -10,6 +10,7 @@ pasted in except numbers that were parsed as numbers.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...errors import InternalError
@@ -160,8 +161,16 @@ _TILED_MAINLOOP = '''
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    mask_m = rm < M
-    mask_n = rn < N
+    # EVEN_M / EVEN_N: every tile is whole along that axis, and its mask a constant the
+    # compiler folds away (no selects in the reductions, no predicates on the stores)
+    if EVEN_M:
+        mask_m = tl.full((BLOCK_M,), 1, tl.int1)
+    else:
+        mask_m = rm < M
+    if EVEN_N:
+        mask_n = tl.full((BLOCK_N,), 1, tl.int1)
+    else:
+        mask_n = rn < N
     # Rows and columns past the edge are wrapped, not masked: they are never stored.
     a_ptrs = a_ptr + pid_l * stride_al + (rm % M)[:, None] * stride_am + rk[None, :] * stride_ak
     b_ptrs = b_ptr + pid_l * stride_bl + rk[:, None] * stride_bk + (rn % N)[None, :] * stride_bn
@@ -260,7 +269,10 @@ _PERSISTENT_MAINLOOP = '''
             else:
                 acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
         rm = offs_m + tl.arange(0, BLOCK_M)
-        mask_m = rm < M
+        if EVEN_M:
+            mask_m = tl.full((BLOCK_M,), 1, tl.int1)
+        else:
+            mask_m = rm < M
         acc_lo, acc_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, EPI_N)), (0, 2, 1)))
 '''
 
@@ -271,7 +283,10 @@ _PERSISTENT_SUBTILE = '''
         offs_en = offs_n + {half_index} * EPI_N
         pid_en = pid_n * 2 + {half_index}
         rn = offs_en + tl.arange(0, EPI_N)
-        mask_n = rn < N
+        if EVEN_N:
+            mask_n = tl.full((EPI_N,), 1, tl.int1)
+        else:
+            mask_n = rn < N
         mask = mask_m[:, None] & mask_n[None, :]
 '''
 
@@ -325,7 +340,7 @@ def _split_k_mainloop(tiled: str) -> str:
 _GEMM_PARAMS = ["a_ptr", "b_ptr", "M", "N", "K", "stride_al", "stride_am", "stride_ak",
                 "stride_bl", "stride_bk", "stride_bn"]
 _COMMON_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UPCAST", "PRECISION"]
-_COMMON_META += ["EPI_N", "ACC_INT", "ACC_F16"]
+_COMMON_META += ["EPI_N", "ACC_INT", "ACC_F16", "EVEN_M", "EVEN_N"]
 KERNEL_SHAPES = {
     "tiled": (_GEMM_PARAMS, _COMMON_META + ["EVEN_K"], _TILED_MAINLOOP, 4),
     "persistent": (_GEMM_PARAMS + ["L"], _COMMON_META + ["A_BATCHED", "B_BATCHED", "B_KMAJOR",
@@ -507,6 +522,16 @@ def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]
             f"    {pointer_store}"]
 
 
+def _without_cap(node: Node, cap: float) -> Node:
+    """`node`, or x where `node` is minimum(x, c) (either order) with a constant c >= `cap`."""
+    if node.op == "minimum":
+        for k in (0, 1):
+            c = node.src[1 - k]
+            if c.op == "const" and c.arg >= cap:
+                return node.src[k]
+    return node
+
+
 def _log_of_products(p: str, names: dict, logs: LogSum, style: str, helpers: set) -> list[str]:
     """Lines leaving in `p` the (BLOCK_M,) row sums of log(y) over the tile's columns, taken as
     logs of products of logs.group columns (fewer where the piece is narrow): the columns are
@@ -517,12 +542,17 @@ def _log_of_products(p: str, names: dict, logs: LogSum, style: str, helpers: set
     excess = logs.excess()
     if excess is not None:
         t, low, high = excess
-        if t.op == "exp" and low >= MIN_NORMAL:  # the clamp takes any subnormal exp to low
-            t_expr = EXP_FLUSHED.emit(names[id(t.src[0])])
+        if t.op == "exp" and low >= MIN_NORMAL:
+            # exp increases: its argument is clamped to [log(low), log(high)] instead, which
+            # makes a cap on the argument at log(high) or above (the BCE rewrite's) redundant;
+            # the bounds then hold to exp's few ulp, and no exp is subnormal
+            log_low, log_high = math.log(low), math.log(high)
+            arg = _without_cap(t.src[0], log_high)
+            t_expr = EXP_FLUSHED.emit(_clamp(names[id(arg)], log_low, log_high))
             helpers.update(EXP_FLUSHED.helpers)
         else:
-            t_expr = names[id(t)]
-        lines = [f"{p} = tl.where(mask, {_clamp(_as_full_tile(t_expr, t, style), low, high)}, 0.0)"]
+            t_expr = _clamp(names[id(t)], low, high)
+        lines = [f"{p} = tl.where(mask, {_as_full_tile(t_expr, t, style)}, 0.0)"]
         helpers.add("_clamp")
     else:
         y = _as_full_tile(names[id(logs.y)], logs.y, style)

@@ -195,7 +195,10 @@ _K_STEP = """            s = i % STAGES
 _TILE_ROWS = """        offs_m = pid_m * BLOCK_M
         pid_l = 0
         rm = offs_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-        mask_m = rm < M
+        if EVEN_M:  # every tile is whole: a constant mask the compiler folds away
+            mask_m = gl.full([BLOCK_M], 1, gl.int1, gl.SliceLayout(1, acc_layout))
+        else:
+            mask_m = rm < M
 """
 _RING = """    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -209,7 +212,10 @@ _PIECE = """        acc_e = gl.convert_layout({value}, acc_layout)
         offs_en = pid_n * BLOCK_N + {index} * EPI_N
         pid_en = pid_n * {pieces} + {index}
         rn = offs_en + gl.arange(0, EPI_N, layout=gl.SliceLayout(0, acc_layout))
-        mask_n = rn < N
+        if EVEN_N:
+            mask_n = gl.full([EPI_N], 1, gl.int1, gl.SliceLayout(0, acc_layout))
+        else:
+            mask_n = rn < N
         mask = mask_m[:, None] & mask_n[None, :]
 """
 
@@ -230,7 +236,7 @@ def _split_lines(pieces: int) -> tuple[str, list[str]]:
 
 
 GEMM_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "EPI_N", "GROUP_M", "STAGES", "B_KMAJOR", "INSTR_K", "ACC_INT",
-             "CONSUMER_REGS", "PRODUCER_REGS"]
+             "EVEN_M", "EVEN_N", "CONSUMER_REGS", "PRODUCER_REGS"]
 SCHEDULES = ("pingpong", "cooperative")
 
 

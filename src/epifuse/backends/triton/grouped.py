@@ -121,6 +121,8 @@ class TritonGrouped(Kernel):
                     EPI_N=cfg.block_n, ACC_INT=first.A.dtype == torch.int8 and not interpret,
                     ACC_F16=first.accumulator_type == torch.float16,
                     EVEN_K=all(p.K % cfg.block_k == 0 for p in grouped.problems),
+                    EVEN_M=all(p.M % cfg.block_m == 0 for p in grouped.problems),
+                    EVEN_N=all(p.N % cfg.block_n == 0 for p in grouped.problems),
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         for y in layout.outputs:
             if y.mode == "tile":

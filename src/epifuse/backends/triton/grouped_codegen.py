@@ -85,7 +85,7 @@ _FIND_GROUP = '''
 _TILED_HEAD = "    pid = tl.program_id(0)\n    pid_l = tl.program_id(1).to(tl.int64)\n"
 
 _META = ["ROW", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UPCAST", "PRECISION", "EPI_N",
-         "ACC_INT", "ACC_F16", "EVEN_K"]
+         "ACC_INT", "ACC_F16", "EVEN_K", "EVEN_M", "EVEN_N"]
 
 
 def _bind_row(columns: tuple[Column, ...], pointee: dict[str, str], hints: dict[str, str]) -> list[str]:

@@ -149,7 +149,8 @@ class GluonPingPong(TritonPersistent):
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                     EPI_N=cfg.block_n // cfg.epilogue_pieces, GROUP_M=cfg.group_m, STAGES=plan.stages,
                     B_KMAJOR=_b_kmajor(args), INSTR_K=32 if args.A.dtype.itemsize == 1 else 16,
-                    ACC_INT=args.A.dtype == torch.int8, CONSUMER_REGS=CONSUMER_REGS,
+                    ACC_INT=args.A.dtype == torch.int8, EVEN_M=args.M % cfg.block_m == 0,
+                    EVEN_N=args.N % cfg.block_n == 0, CONSUMER_REGS=CONSUMER_REGS,
                     PRODUCER_REGS=PRODUCER_REGS, num_warps=self.num_warps, LOAD_BYTES=plan.load_bytes)
         for p in plan.slots:
             meta[f"{p.upper()}_TMA"] = plan.tma[p]

@@ -179,6 +179,7 @@ class TritonTiled(Kernel):
                     EPI_N=cfg.block_n // self.subtiles,
                     ACC_INT=args.A.dtype == torch.int8 and not interpret,
                     ACC_F16=args.accumulator_type == torch.float16,
+                    EVEN_M=args.M % cfg.block_m == 0, EVEN_N=args.N % cfg.block_n == 0,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         for y in layout.outputs:
             if y.mode == "tile":
