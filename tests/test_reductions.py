@@ -381,31 +381,35 @@ WHOLE_AND_RAGGED = [(128, 128), (128, 72), (100, 128), (100, 72)]
 def test_whole_and_ragged_tiles(rows, cols, device):
     """Where every tile is whole along an axis, the launch says so (EVEN_M / EVEN_N) and the
     epilogue's mask there is a constant the compiler drops; row sums, column maxima and a
-    BCE loss agree with float64 either way, in every kernel."""
-    _check_whole_and_ragged(rows, cols, device)
+    BCE loss agree with float64 either way, in the tiled, persistent and split-K kernels
+    (a K they all take)."""
+    ran = _check_whole_and_ragged(rows, cols, device, 128)
+    assert {"triton_tiled", "triton_persistent", "triton_splitk"} <= ran, ran
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,cols", WHOLE_AND_RAGGED + [(512, 384), (512, 380)])
+@pytest.mark.parametrize("rows,cols", WHOLE_AND_RAGGED + [(512, 384), (512, 376)])
 def test_whole_and_ragged_tiles_on_the_gpu(rows, cols):
-    """As above with the GPU's kernels (the Gluon ones included), several tiles per CTA."""
-    _check_whole_and_ragged(rows, cols, "cuda")
+    """As above with the GPU's kernels, the Gluon ones included."""
+    ran = _check_whole_and_ragged(rows, cols, "cuda", 256)
+    assert {"triton_persistent", "gluon_pingpong", "gluon_cooperative"} <= ran, ran
 
 
-def _check_whole_and_ragged(rows, cols, device):
+def _check_whole_and_ragged(rows, cols, device, depth) -> set:
+    """Run every kernel but the reference on a (rows, depth) x (depth, cols) GEMM; the names
+    of the kernels run."""
     from epifuse.backends.triton.codegen import launch_layout
     src = ("def epi(accum, C):\n    f = accum * 0.25\n    r = sum(f * f, dim=1)\n    c = max(f, dim=0)\n"
            "    loss = sum((1 - C) * (-f) + log(clamp(sigmoid(f), 0.001, 0.999)))\n    return r, c, loss\n")
-    A = integer_tensor(rows, K, device=device)
-    B = integer_tensor(K, cols, low=-1, high=2, device=device)
+    A = integer_tensor(rows, depth, device=device)
+    B = integer_tensor(depth, cols, low=-1, high=2, device=device)
     C = torch.randint(0, 2, (rows, cols), device=device).half()
     outs = dict(r=torch.empty(rows, device=device), c=torch.empty(cols, device=device),
                 loss=torch.empty((), device=device))
     args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, C=C, **outs))
     refs = reference_outputs(args)
     kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
-    assert kernels, epifuse.kernel_statuses(args)
-    whole = set()
+    whole, ran = set(), set()
     for kernel in kernels:
         layout = launch_layout(args.graph, args.deterministic)
         buffers, _ = kernel._reduction_buffers(args, layout)
@@ -418,4 +422,44 @@ def _check_whole_and_ragged(rows, cols, device):
         kernel.run(args)
         for name, ref in refs.items():
             assert rel_error(args.outputs[name], ref) < 1e-5, (kernel, name, rel_error(args.outputs[name], ref))
+        ran.add(kernel.name)
     assert ("M" in whole) == (rows % 128 == 0) and ("N" in whole) == (cols % 128 == 0), whole
+    return ran
+
+
+def test_grouped_whole_and_ragged_groups(device):
+    """The grouped kernel's EVEN_M / EVEN_N hold only where every group's tiles are whole: one
+    ragged group among whole ones keeps the masks, and every group's sums are right."""
+    from epifuse.backends.triton.codegen import launch_layout
+    src = "def epi(accum):\n    f = accum * 0.5\n    r = sum(f * f, dim=1)\n    t = sum(f)\n    return r, t\n"
+    for sizes in ([(128, 128, 64), (256, 128, 32)], [(128, 128, 64), (100, 72, 32)]):
+        problems = [epifuse.GemmArguments(
+            integer_tensor(M, K, device=device), integer_tensor(K, N, low=-1, high=2, device=device),
+            epilogue=epifuse.EpilogueArguments(src, r=torch.empty(M, device=device),
+                                               t=torch.empty((), device=device)))
+            for M, N, K in sizes]
+        grouped = epifuse.GroupedGemmArguments(problems)
+        kernel = epifuse.get_kernels(grouped)[0]
+        assert kernel.name == "triton_grouped", epifuse.kernel_statuses(grouped)
+        meta = kernel._meta(grouped, launch_layout(grouped.graph, False), kernel._config(grouped), 1)
+        ragged = sizes[1][0] == 100
+        assert meta["EVEN_M"] == meta["EVEN_N"] == (not ragged), meta
+        kernel.run(grouped)
+        for p in grouped:
+            for name, ref in reference_outputs(p).items():
+                assert rel_error(p.outputs[name], ref) < 1e-6, (sizes, name)
+
+
+def test_clamp_with_its_min_above_its_max_in_a_sum_of_logs(device):
+    """clamp(1 + exp(x), 1.5, 1.0) is 1.0 everywhere (torch takes the max): its logs sum to 0,
+    and the logs of products' clamp in the exp's log domain does not apply (log(0))."""
+    A, B = _gemm_inputs(2, device)
+    src = "def epi(accum):\n    loss = sum(log(clamp(1 + exp(accum * 0.1), 1.5, 1.0)))\n    return loss\n"
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        src, loss=torch.full((), float("nan"), device=device)))
+    kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+    assert kernels, epifuse.kernel_statuses(args)
+    for kernel in kernels:
+        args.outputs["loss"].fill_(float("nan"))
+        kernel.run(args)
+        assert args.outputs["loss"].item() == 0.0, kernel

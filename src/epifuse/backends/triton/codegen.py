@@ -542,10 +542,11 @@ def _log_of_products(p: str, names: dict, logs: LogSum, style: str, helpers: set
     excess = logs.excess()
     if excess is not None:
         t, low, high = excess
-        if t.op == "exp" and low >= MIN_NORMAL:
+        if t.op == "exp" and MIN_NORMAL <= low <= high:
             # exp increases: its argument is clamped to [log(low), log(high)] instead, which
             # makes a cap on the argument at log(high) or above (the BCE rewrite's) redundant;
-            # the bounds then hold to exp's few ulp, and no exp is subnormal
+            # the bounds then hold to exp's few ulp, and no exp is subnormal (a clamp whose min
+            # is above its max, which gives the max, keeps the clamp of the exp)
             log_low, log_high = math.log(low), math.log(high)
             arg = _without_cap(t.src[0], log_high)
             t_expr = EXP_FLUSHED.emit(_clamp(names[id(arg)], log_low, log_high))
