@@ -262,14 +262,17 @@ def test_log_sigmoid_end_to_end(AB):
 
 
 def test_log_of_a_clamped_sigmoid_loses_the_division():
-    """The BCE idiom log(clamp(sigmoid(f), lo, hi)): no sigmoid, no division; the log's
-    argument is clamped into [1/hi, 1/lo]; the same values, extremes, NaN and Inf included."""
+    """The BCE idiom log(clamp(sigmoid(f), lo, hi)): no sigmoid, no division; -log1p(e) with
+    e = exp(-f) kept in [1/hi - 1, 1/lo - 1] by a clamp of exp's argument; the same values,
+    extremes, NaN and Inf included."""
     graph = bound(body("log(clamp(sigmoid(accum), 0.001, 0.999))"))
     rewritten = simplify_algebra(graph)
     assert "sigmoid" not in ops_in(rewritten) and "div" not in ops_in(rewritten)
-    log = output_node(rewritten).src[0]
-    assert log.op == "log" and log.src[0].op == "clamp"
-    assert log.src[0].params == {"min": 1 / 0.999, "max": 1000.0}
+    log1p = output_node(rewritten).src[0]
+    assert output_node(rewritten).op == "neg" and log1p.op == "log1p" and log1p.src[0].op == "exp"
+    clamp = log1p.src[0].src[0]
+    assert clamp.op == "clamp" and clamp.src[0].op == "neg"
+    assert clamp.params == pytest.approx({"min": math.log(1 / 0.999 - 1), "max": math.log(999.0)})
     x = torch.cat([torch.randn(1, 2000, dtype=torch.float64) * 12,
                    torch.tensor([[-math.inf, -200.0, -6.9068, -6.9067, 0.0, 6.9067, 6.9068, 200.0,
                                   math.inf, math.nan]], dtype=torch.float64)], dim=1)
@@ -277,8 +280,8 @@ def test_log_of_a_clamped_sigmoid_loses_the_division():
 
 
 def _assert_as_accurate(graph, rewritten, x):
-    """The rewritten graph in fp32 is as close to the float64 truth as the original in fp32 (both
-    round 1 + exp(-x)), and equal to it in float64; NaN where it is NaN, zeros signed alike."""
+    """The rewritten graph in fp32 is as close to the float64 truth as the original in fp32, and
+    equal to it in float64; NaN where it is NaN, zeros that both give signed alike."""
     truth = evaluate(graph, x, {}, torch.float64)["D"]
     assert torch.allclose(evaluate(rewritten, x, {}, torch.float64)["D"], truth, rtol=1e-14, atol=1e-15,
                           equal_nan=True)
@@ -287,7 +290,8 @@ def _assert_as_accurate(graph, rewritten, x):
     assert torch.equal(before.isnan(), after.isnan())
     finite = before.isfinite()
     assert torch.equal(before[~finite & ~before.isnan()], after[~finite & ~before.isnan()])
-    assert torch.equal(torch.signbit(before[before == 0]), torch.signbit(after[before == 0]))
+    zeros = (before == 0) & (after == 0)  # where torch's sigmoid rounds to 1, log1p keeps -exp(-x)
+    assert torch.equal(torch.signbit(before[zeros]), torch.signbit(after[zeros]))
     error_before = ((before - truth).abs() / (truth.abs() + 1))[finite]
     error_after = ((after - truth).abs() / (truth.abs() + 1))[finite]
     assert error_after.max() <= error_before.max() * 1.5 + 1e-7
@@ -299,6 +303,7 @@ def _assert_as_accurate(graph, rewritten, x):
     ("log(clamp(sigmoid(accum), max=0.5))", False),      # no lower clamp: 1 + exp(-x) overflows first
     ("log(clamp(sigmoid(accum), 0.0, 0.9))", False),     # log(0) stays reachable
     ("log(clamp(sigmoid(accum), 0.9, 0.1))", False),     # min > max: torch gives max everywhere
+    ("log(clamp(sigmoid(accum), 1.0, 2.0))", False),     # lo at 1: log(1/lo - 1) is no number
     ("log(clamp(accum, 0.001, 0.999))", False),
 ])
 def test_log_of_a_clamped_sigmoid_applies_only_where_exact(text, applies):

@@ -55,27 +55,26 @@ def stable_log_sigmoid(node: Node) -> Node | None:
 
 
 def log_of_clamped_sigmoid(node: Node) -> Node | None:
-    """log(clamp(sigmoid(x), lo, hi)) -> -log(clamp(1 + exp(-x), 1/hi, 1/lo)) for 0 < lo <= hi
-    (hi above 1 or absent: no upper clamp): the clamped-probability log of a BCE loss without
-    the sigmoid's division, and with the log's argument kept in [1, 1/lo], where the Triton
-    backend's log needs no special cases. At least as accurate (log(1/u) rounds 1/u first);
-    both round u = 1 + exp(-x), an absolute error of 2**-24 in the log near the upper clamp.
-    Without a lower clamp it does not apply: 1 + exp(-x) overflows where sigmoid(x) is still
-    a subnormal."""
+    """log(clamp(sigmoid(x), lo, hi)) -> -log1p(exp(clamp(-x, log(1/hi - 1), log(1/lo - 1)))) for
+    0 < lo < 1, lo <= hi (hi at 1 or above, or absent: no lower clamp): the clamped-probability
+    log of a BCE loss without the sigmoid's division, as log(1 + e) with e = exp(-x) kept in
+    [1/hi - 1, 1/lo - 1] by clamping exp's argument (exp increases), so that 1 + e is never
+    rounded and exp never overflows to inf, whose derivative times the clamp's zero would be NaN.
+    More accurate than the original, which rounds sigmoid and then its log; the clamp's bounds
+    hold to exp's rounding. Without a lower clamp, or one at 1 or above, it does not apply."""
     if node.op != "log" or node.src[0].op != "clamp" or node.src[0].src[0].op != "sigmoid":
         return None
     clamp = node.src[0]
     lo, hi = clamp.params.get("min"), clamp.params.get("max")  # floats or absent
-    if lo is None or not 0.0 < lo < math.inf or (hi is not None and not lo <= hi < math.inf):
+    if lo is None or not 0.0 < lo < 1.0 or (hi is not None and not lo <= hi < math.inf):
         return None
     x = clamp.src[0].src[0]
-    # exp's argument capped at -log(lo), past which the clamp takes 1/lo anyway: no overflow
-    # to inf, whose derivative times the clamp's zero would be NaN
-    u = op("add", const(1.0), op("exp", op("minimum", op("neg", x), const(-math.log(lo)))))
+    top = math.log(1.0 / lo - 1.0)
     if hi is not None and hi < 1.0:  # the log is positive: a negation
-        return op("neg", op("log", op("clamp", u, min=1.0 / hi, max=1.0 / lo)))
-    # log(1) = +0.0 where sigmoid rounds to 1: 0 - log(u), not -log(u), keeps its sign
-    return op("sub", const(0.0), op("log", op("clamp", u, max=1.0 / lo)))
+        e = op("exp", op("clamp", op("neg", x), min=math.log(1.0 / hi - 1.0), max=top))
+        return op("neg", op("log1p", e))
+    # log1p(0) = +0.0 where sigmoid rounds to 1: 0 - log1p(e), not -log1p(e), keeps its sign
+    return op("sub", const(0.0), op("log1p", op("exp", op("minimum", op("neg", x), const(top)))))
 
 
 def fuse_silu(node: Node) -> Node | None:

@@ -10,13 +10,12 @@ pasted in except numbers that were parsed as numbers.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ...errors import InternalError
 from ...ir import AXES, Graph, Node
 from ...ops import OPS
-from .rules import EXP_FLUSHED, LOG_OF_NORMAL, MIN_NORMAL, LogSum, _clamp, _f, helper_source, log_sum, rule_for
+from .rules import LOG_OF_NORMAL, LogSum, _f, helper_source, log_sum, rule_for
 
 REDUCE_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf"), "amax": 0.0}
 _COMBINE = {"sum": "_add", "mean": "_add", "max": "_max_nan", "min": "_min_nan", "amax": "_max_nan"}
@@ -522,42 +521,18 @@ def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]
             f"    {pointer_store}"]
 
 
-def _without_cap(node: Node, cap: float) -> Node:
-    """`node`, or x where `node` is minimum(x, c) (either order) with a constant c >= `cap`."""
-    if node.op == "minimum":
-        for k in (0, 1):
-            c = node.src[1 - k]
-            if c.op == "const" and c.arg >= cap:
-                return node.src[k]
-    return node
-
-
 def _log_of_products(p: str, names: dict, logs: LogSum, style: str, helpers: set) -> list[str]:
     """Lines leaving in `p` the (BLOCK_M,) row sums of log(y) over the tile's columns, taken as
     logs of products of logs.group columns (fewer where the piece is narrow): the columns are
     halved and the halves multiplied (c times c + EPI_N / 2, ...) while the halves are at least
-    8 wide, which pairs values one thread holds. Shifted: the products of y - 1 terms, as
-    (1 + a)(1 + b) - 1 (rules.LogSum; y - 1 read off a clamped 1 + t where it is one). Adds
-    the helpers the lines call to `helpers`."""
-    excess = logs.excess()
-    if excess is not None:
-        t, low, high = excess
-        if t.op == "exp" and MIN_NORMAL <= low <= high:
-            # exp increases: its argument is clamped to [log(low), log(high)] instead, which
-            # makes a cap on the argument at log(high) or above (the BCE rewrite's) redundant;
-            # the bounds then hold to exp's few ulp, and no exp is subnormal (a clamp whose min
-            # is above its max, which gives the max, keeps the clamp of the exp)
-            log_low, log_high = math.log(low), math.log(high)
-            arg = _without_cap(t.src[0], log_high)
-            t_expr = EXP_FLUSHED.emit(_clamp(names[id(arg)], log_low, log_high))
-            helpers.update(EXP_FLUSHED.helpers)
-        else:
-            t_expr = _clamp(names[id(t)], low, high)
-        lines = [f"{p} = tl.where(mask, {_as_full_tile(t_expr, t, style)}, 0.0)"]
-        helpers.add("_clamp")
+    8 wide, which pairs values one thread holds. Shifted: the products of y - 1 terms (log1p's
+    argument itself), as (1 + a)(1 + b) - 1 (rules.LogSum). Adds the helpers the lines call to
+    `helpers`."""
+    y = _as_full_tile(names[id(logs.arg)], logs.arg, style)
+    if not logs.shifted:
+        lines = [f"{p} = tl.where(mask, {y}, 1.0)"]
     else:
-        y = _as_full_tile(names[id(logs.y)], logs.y, style)
-        lines = [f"{p} = tl.where(mask, {y} - 1.0, 0.0)" if logs.shifted else f"{p} = tl.where(mask, {y}, 1.0)"]
+        lines = [f"{p} = tl.where(mask, {y}, 0.0)" if logs.plus_one else f"{p} = tl.where(mask, {y} - 1.0, 0.0)"]
     combine = f"{p}_0 * {p}_1 + ({p}_0 + {p}_1)" if logs.shifted else f"{p}_0 * {p}_1"
     group = 1
     while group < logs.group:

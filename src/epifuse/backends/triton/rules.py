@@ -123,12 +123,23 @@ _ABSORBS_SUBNORMALS = 2.0 ** -100
 MIN_NORMAL = 2.0 ** -126
 
 
+# log(1 + v) for v in (0, 2**120]: the log of normal numbers, plus the rounding of 1 + v
+LOG1P_OF_EXCESS = Rule(lambda a: f"_log1p_of_excess({a})", ("_log1p_of_excess",))
+_EXCESS_RANGE = (0.0, 2.0 ** 120)
+
+
 def rule_for(node) -> Rule | None:
     """The rule that lowers `node`: its op's, or a cheaper one its operands allow."""
     if node.op == "log":
         low, high = value_bounds(node.src[0])
         if _NORMAL_RANGE[0] <= low and high <= _NORMAL_RANGE[1]:
             return LOG_OF_NORMAL
+    if node.op == "log1p":
+        low, high = value_bounds(node.src[0])
+        if _EXCESS_RANGE[0] < low and high <= _EXCESS_RANGE[1]:
+            return LOG1P_OF_EXCESS
+    if node.op == "exp" and value_bounds(node)[0] >= MIN_NORMAL:  # no result is subnormal
+        return EXP_FLUSHED
     if node.op == "add":
         for k in (0, 1):
             exp, other = node.src[k], node.src[1 - k]
@@ -140,29 +151,17 @@ def rule_for(node) -> Rule | None:
 @dataclass(frozen=True)
 class LogSum:
     """A summand `rest + sign * log(y)` (rest None: no other term) whose logs are summed as one
-    log per `group` neighbouring columns. Direct: log(y_1 ... y_group), where y stays away from 1
-    (the product's rounding, (group - 1) / 2 ulp of it, is then a few ulp of the logs' sum).
-    Shifted, where y >= 1: with u = y - 1 (exact), (1 + a)(1 + b) - 1 = a + b + ab keeps the
-    product's excess over 1 to a few ulp, and log1p of it keeps them, near 1 as well."""
+    log per `group` neighbouring columns; `arg` is y, or e where the log is log1p(e) (y = 1 + e).
+    Direct: log(y_1 ... y_group), where y stays away from 1 (the product's rounding,
+    (group - 1) / 2 ulp of it, is then a few ulp of the logs' sum). Shifted, where y >= 1: with
+    u = y - 1 (exact, or e itself), (1 + a)(1 + b) - 1 = a + b + ab keeps the product's excess
+    over 1 to a few ulp, and log1p of it keeps them, near 1 as well."""
     rest: object
     sign: float
-    y: object
+    arg: object
     group: int
     shifted: bool
-
-    def excess(self) -> tuple[object, float, float] | None:
-        """(t, lo - 1, hi - 1) where y is clamp(1 + t, lo, hi): y - 1 as clamp(t, lo - 1, hi - 1),
-        with no rounding of 1 + t and no subtraction (the BCE rewrite's form); None otherwise."""
-        y = self.y
-        if not (self.shifted and y.op == "clamp" and y.src[0].op == "add"):
-            return None
-        low, high = y.params.get("min"), y.params.get("max")
-        a, b = y.src[0].src
-        t = b if a.op == "const" and a.arg == 1.0 else a if b.op == "const" and b.arg == 1.0 else None
-        if t is None or low is None or high is None:
-            return None
-        return t, low - 1.0, high - 1.0
-
+    plus_one: bool = False  # arg is log1p's e: the excess itself
 
 _GROUPS = (8, 4, 2)
 _PRODUCT_LOG2_RANGE = (-120.0, 120.0)  # products inside _NORMAL_RANGE, with room for rounding
@@ -173,10 +172,10 @@ def log_sum(node) -> LogSum | None:
     """The LogSum of a summed node of the form log(y), -log(y), a + log(y), log(y) + a or a - log(y)
     (log(y) or -log(y) in each), where y's bounds allow a group; None otherwise."""
     def signed_log(n):
-        if n.op == "log":
-            return n.src[0], 1.0
-        if n.op == "neg" and n.src[0].op == "log":
-            return n.src[0].src[0], -1.0
+        if n.op in ("log", "log1p"):
+            return n.src[0], 1.0, n.op == "log1p"
+        if n.op == "neg" and n.src[0].op in ("log", "log1p"):
+            return n.src[0].src[0], -1.0, n.src[0].op == "log1p"
         return None
 
     rest, found = None, signed_log(node)
@@ -184,28 +183,37 @@ def log_sum(node) -> LogSum | None:
         a, b = node.src
         found, rest = signed_log(b), a
         if found is not None and node.op == "sub":
-            found = (found[0], -found[1])
+            found = (found[0], -found[1], found[2])
         elif found is None and node.op == "add":
             found, rest = signed_log(a), b
     if found is None:
         return None
-    y, sign = found
-    low, high = value_bounds(y)
-    shifted = low >= 1.0 and low < _AWAY_FROM_ONE[1]
+    arg, sign, plus_one = found
+    low, high = value_bounds(arg)
+    if plus_one:  # log1p(e), e >= 0: always shifted, e being the excess (no 1 + e to round)
+        if not low >= 0.0:
+            return None
+        low, high, shifted = 1.0 + low, 1.0 + high, True
+    else:
+        shifted = low >= 1.0 and low < _AWAY_FROM_ONE[1]
     if not (shifted or 0.0 < low and high <= _AWAY_FROM_ONE[0] or low >= _AWAY_FROM_ONE[1]):
         return None
     for group in _GROUPS:  # an infinite bound fits no group
         if (_PRODUCT_LOG2_RANGE[0] <= group * math.log2(low)
                 and group * math.log2(high) <= _PRODUCT_LOG2_RANGE[1]):
-            return LogSum(rest, sign, y, group, shifted)
+            return LogSum(rest, sign, arg, group, shifted, plus_one)
     return None
 
 
 def value_bounds(node) -> tuple[float, float]:
-    """Bounds every non-NaN value of `node` lies within, as far as constants, clamps and
-    elementwise minimum / maximum with constants show; (-inf, inf) otherwise."""
+    """Bounds every non-NaN value of `node` lies within, as far as constants, clamps,
+    elementwise minimum / maximum with constants and exp of those show (exp's widened by
+    2**-20 for its rounding); (-inf, inf) otherwise."""
     if node.op == "const":
         return node.arg, node.arg
+    if node.op == "exp":
+        low, high = value_bounds(node.src[0])
+        return (_exp_bound(low) * (1.0 - _EXP_ROUNDING), _exp_bound(high) * (1.0 + _EXP_ROUNDING))
     if node.op == "clamp":
         # a clamp's bounds are numbers or absent: the parser turns value bounds into maximum / minimum
         low, high = node.params.get("min", -math.inf), node.params.get("max", math.inf)
@@ -216,6 +224,13 @@ def value_bounds(node) -> tuple[float, float]:
         (a_low, a_high), (b_low, b_high) = (value_bounds(s) for s in node.src)
         return pick(a_low, b_low), pick(a_high, b_high)
     return -math.inf, math.inf
+
+
+_EXP_ROUNDING = 2.0 ** -20
+
+
+def _exp_bound(x: float) -> float:
+    return math.inf if x > 709.0 else math.exp(x)
 
 
 _TL_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
