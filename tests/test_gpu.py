@@ -77,6 +77,12 @@ def test_log_of_clamped_values_large():
     _log_of_clamped_values("cuda", 512, 512)
 
 
+def test_log1p_of_a_bounded_excess_on_the_gpu():
+    """_log1p_of_excess compiled for the GPU (its multiply-adds fused), within an ulp or two."""
+    from test_kernels import test_log1p_of_a_bounded_excess_within_an_ulp
+    test_log1p_of_a_bounded_excess_within_an_ulp("cuda")
+
+
 def test_batched_roles_large():
     L, M, N, K = 3, 640, 320, 256
     A = integer_tensor(L, M, K, device="cuda")

@@ -269,6 +269,42 @@ def test_exp_added_to_a_number_flushes_subnormal_results(text, flushed):
         assert "return tl.exp2(x * 1.4426950408889634)" in cuda and "return tl.exp(x)" in interpreted
 
 
+@pytest.mark.parametrize("text,flushed", [
+    ("exp(clamp(accum, -80.0, 80.0))", True),
+    ("exp(maximum(accum, -87.0))", True),
+    ("exp(clamp(accum, -90.0, 0.0))", False),   # exp(-90) is subnormal
+    ("exp(minimum(accum, 0.0))", False),
+])
+def test_exp_whose_results_are_normal_flushes(text, flushed):
+    """An exp whose argument's bounds keep every result a normal number lowers to the exp that
+    flushes subnormal results (rules.EXP_FLUSHED): there are none to flush."""
+    from epifuse.backends.triton.rules import EXP_FLUSHED, rule_for
+    from epifuse.passes import optimize
+    from frontend_helpers import body, bound
+    graph = optimize(bound(body(text)))
+    assert [rule_for(n) is EXP_FLUSHED for n in graph.nodes() if n.op == "exp"] == [flushed]
+
+
+def test_log1p_of_a_bounded_excess_within_an_ulp(device):
+    """log1p(clamp(x, 2**-100, 2**100)) lowers to _log1p_of_excess (rules.LOG1P_OF_EXCESS: the
+    log of normal numbers, plus the rounding of 1 + x) and stays within an ulp or two of float64
+    across the range, near 0 included."""
+    from epifuse.backends.triton.rules import LOG1P_OF_EXCESS, rule_for
+    M, N = 32, 40
+    src = "def epi(accum, C):\n    D = log1p(clamp(accum * C, 2.0 ** -100, 2.0 ** 100))\n    return D\n"
+    args = epifuse.GemmArguments(torch.ones(M, 1, device=device), torch.ones(1, N, device=device),
+                                 epilogue=epifuse.EpilogueArguments(src, C=torch.ones(M, N, device=device),
+                                                                    D=torch.empty(M, N, device=device)))
+    assert [rule_for(n) for n in args.graph.nodes() if n.op == "log1p"] == [LOG1P_OF_EXCESS]
+    C = ((torch.rand(M, N, dtype=torch.float64) + 1.0)
+         * torch.exp2(torch.randint(-100, 100, (M, N), dtype=torch.float64))).float()
+    C[0, :6] = torch.tensor([2.0 ** -100, 2.0 ** -24, 2.0 ** -23, 0.5, 1.0, 2.0 ** 100])
+    D = epifuse.gemm(torch.ones(M, 1, device=device), torch.ones(1, N, device=device), src, C=C.to(device))
+    exact = torch.log1p(C.double())
+    ulp = torch.from_numpy(numpy.spacing(exact.abs().float().numpy())).double()
+    assert ((D.double().cpu() - exact).abs() / ulp).max() <= 2.0
+
+
 def test_negation_flips_the_sign_of_zero(device):
     """-x negates as torch does, -(+0.0) being -0.0, where Triton's unary minus (0 - x) gives
     +0.0; the rule multiplies by -1.0, which the CUDA compiler folds into the next operation."""
