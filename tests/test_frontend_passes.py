@@ -304,6 +304,7 @@ def _assert_as_accurate(graph, rewritten, x):
     ("log(clamp(sigmoid(accum), 0.0, 0.9))", False),     # log(0) stays reachable
     ("log(clamp(sigmoid(accum), 0.9, 0.1))", False),     # min > max: torch gives max everywhere
     ("log(clamp(sigmoid(accum), 1.0, 2.0))", False),     # lo at 1: log(1/lo - 1) is no number
+    ("log(clamp(sigmoid(accum), 1e-40, 0.5))", False),   # lo subnormal: exp(log(1/lo - 1)) overflows
     ("log(clamp(accum, 0.001, 0.999))", False),
 ])
 def test_log_of_a_clamped_sigmoid_applies_only_where_exact(text, applies):

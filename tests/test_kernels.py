@@ -285,6 +285,22 @@ def test_exp_whose_results_are_normal_flushes(text, flushed):
     assert [rule_for(n) is EXP_FLUSHED for n in graph.nodes() if n.op == "exp"] == [flushed]
 
 
+def test_value_bounds_of_deep_shared_chains_are_quick():
+    """value_bounds bounds a node once per query: a chain where each step uses the one before
+    twice (as minimum and maximum operands) would otherwise take 2**depth steps."""
+    import time
+    from epifuse.backends.triton.rules import rule_for, value_bounds
+    from epifuse.passes import optimize
+    from frontend_helpers import bound
+    lines = "".join(f"    x{i + 1} = minimum(clamp(x{i}, -1.0, 1.0), maximum(x{i}, 0.0))\n" for i in range(22))
+    graph = optimize(bound(f"def epi(accum):\n    x0 = accum\n{lines}    D = exp(x22)\n    return D\n"))
+    start = time.perf_counter()
+    exp = next(n for n in graph.nodes() if n.op == "exp")
+    rule_for(exp)
+    assert value_bounds(exp.src[0]) == (-1.0, 1.0)
+    assert time.perf_counter() - start < 1.0
+
+
 def test_log1p_of_a_bounded_excess_within_an_ulp(device):
     """log1p(clamp(x, 2**-100, 2**100)) lowers to _log1p_of_excess (rules.LOG1P_OF_EXCESS: the
     log of normal numbers, plus the rounding of 1 + x) and stays within an ulp or two of float64

@@ -296,6 +296,8 @@ LOG_SUMS = [
     ("f - log(clamp(f, 2.0 ** -100, 0.5))", 0, False),    # a product of two could underflow
     ("f - log(maximum(f, 2.0))", 0, False),               # no upper bound
     ("f - log(clamp(f, 2.0, 1e300))", 0, False),
+    ("f * C - log1p(clamp(f * f, 0.0, 100.0))", 8, True),  # a log1p's argument is its excess
+    ("log1p(clamp(f, -0.5, 10.0))", 0, False),            # below 0: no excess
 ]
 
 
@@ -312,7 +314,7 @@ def test_log_sum_grouping(summand, group, shifted):
 
 
 @pytest.mark.parametrize("dims", ["", "dim=1", "mean", "rank3"])
-@pytest.mark.parametrize("summand,group,shifted", [LOG_SUMS[k] for k in (0, 1, 2, 4, 5)])
+@pytest.mark.parametrize("summand,group,shifted", [LOG_SUMS[k] for k in (0, 1, 2, 4, 5, 9)])
 def test_summed_logs_match_float64_in_every_kernel(summand, group, shifted, dims, device):
     """Sums (scalar, per row, mean, per batch) whose logs are taken per group of columns agree
     with the float64 reference to fp32 summation's accuracy, in every kernel (ragged tiles:

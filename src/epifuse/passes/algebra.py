@@ -7,6 +7,8 @@ from ..ir import Graph, Node, const, op
 from ..ops import OPS
 from ..rewrite import rewrite
 
+_MIN_NORMAL = 2.0 ** -126
+
 
 def _is_const(node: Node, value: float) -> bool:
     """A literal equal to value, sign of zero included."""
@@ -61,12 +63,14 @@ def log_of_clamped_sigmoid(node: Node) -> Node | None:
     [1/hi - 1, 1/lo - 1] by clamping exp's argument (exp increases), so that 1 + e is never
     rounded and exp never overflows to inf, whose derivative times the clamp's zero would be NaN.
     More accurate than the original, which rounds sigmoid and then its log; the clamp's bounds
-    hold to exp's rounding. Without a lower clamp, or one at 1 or above, it does not apply."""
+    hold to exp's rounding. Without a lower clamp, or one at 1 or above or below the normal
+    floats, it does not apply."""
     if node.op != "log" or node.src[0].op != "clamp" or node.src[0].src[0].op != "sigmoid":
         return None
     clamp = node.src[0]
     lo, hi = clamp.params.get("min"), clamp.params.get("max")  # floats or absent
-    if lo is None or not 0.0 < lo < 1.0 or (hi is not None and not lo <= hi < math.inf):
+    # lo normal: exp's argument stays below log(2**126), short of fp32's overflow at 88.7
+    if lo is None or not _MIN_NORMAL <= lo < 1.0 or (hi is not None and not lo <= hi < math.inf):
         return None
     x = clamp.src[0].src[0]
     top = math.log(1.0 / lo - 1.0)

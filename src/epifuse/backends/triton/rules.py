@@ -205,28 +205,36 @@ def log_sum(node) -> LogSum | None:
     return None
 
 
-def value_bounds(node) -> tuple[float, float]:
+def value_bounds(node, _known: dict | None = None) -> tuple[float, float]:
     """Bounds every non-NaN value of `node` lies within, as far as constants, clamps,
     elementwise minimum / maximum with constants and exp of those show (exp's widened by
-    2**-20 for its rounding); (-inf, inf) otherwise."""
+    2**-16 for fp32's rounding of its argument times log2(e), ~1e-5 near overflow); (-inf, inf)
+    otherwise."""
+    known = {} if _known is None else _known  # a node shared by both operands is bounded once
+    if id(node) not in known:
+        known[id(node)] = _bounds(node, known)
+    return known[id(node)]
+
+
+def _bounds(node, known: dict) -> tuple[float, float]:
     if node.op == "const":
         return node.arg, node.arg
     if node.op == "exp":
-        low, high = value_bounds(node.src[0])
+        low, high = value_bounds(node.src[0], known)
         return (_exp_bound(low) * (1.0 - _EXP_ROUNDING), _exp_bound(high) * (1.0 + _EXP_ROUNDING))
     if node.op == "clamp":
         # a clamp's bounds are numbers or absent: the parser turns value bounds into maximum / minimum
         low, high = node.params.get("min", -math.inf), node.params.get("max", math.inf)
-        x_low, x_high = value_bounds(node.src[0])
+        x_low, x_high = value_bounds(node.src[0], known)
         return min(max(x_low, low), high), min(max(x_high, low), high)  # min > max gives max
     if node.op in ("minimum", "maximum"):
         pick = min if node.op == "minimum" else max
-        (a_low, a_high), (b_low, b_high) = (value_bounds(s) for s in node.src)
+        (a_low, a_high), (b_low, b_high) = (value_bounds(s, known) for s in node.src)
         return pick(a_low, b_low), pick(a_high, b_high)
     return -math.inf, math.inf
 
 
-_EXP_ROUNDING = 2.0 ** -20
+_EXP_ROUNDING = 2.0 ** -16
 
 
 def _exp_bound(x: float) -> float:
