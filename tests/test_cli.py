@@ -82,6 +82,18 @@ def test_help_for_each_command(capsys, command, phrase):
     assert out.startswith(f"usage: epifuse {command}") and phrase in " ".join(out.split())
 
 
+@pytest.mark.parametrize("argv", [["bench", "--quick"], ["--traceback", "bench", "--quick", "--out", "x"],
+                                  ["bench", "--shapes", "S2", "--workloads", "identity,bench"], ["bench"]])
+def test_bench_passes_every_word_after_it_to_the_harness(monkeypatch, argv):
+    """`epifuse bench --quick` (the README's command): options right after `bench` reach
+    benchmarks/run.py, which argparse's REMAINDER alone refused."""
+    import benchmarks.run
+    seen = []
+    monkeypatch.setattr(benchmarks.run, "main", lambda rest: seen.append(rest) or 0)
+    assert cli.main(argv) == 0
+    assert seen == [argv[argv.index("bench") + 1:]]
+
+
 def test_top_level_help_lists_commands_but_not_the_internal_one(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])

@@ -417,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", formatter_class=fmt, help="run the benchmark suite (GPU)",
                            description="Run the benchmark suite (from a source checkout, GPU); the "
                                        "options after `bench` go to the harness (benchmarks/run.py), "
-                                       "e.g. `epifuse bench --quick`.")
+                                       "e.g. `epifuse bench --quick`; `python -m benchmarks --help` "
+                                       "lists them.")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "_profile-target"]
     return parser
@@ -441,9 +442,20 @@ def one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list) -> argparse.Namespace:
+    """The arguments; after `bench`, everything but a lone --help is the harness's, options
+    first included (argparse's REMAINDER does not take an option as its first word)."""
+    command = next((i for i, word in enumerate(argv) if not word.startswith("-")), None)
+    if command is None or argv[command] != "bench" or argv[command + 1:] in (["-h"], ["--help"]):
+        return parser.parse_args(argv)
+    ns = parser.parse_args(argv[:command + 1])
+    ns.rest = argv[command + 1:]
+    return ns
+
+
 def main(argv=None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = _parse(parser, sys.argv[1:] if argv is None else list(argv))
     from .errors import EpilogueError
     try:
         return _COMMANDS[ns.command](ns)
