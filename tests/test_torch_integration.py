@@ -55,17 +55,138 @@ def test_epilogue_registered_once():
 def test_opcheck_gemm(save_accum):
     """Schema, fake impl, autograd registration and AOT dispatch (dynamic shapes) agree."""
     t = _tensors()
-    eid = torch_ops.register_epilogue(relu_aux_loss, save_accum=save_accum)
-    args = (eid, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", "", F64, False, "default")
+    key = torch_ops.entry(torch_ops.register_epilogue(relu_aux_loss, save_accum=save_accum)).key
+    args = (key, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", "", F64, False, "default")
     torch.library.opcheck(torch.ops.epifuse.gemm.default, args)
 
 
 def test_opcheck_gemm_out():
     t = _tensors(grad=False)
-    eid = torch_ops.register_epilogue(relu_aux_loss)
+    key = torch_ops.entry(torch_ops.register_epilogue(relu_aux_loss)).key
     outs = [torch.empty(M, N, dtype=F64), torch.empty(M, N, dtype=F64), torch.empty(M, dtype=F64)]
-    args = (eid, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", outs, F64, False, False, "default")
+    args = (key, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", outs, F64, False, False, "default")
     torch.library.opcheck(torch.ops.epifuse.gemm_out.default, args)
+
+
+# ---- epilogue keys: the ops' `epilogue` argument spells the whole epilogue ------------------------
+
+KEY_EPILOGUES = [
+    relu_aux_loss,
+    "def e(accum, b):\n    D = sigmoid(accum + b)\n    s = mean(D, dim=(0, 2))\n    return D, s\n",
+    "def e(accum):\n    D = clamp(accum, -1e999, 0.5) * -0.0 + 1e-300\n    m = amax(D)\n    return D, m\n",
+    "def e(accum, C):\n    D = where(accum > C, accum.half().float(), C ** 2)\n    return D\n",
+]
+
+
+@pytest.mark.parametrize("epilogue", KEY_EPILOGUES)
+def test_program_dump_round_trips(epilogue):
+    program = epifuse.frontend.parse(epilogue)
+    text = epifuse.frontend.dump_program(program)
+    assert epifuse.frontend.load_program(text) == program
+
+
+def test_unreadable_keys_are_clear_errors():
+    import hashlib
+    import json
+    key = torch_ops.entry(torch_ops.register_epilogue(relu_aux_loss)).key
+    header, text = key.split("\n", 1)
+    tag, save, digest = header.split(" ")
+
+    def signed(text):
+        return f"{tag} {save} {hashlib.sha256(text.encode()).hexdigest()[:32]}\n{text}"
+
+    program = json.loads(text)
+    bad_name = json.loads(text)
+    bad_name[3][0][0] = "D; import os"
+    bad_op = json.loads(text)
+    bad_op[3][0][1][0] = "call"
+    bad_op[3][0][1][1] = "system"
+    assert program[3][0][0] == "F"
+    broken = [key.replace(digest, "0" * 32), "not a key", signed("[1, 2]"),
+              signed(json.dumps(bad_name)), signed(json.dumps(bad_op))]
+    t = _tensors(grad=False)
+    for bad in broken:
+        with pytest.raises(epifuse.EpilogueError, match="cannot read"):
+            torch.ops.epifuse.gemm(bad, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", "", F64,
+                                   False, "default")
+
+
+_REPLAY = """
+import sys, torch
+import epifuse.torch_ops
+calls = torch.load(sys.argv[1])
+assert not epifuse.torch_ops._TABLE, "this process registered an epilogue before the replay"
+outs = [torch.ops.epifuse.gemm.default(*args) for args, _ in calls]
+torch.save(outs, sys.argv[2])
+"""
+
+
+def test_recorded_op_calls_replay_in_a_fresh_process(tmp_path):
+    """What torch.compile's on-disk caches do: a graph recorded in one process calls the ops,
+    backward epilogues included, in another that never registered them."""
+    import subprocess
+    import sys
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.epifuse.gemm.default:
+                self.calls.append((args, out))
+            return out
+
+    t = _tensors()
+    inputs = [t[k] for k in ("A", "B", "C", "bias")]
+    with Record() as record:
+        D, F, r = epifuse.gemm(*inputs[:2], relu_aux_loss, alpha=0.5, C=t["C"], bias=t["bias"],
+                               compute_dtype=F64)
+        ((D * F).sum() + r.square().sum()).backward()
+    assert len(record.calls) >= 2          # the forward and at least one backward epilogue
+    def detach(x):
+        if isinstance(x, list):
+            return [detach(i) for i in x]
+        return x.detach() if isinstance(x, torch.Tensor) else x
+
+    detached = [(detach(list(args)), detach(out)) for args, out in record.calls]
+    torch.save(detached, tmp_path / "calls.pt")
+    done = subprocess.run([sys.executable, "-c", _REPLAY, str(tmp_path / "calls.pt"),
+                           str(tmp_path / "outs.pt")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    replayed = torch.load(tmp_path / "outs.pt")
+    for (_, expected), got in zip(detached, replayed, strict=True):
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def _compile_in_a_new_process(device, seed, cache_dir):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"),
+           "EPIFUSE_CACHE_DIR": str(cache_dir / "epifuse"), "EPIFUSE_QUIET": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "compile_cache_worker", device, str(seed)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_compiled_training_step_from_warm_inductor_caches(device, tmp_path):
+    """A second process loads the compiled forward and backward from inductor's caches and
+    runs the backward epilogues it never registered (a process-local id named nothing there)."""
+    first = _compile_in_a_new_process(device, 1, tmp_path)
+    second = _compile_in_a_new_process(device, 2, tmp_path)
+    assert first["equal"] and first["grads_close"] and second["equal"] and second["grads_close"]
+    assert first["cache"].get("autograd_cache_saved") and second["cache"].get("autograd_cache_hit"), \
+        (first, second)
 
 
 FAKE_CASES = [

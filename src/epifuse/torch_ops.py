@@ -1,14 +1,19 @@
 """epifuse GEMMs as PyTorch operators: torch.library custom ops, fake impls, autograd.
 
-Two operators, generic over epilogues (an epilogue is registered once, in a table, and the ops
-take its integer id):
+Two operators, generic over epilogues:
 
-    epifuse::gemm(int epilogue, Tensor A, Tensor B, Tensor[] tensors, float[] numbers,
+    epifuse::gemm(str epilogue, Tensor A, Tensor B, Tensor[] tensors, float[] numbers,
                   str kinds, str out_dtypes, ScalarType compute_dtype, bool deterministic,
                   str precision) -> Tensor[]                        allocates its outputs
-    epifuse::gemm_out(int epilogue, Tensor A, Tensor B, Tensor[] tensors, float[] numbers,
+    epifuse::gemm_out(str epilogue, Tensor A, Tensor B, Tensor[] tensors, float[] numbers,
                       str kinds, Tensor(a!)[] outputs, ScalarType compute_dtype,
                       bool accumulate, bool deterministic, str precision) -> ()
+
+`epilogue` is the epilogue's key (`Entry.key`): a header with a digest, then the Program as
+JSON (frontend.dump_program), so the ops read the same epilogue in any process. torch.compile bakes the argument into graphs it caches
+on disk (inductor's FX graph and AOTAutograd caches); a later process that loads them has not
+traced the backward, so it never registered the backward's epilogue, and a process-local
+number would name nothing, or another epilogue. An unknown key is parsed and registered.
 
 `kinds` has one letter per operand of the epilogue, in order: "t" takes the next of `tensors`,
 "n" the next of `numbers` (a plain tensor list, so autograd sees every tensor operand).
@@ -41,6 +46,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import threading
 from dataclasses import dataclass
@@ -52,7 +58,7 @@ from torch import Tensor
 from .api import _bound_graph, _choose_kernel, EpilogueArguments, GemmArguments, IDENTITY_EPILOGUE
 from .autodiff import _Names, derive, graph_source, restrict
 from .errors import EpilogueArgumentError
-from .frontend import Expr, Program, Statement, parse
+from .frontend import dump_program, Expr, load_program, Program, Statement, parse
 from .ir import AXES
 from .ops import OPS
 from .shapes import accum_shape_of, classify_operand
@@ -73,6 +79,7 @@ class Entry:
     saves_accum: bool
     visible: int
     user: Program
+    key: str
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -81,7 +88,22 @@ class Entry:
 
 _TABLE: list[Entry] = []
 _IDS: dict[tuple, int] = {}
+_KEYS: dict[str, int] = {}
 _LOCK = threading.Lock()
+_KEY_TAG = "epifuse-epilogue/1"
+
+
+def _key_of(program: Program, save_accum: bool) -> str:
+    """'<tag> <0|1: saves accum> <digest>' and a newline, then the program's JSON; the table
+    is looked up by the header alone (hashing a few KB per call would cost microseconds)."""
+    text = dump_program(program)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return f"{_KEY_TAG} {int(save_accum)} {digest}\n{text}"
+
+
+def _header(key: str) -> str:
+    end = key.find("\n", 0, 100)
+    return key[:end] if end > 0 else key[:100]
 
 
 def register_epilogue(epilogue: Callable | str | Program | None, save_accum: bool = False) -> int:
@@ -101,16 +123,38 @@ def register_epilogue(epilogue: Callable | str | Program | None, save_accum: boo
         return eid
     visible = len(program.outputs)
     entry = Entry(_with_accum_output(program) if save_accum else program, save_accum, visible,
-                  program)
+                  program, _key_of(program, save_accum))
     with _LOCK:
         if key not in _IDS:
             _TABLE.append(entry)
             _IDS[key] = len(_TABLE) - 1
+            _KEYS.setdefault(_header(entry.key), _IDS[key])
         return _IDS[key]
 
 
 def entry(eid: int) -> Entry:
     return _TABLE[eid]
+
+
+def resolve(key: str) -> Entry:
+    """The epilogue an op's `epilogue` argument names: registered in this process, or parsed
+    from the key (a graph that torch.compile cached in another process)."""
+    header = _header(key)
+    eid = _KEYS.get(header)
+    if eid is not None:
+        return _TABLE[eid]
+    try:
+        tag, save_accum, digest = header.split(" ")
+        text = key[len(header) + 1:]
+        if tag != _KEY_TAG or save_accum not in ("0", "1") \
+                or hashlib.sha256(text.encode()).hexdigest()[:32] != digest:
+            raise ValueError(header)
+        program = load_program(text)
+    except ValueError:
+        raise EpilogueArgumentError(
+            f"epifuse::gemm got an epilogue argument it cannot read: {key[:60]!r}...",
+            hint="Pass an epilogue's key: torch_ops.entry(torch_ops.register_epilogue(epi)).key.") from None
+    return _TABLE[register_epilogue(program, save_accum == "1")]
 
 
 def _with_accum_output(program: Program) -> Program:
@@ -126,9 +170,8 @@ def _with_accum_output(program: Program) -> Program:
 def _describe(epilogue, save_accum: bool) -> tuple:
     """(id, operand names, output names, visible count): a constant for torch.compile, which
     runs this once while tracing instead of tracing the parser."""
-    eid = register_epilogue(epilogue, save_accum)
-    e = _TABLE[eid]
-    return eid, e.program.operands, e.output_names, e.visible
+    e = _TABLE[register_epilogue(epilogue, save_accum)]
+    return e.key, e.program.operands, e.output_names, e.visible
 
 
 # ---- planning: roles, bound graph, output shapes (shared by the real and the fake impls) -----
@@ -204,10 +247,10 @@ def _run(program, A, B, values, outputs, compute_dtype, deterministic, precision
 # ---- the operators ----------------------------------------------------------------------------
 
 @torch.library.custom_op("epifuse::gemm", mutates_args=())
-def _gemm(epilogue: int, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: list[float],
+def _gemm(epilogue: str, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: list[float],
           kinds: str, out_dtypes: str, compute_dtype: torch.dtype, deterministic: bool,
           precision: str) -> list[Tensor]:
-    e = _TABLE[epilogue]
+    e = resolve(epilogue)
     values = unpack(e.program.operands, tensors, numbers, kinds)
     program, graph, accum_shape, values, _ = _plan(e.program, A, B, values)
     outs = [torch.empty(shape, dtype=dtype, device=A.device)
@@ -221,7 +264,7 @@ def _gemm(epilogue: int, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: l
 @_gemm.register_fake
 def _gemm_fake(epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype, deterministic,
                precision):
-    e = _TABLE[epilogue]
+    e = resolve(epilogue)
     _, graph, accum_shape, _, _ = _plan(e.program, A, B, unpack(e.program.operands, tensors,
                                                                numbers, kinds))
     return [A.new_empty(shape, dtype=dtype)
@@ -229,19 +272,20 @@ def _gemm_fake(epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtyp
 
 
 @torch.library.custom_op("epifuse::gemm_out", mutates_args=("outputs",))
-def _gemm_out(epilogue: int, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: list[float],
+def _gemm_out(epilogue: str, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: list[float],
               kinds: str, outputs: list[Tensor], compute_dtype: torch.dtype, accumulate: bool,
               deterministic: bool, precision: str) -> None:
-    program = _TABLE[epilogue].program
+    e = resolve(epilogue)
+    program = e.program
     values = unpack(program.operands, tensors, numbers, kinds)
-    named = dict(zip(_TABLE[epilogue].output_names, outputs))
+    named = dict(zip(e.output_names, outputs))
     _run(program, A, B, values, named, compute_dtype, deterministic, precision, accumulate)
 
 
 @_gemm_out.register_fake
 def _gemm_out_fake(epilogue, A, B, tensors, numbers, kinds, outputs, compute_dtype, accumulate,
                    deterministic, precision):
-    program = _TABLE[epilogue].program
+    program = resolve(epilogue).program
     _plan(program, A, B, unpack(program.operands, tensors, numbers, kinds))
     return None
 
@@ -253,24 +297,24 @@ class _BackwardPlan:
     """The registered backward epilogue of one forward (and, for max/min/amax outputs whose
     rule reads the reduced value, the epilogue that recomputes those values first)."""
 
-    eid: int | None
+    key: str | None
     sources: dict
     grads: dict
     out_dtypes: tuple            # per backward output: "accum" | ("operand", name) | "reduce"
     saved_name: str | None       # the operand that reads the saved accum (None: recompute)
-    pre_eid: int | None
+    pre_key: str | None
     pre_outputs: tuple
 
 
 _PLANS: dict[tuple, _BackwardPlan] = {}
 
 
-def _backward_plan(eid, roles, rank, wrt, seeded) -> _BackwardPlan:
-    key = (eid, roles, rank, wrt, seeded)
+def _backward_plan(epilogue: str, roles, rank, wrt, seeded) -> _BackwardPlan:
+    key = (epilogue, roles, rank, wrt, seeded)
     plan = _PLANS.get(key)
     if plan is not None:
         return plan
-    e = _TABLE[eid]
+    e = resolve(epilogue)
     user = e.user
     graph, _ = _bound_graph(user, roles, rank)
     backward = derive(graph, wrt, seeded, rank)
@@ -287,22 +331,22 @@ def _backward_plan(eid, roles, rank, wrt, seeded) -> _BackwardPlan:
         else:
             kinds.append(("operand", wrt_name))
     extremes = tuple(n for kind, n in backward.sources.values() if kind == "value")
-    pre_eid = None
+    pre_key = None
     if extremes:
         pre = restrict(graph, extremes)
         pre_source = graph_source(pre, rank, f"{user.name}_extremes", accum=saved or "accum")
-        pre_eid = register_epilogue(pre_source)
-    eid_b = register_epilogue(source) if backward.graph.outputs else None  # None: all zero
-    plan = _BackwardPlan(eid_b, backward.sources, backward.grads,
-                         tuple(kinds), saved, pre_eid, extremes)
+        pre_key = _TABLE[register_epilogue(pre_source)].key
+    key_b = _TABLE[register_epilogue(source)].key if backward.graph.outputs else None  # None: all zero
+    plan = _BackwardPlan(key_b, backward.sources, backward.grads,
+                         tuple(kinds), saved, pre_key, extremes)
     _PLANS[key] = plan
     return plan
 
 
 def _setup_context(ctx, inputs, output):
-    eid, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype, deterministic, precision = inputs
-    e = _TABLE[eid]
-    ctx.eid, ctx.numbers, ctx.kinds = eid, list(numbers), kinds
+    epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype, deterministic, precision = inputs
+    e = resolve(epilogue)
+    ctx.epilogue, ctx.numbers, ctx.kinds = epilogue, list(numbers), kinds
     ctx.options = (compute_dtype, deterministic, precision)
     ctx.needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in tensors))
     saved = [A, B, *tensors]
@@ -313,7 +357,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grads):
-    e = _TABLE[ctx.eid]
+    e = resolve(ctx.epilogue)
     A, B, *tensors = ctx.saved_tensors
     accum = tensors.pop() if e.saves_accum else None
     user = e.user
@@ -329,7 +373,7 @@ def _backward(ctx, grads):
     no_numbers = [] if not ctx.numbers else None
     if not wrt or not seeded:
         return (None, None, None, result_ops, no_numbers) + (None,) * 5
-    plan = _backward_plan(ctx.eid, roles, len(accum_shape), wrt, seeded)
+    plan = _backward_plan(ctx.epilogue, roles, len(accum_shape), wrt, seeded)
     step = _Step(ctx.options, graph, accum_shape, values, accum, A, B)
     results = step.run(plan, dict(zip(e.output_names, grads)))
     grad_a = grad_b = None
@@ -370,10 +414,10 @@ class _Step:
 
     def run(self, plan: _BackwardPlan, grads: dict) -> dict:
         """{backward output name: tensor}."""
-        if plan.eid is None:
+        if plan.key is None:
             return {}
         special = {plan.saved_name: self.accum} if plan.saved_name else {}
-        extremes = self.extremes(plan, special) if plan.pre_eid is not None else {}
+        extremes = self.extremes(plan, special) if plan.pre_key is not None else {}
         for name, (kind, out_name) in plan.sources.items():
             if kind == "grad":
                 g = grads[out_name]
@@ -385,13 +429,13 @@ class _Step:
                 dims = self.reductions[out_name]
                 special[name] = float(math.prod(s for a, s in zip(self.axes, self.accum_shape)
                                                 if a in dims))
-        outs = self.call(plan.eid, special, ",".join(self.dtypes(plan)))
+        outs = self.call(plan.key, special, ",".join(self.dtypes(plan)))
         return dict(zip((o for o in plan.grads.values() if o is not None), outs))
 
     def extremes(self, plan: _BackwardPlan, special: dict) -> dict:
         """The max/min/amax values the rules compare against, recomputed like the backward
         recomputes their inputs (so equality picks the same elements)."""
-        outs = self.call(plan.pre_eid, special, "")
+        outs = self.call(plan.pre_key, special, "")
         return {name: self.keepdim(value, self.reductions[name])
                 for name, value in zip(plan.pre_outputs, outs)}
 
@@ -408,16 +452,16 @@ class _Step:
                 names.append(_name(t.dtype if t.is_floating_point() else compute))
         return names
 
-    def call(self, eid: int, special: dict, out_dtypes: str) -> list:
-        program = _TABLE[eid].program
+    def call(self, epilogue: str, special: dict, out_dtypes: str) -> list:
+        program = resolve(epilogue).program
         values = {n: special[n] if n in special else self.values[n] for n in program.operands}
-        return _call(eid, self.A, self.B, program, values, out_dtypes, self.options)
+        return _call(epilogue, self.A, self.B, program, values, out_dtypes, self.options)
 
 
-def _call(eid, A, B, program, values, out_dtypes, options):
+def _call(epilogue, A, B, program, values, out_dtypes, options):
     compute_dtype, deterministic, precision = options
     tensors, numbers, kinds = pack(program.operands, values)
-    return torch.ops.epifuse.gemm(eid, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype,
+    return torch.ops.epifuse.gemm(epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype,
                                   deterministic, precision)
 
 
@@ -443,7 +487,7 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
     wants_grad = torch.is_grad_enabled() and any(
         isinstance(t, Tensor) and t.requires_grad for t in (A, B, *tensors.values()))
     save = wants_grad and not recompute
-    eid, operand_names, output_names, visible = _describe(epilogue, save)
+    key, operand_names, output_names, visible = _describe(epilogue, save)
     _check_kwargs(operand_names, output_names[:visible], tensors)
     given = [name for name in output_names[:visible] if name in tensors]
     operands, numbers, kinds = pack(operand_names, tensors)
@@ -456,16 +500,16 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
         if len(given) != visible:
             raise EpilogueArgumentError("Pass either every output tensor or none of them.",
                                         hint=f"The epilogue's outputs are: {', '.join(output_names[:visible])}.")
-        eid, operand_names, output_names, visible = _describe(epilogue, False)
+        key, operand_names, output_names, visible = _describe(epilogue, False)
         outs = [tensors[n] for n in output_names]
-        torch.ops.epifuse.gemm_out(eid, A, B, operands, numbers, kinds, outs, compute_dtype,
+        torch.ops.epifuse.gemm_out(key, A, B, operands, numbers, kinds, outs, compute_dtype,
                                    accumulate, deterministic, precision)
     else:
         if accumulate:
             raise EpilogueArgumentError("accumulate=True needs the output tensors to fold into.",
                                         hint="Pass them as keyword arguments (D=..., r=...).")
         dtypes = f"tiles={_name(out_dtype)}" if out_dtype is not None else ""
-        outs = torch.ops.epifuse.gemm(eid, A, B, operands, numbers, kinds, dtypes, compute_dtype,
+        outs = torch.ops.epifuse.gemm(key, A, B, operands, numbers, kinds, dtypes, compute_dtype,
                                       deterministic, precision)[:visible]
     outs = tuple(outs)
     return outs[0] if len(outs) == 1 else outs
@@ -482,4 +526,4 @@ def _check_kwargs(operand_names, output_names, tensors) -> None:
             raise EpilogueArgumentError(f"Unexpected keyword argument '{name}'")
 
 
-__all__ = ["gemm", "register_epilogue", "entry", "Entry"]
+__all__ = ["gemm", "register_epilogue", "entry", "resolve", "Entry"]
