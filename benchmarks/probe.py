@@ -53,6 +53,29 @@ def _compiler_report(args, kernel) -> dict:
         return dict(report, report_error=type(exc).__name__)
 
 
+def make_operands(M, N, K, dev="cuda"):
+    """A, B and every operand the EPILOGUES read, random (labels in {0, 1})."""
+    A = torch.randn(M, K, device=dev, dtype=torch.float16)
+    B = torch.randn(K, N, device=dev, dtype=torch.float16) / math.sqrt(K)
+    operands = {"bias": torch.randn(N, device=dev, dtype=torch.float16),
+                "C": torch.randn(M, N, device=dev, dtype=torch.float16),
+                "C2": torch.randn(M, N, device=dev, dtype=torch.float16),
+                "L": torch.randint(0, 2, (M, N), device=dev).to(torch.float16)}  # labels
+    return A, B, operands
+
+
+def make_args(name, A, B, operands):
+    """GemmArguments for EPILOGUES[name], with fresh outputs."""
+    M, N = A.shape[0], B.shape[1]
+    src = EPILOGUES[name]
+    program = epifuse.frontend.parse(src)
+    tensors = {k: operands[k] for k in program.operands}
+    for out, _ in program.outputs:
+        shape = {"rows": (M,), "scalar": ()}.get(REDUCED.get(out), (M, N))
+        tensors[out] = torch.empty(shape, dtype=torch.float32 if out in REDUCED else torch.float16, device=A.device)
+    return epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", type=int, nargs=3, default=(16384, 4096, 1024))
@@ -62,24 +85,12 @@ def main(argv=None):
     parser.add_argument("--kernels", default="", help="only these kernels, by repr, ';'-separated")
     ns = parser.parse_args(argv)
     M, N, K = ns.shape
-    dev = "cuda"
-    A = torch.randn(M, K, device=dev, dtype=torch.float16)
-    B = torch.randn(K, N, device=dev, dtype=torch.float16) / math.sqrt(K)
-    operands = {"bias": torch.randn(N, device=dev, dtype=torch.float16),
-                "C": torch.randn(M, N, device=dev, dtype=torch.float16),
-                "C2": torch.randn(M, N, device=dev, dtype=torch.float16),
-                "L": torch.randint(0, 2, (M, N), device=dev).to(torch.float16)}  # labels
+    A, B, operands = make_operands(M, N, K)
     cublas = do_bench(lambda: A @ B, return_mode="median")
     rows = []
     print(f"cublas {cublas * 1e3:.1f} us at {M}x{N}x{K}")
     for name in ns.epilogues.split(","):
-        src = EPILOGUES[name]
-        program = epifuse.frontend.parse(src)
-        tensors = {k: operands[k] for k in program.operands}
-        for out, _ in program.outputs:
-            shape = {"rows": (M,), "scalar": ()}.get(REDUCED.get(out), (M, N))
-            tensors[out] = torch.empty(shape, dtype=torch.float32 if out in REDUCED else torch.float16, device=dev)
-        args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors))
+        args = make_args(name, A, B, operands)
         kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
         if ns.kernels:
             wanted = ns.kernels.split(";")

@@ -1,0 +1,141 @@
+"""Where do a GEMM's bytes go? One launch each of cuBLAS (A @ B, and addmm with a C tile) and of
+chosen epifuse kernels at one shape, profiled by Nsight Compute: time, L2 and DRAM traffic and
+throughput, tensor-pipe activity, and each kernel's name (cuBLAS's says its tile and cluster).
+
+    PYTHONPATH=src:. python -m benchmarks.ncu_probe --out DIR [--shape 16384 4096 1024]
+        [--runs "identity=<kernel repr>;two_outputs=<kernel repr>"]
+
+The driver runs ncu on this module (`--inner`), which warms each launch up (compiling it) and
+brackets one more launch with cudaProfilerStart/Stop, so ncu profiles exactly the listed
+launches in order. Writes DIR/ncu_raw.csv and prints a table; `table(csv_text, labels)` reads
+the CSV back.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats")
+EXTRA_METRICS = ("lts__t_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+                 "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed")
+COLUMNS = [  # (header, metric, scale)
+    ("us", "gpu__time_duration.sum", 1e-3),
+    ("MHz", "sm__cycles_elapsed.avg.per_second", 1e-6),
+    ("tensor%", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", 1),
+    ("L2%", "lts__throughput.avg.pct_of_peak_sustained_elapsed", 1),
+    ("L2 MB", "lts__t_bytes.sum", 1e-6),
+    ("DRAM%", "dram__throughput.avg.pct_of_peak_sustained_elapsed", 1),
+    ("rd MB", "dram__bytes_read.sum", 1e-6),
+    ("wr MB", "dram__bytes_write.sum", 1e-6),
+    ("grid", "launch__grid_size", 1),
+    ("cluster", "launch__cluster_size", 1),
+]
+DEFAULT_RUNS = ";".join([
+    "identity=<gluon_pingpong 128x128x64 group 8, 4 warps, 4 stages>",
+    "identity=<gluon_cooperative 128x256x64 group 8, 8 warps, 3 stages>",
+    "tile_C=<gluon_pingpong 128x128x64 group 8, 4 warps, 5 stages, epilogue in 2>",
+    "two_outputs=<gluon_pingpong 128x128x64 group 8, 4 warps, 5 stages, epilogue in 2>",
+    "two_outputs=<gluon_cooperative 128x256x64 group 8, 8 warps, 3 stages>",
+])
+
+
+def _launches(ns):
+    """[(label, fn)]: cuBLAS's two, then each requested epifuse kernel."""
+    import torch
+
+    import epifuse
+    from benchmarks.probe import make_args, make_operands
+    M, N, K = ns.shape
+    A, B, operands = make_operands(M, N, K)
+    D = torch.empty(M, N, device="cuda", dtype=torch.float16)
+    C = operands["C"]
+    launches = [("cublas A@B", lambda: torch.matmul(A, B, out=D)),
+                ("cublas addmm 1.5*A@B+0.5*C", lambda: torch.addmm(C, A, B, beta=0.5, alpha=1.5, out=D))]
+    for item in filter(None, ns.runs.split(";")):
+        name, _, wanted = item.partition("=")
+        args = make_args(name, A, B, operands)
+        kernel = next((k for k in epifuse.get_kernels(args) if repr(k) == wanted), None)
+        if kernel is None:
+            print(f"ncu_probe: no supported kernel {wanted} for {name}", file=sys.stderr)
+            continue
+        launches.append((f"{name} {wanted}", lambda kernel=kernel, args=args: kernel.run(args)))
+    return launches
+
+
+def inner(ns) -> None:
+    import torch
+    labels = []
+    for label, fn in _launches(ns):
+        fn(), fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        labels.append(label)
+    print("NCU_PROBE_LABELS " + json.dumps(labels), flush=True)
+
+
+def table(text: str, labels: list[str]) -> str:
+    """The raw CSV (one row per profiled kernel) as a short table, one line per launch."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if start is None:
+        return "no kernels in the ncu output"
+    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    header, rows = rows[0], [r for r in rows[2:] if len(r) == len(rows[0])]  # rows[1]: units
+    col = {h: i for i, h in enumerate(header)}
+    out = ["  ".join(f"{h:>8}" for h, _, _ in COLUMNS) + "  launch / kernel"]
+    for n, row in enumerate(rows):
+        cells = []
+        for _, metric, scale in COLUMNS:
+            try:
+                cells.append(f"{float(row[col[metric]].replace(',', '')) * scale:8.1f}")
+            except (KeyError, ValueError):
+                cells.append(f"{'-':>8}")
+        label = labels[n] if n < len(labels) else "?"
+        out.append("  ".join(cells) + f"  {label} / {row[col.get('Kernel Name', 0)][:70]}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ncu_probe")
+    p.add_argument("--shape", type=int, nargs=3, default=(16384, 4096, 1024))
+    p.add_argument("--runs", default=DEFAULT_RUNS, help="';'-separated probe-epilogue=kernel-repr")
+    p.add_argument("--out", default=".")
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    ns = p.parse_args(argv)
+    if ns.inner:
+        inner(ns)
+        return 0
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        print("ncu_probe: ncu is not on PATH", file=sys.stderr)
+        return 2
+    os.makedirs(ns.out, exist_ok=True)
+    target = [sys.executable, "-m", "benchmarks.ncu_probe", "--inner", "--shape", *map(str, ns.shape),
+              "--runs", ns.runs]
+    base = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--target-processes", "all",
+            "--csv", "--page", "raw", *(a for s in SECTIONS for a in ("--section", s))]
+    for extra in (["--metrics", ",".join(EXTRA_METRICS)], []):  # without the extras if one is unknown
+        done = subprocess.run([*base, *extra, *target], capture_output=True, text=True)
+        if done.returncode == 0:
+            break
+        print(f"ncu_probe: ncu exit {done.returncode}: {done.stderr[-2000:]}{done.stdout[-2000:]}",
+              file=sys.stderr)
+    labels = next((json.loads(ln.split(" ", 1)[1]) for ln in done.stdout.splitlines()
+                   if ln.startswith("NCU_PROBE_LABELS ")), [])
+    with open(os.path.join(ns.out, "ncu_raw.csv"), "w") as f:
+        f.write(done.stdout)
+    print(table(done.stdout, labels))
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
