@@ -85,16 +85,31 @@ def test_program_dump_round_trips(epilogue):
     assert epifuse.frontend.load_program(text) == program
 
 
+@pytest.mark.parametrize("epilogue", KEY_EPILOGUES)
+def test_keys_survive_generated_source_unescaped(epilogue):
+    """Inductor writes the ops' string arguments into the Python it generates without escaping
+    them (a newline or a quote in the key was a SyntaxError in the compiled backward on CUDA)."""
+    import re
+    for save_accum in (False, True):
+        key = torch_ops.entry(torch_ops.register_epilogue(epilogue, save_accum=save_accum)).key
+        assert re.fullmatch(r"[A-Za-z0-9_=:-]+", key), key[:80]
+        assert eval(f"'{key}'") == key  # noqa: S307 - the test is that this literal reads back
+
+
 def test_unreadable_keys_are_clear_errors():
+    import base64
     import hashlib
     import json
+    import zlib
     key = torch_ops.entry(torch_ops.register_epilogue(relu_aux_loss)).key
-    header, text = key.split("\n", 1)
-    tag, save, digest = header.split(" ")
+    tag, save, digest, body = key.split(":")
+    text = zlib.decompress(base64.urlsafe_b64decode(body)).decode()
 
     def signed(text):
-        return f"{tag} {save} {hashlib.sha256(text.encode()).hexdigest()[:32]}\n{text}"
+        body = base64.urlsafe_b64encode(zlib.compress(text.encode())).decode()
+        return f"{tag}:{save}:{hashlib.sha256(text.encode()).hexdigest()[:32]}:{body}"
 
+    assert signed(text) == key or torch_ops.resolve(signed(text)).program == torch_ops.resolve(key).program
     program = json.loads(text)
     bad_name = json.loads(text)
     bad_name[3][0][0] = "D; import os"
@@ -102,7 +117,7 @@ def test_unreadable_keys_are_clear_errors():
     bad_op[3][0][1][0] = "call"
     bad_op[3][0][1][1] = "system"
     assert program[3][0][0] == "F"
-    broken = [key.replace(digest, "0" * 32), "not a key", signed("[1, 2]"),
+    broken = [key.replace(digest, "0" * 32), "not a key", f"{tag}:0:{'1' * 32}:!!!", signed("[1, 2]"),
               signed(json.dumps(bad_name)), signed(json.dumps(bad_op))]
     t = _tensors(grad=False)
     for bad in broken:

@@ -10,7 +10,7 @@ Two operators, generic over epilogues:
                       bool accumulate, bool deterministic, str precision) -> ()
 
 `epilogue` is the epilogue's key (`Entry.key`): a header with a digest, then the Program as
-JSON (frontend.dump_program), so the ops read the same epilogue in any process. torch.compile bakes the argument into graphs it caches
+JSON (frontend.dump_program), compressed and base64-encoded, so the ops read the same epilogue in any process. torch.compile bakes the argument into graphs it caches
 on disk (inductor's FX graph and AOTAutograd caches); a later process that loads them has not
 traced the backward, so it never registered the backward's epilogue, and a process-local
 number would name nothing, or another epilogue. An unknown key is parsed and registered.
@@ -45,10 +45,12 @@ True
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import math
 import threading
+import zlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -90,20 +92,23 @@ _TABLE: list[Entry] = []
 _IDS: dict[tuple, int] = {}
 _KEYS: dict[str, int] = {}
 _LOCK = threading.Lock()
-_KEY_TAG = "epifuse-epilogue/1"
+_KEY_TAG = "epifuse-epilogue-2"
 
 
 def _key_of(program: Program, save_accum: bool) -> str:
-    """'<tag> <0|1: saves accum> <digest>' and a newline, then the program's JSON; the table
-    is looked up by the header alone (hashing a few KB per call would cost microseconds)."""
+    """'<tag>:<0|1: saves accum>:<digest>:' then the program's JSON, compressed and in url-safe
+    base64: letters, digits and '-_:=' only, since inductor writes string arguments into the
+    Python source it generates without escaping them (a quote or a newline in the key was a
+    SyntaxError there). The table is looked up by the header alone (hashing a few KB per call
+    would cost microseconds)."""
     text = dump_program(program)
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
-    return f"{_KEY_TAG} {int(save_accum)} {digest}\n{text}"
+    body = base64.urlsafe_b64encode(zlib.compress(text.encode(), 9)).decode()
+    return f"{_KEY_TAG}:{int(save_accum)}:{digest}:{body}"
 
 
 def _header(key: str) -> str:
-    end = key.find("\n", 0, 100)
-    return key[:end] if end > 0 else key[:100]
+    return key[:len(_KEY_TAG) + 36]
 
 
 def register_epilogue(epilogue: Callable | str | Program | None, save_accum: bool = False) -> int:
@@ -144,13 +149,13 @@ def resolve(key: str) -> Entry:
     if eid is not None:
         return _TABLE[eid]
     try:
-        tag, save_accum, digest = header.split(" ")
-        text = key[len(header) + 1:]
+        tag, save_accum, digest, body = key.split(":")
+        text = zlib.decompress(base64.urlsafe_b64decode(body.encode("ascii"))).decode()
         if tag != _KEY_TAG or save_accum not in ("0", "1") \
                 or hashlib.sha256(text.encode()).hexdigest()[:32] != digest:
             raise ValueError(header)
         program = load_program(text)
-    except ValueError:
+    except (ValueError, zlib.error, UnicodeError):
         raise EpilogueArgumentError(
             f"epifuse::gemm got an epilogue argument it cannot read: {key[:60]!r}...",
             hint="Pass an epilogue's key: torch_ops.entry(torch_ops.register_epilogue(epi)).key.") from None
