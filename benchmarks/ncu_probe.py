@@ -26,11 +26,11 @@ EXTRA_METRICS = ("lts__t_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.
                  "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed")
 COLUMNS = [  # (header, metric, scale)
     ("us", "gpu__time_duration.sum", 1e-3),
-    ("MHz", "sm__cycles_elapsed.avg.per_second", 1e-6),
+    ("MHz", "gpc__cycles_elapsed.avg.per_second", 1e-6),
     ("tensor%", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", 1),
     ("L2%", "lts__throughput.avg.pct_of_peak_sustained_elapsed", 1),
     ("L2 MB", "lts__t_bytes.sum", 1e-6),
-    ("DRAM%", "dram__throughput.avg.pct_of_peak_sustained_elapsed", 1),
+    ("DRAM%", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1),
     ("rd MB", "dram__bytes_read.sum", 1e-6),
     ("wr MB", "dram__bytes_write.sum", 1e-6),
     ("grid", "launch__grid_size", 1),
