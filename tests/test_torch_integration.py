@@ -119,6 +119,13 @@ def test_unreadable_keys_are_clear_errors():
     assert program[3][0][0] == "F"
     broken = [key.replace(digest, "0" * 32), "not a key", f"{tag}:0:{'1' * 32}:!!!", signed("[1, 2]"),
               signed(json.dumps(bad_name)), signed(json.dumps(bad_op))]
+    gelu_key = torch_ops.entry(torch_ops.register_epilogue(
+        "def e(accum):\n    D = gelu(accum, approximate='tanh')\n    return D\n")).key
+    gelu_text = zlib.decompress(base64.urlsafe_b64decode(gelu_key.split(":")[3])).decode()
+    assert "tanh" in gelu_text
+    broken += [signed(gelu_text.replace('"tanh"', '"tanh\')); import os #"')),
+               signed(gelu_text.replace('"approximate"', '"alpha"')),
+               signed(gelu_text.replace('[["name","accum",[],[],', '[["name","accum",[["const",1,[],[],null]],[],'))]
     t = _tensors(grad=False)
     for bad in broken:
         with pytest.raises(epifuse.EpilogueError, match="cannot read"):

@@ -598,15 +598,38 @@ def _dump_expr(e: Expr):
 def _load_expr(x) -> Expr:
     kind, value, args, params, loc = x
     value = _load_value(value)
-    if kind == "name":
-        _identifier(value)
-    elif kind == "call":
-        if value not in OPS:
+    args = tuple(_load_expr(a) for a in args)
+    params = tuple((_identifier(k), _load_value(v)) for k, v in params)
+    if kind == "call":
+        opdef = OPS.get(value) if isinstance(value, str) else None
+        if opdef is None:
             raise TypeError(f"unknown op {value!r}")
-    elif kind != "const":
-        raise TypeError(f"unknown expression kind {kind!r}")
-    return Expr(kind, value, tuple(_load_expr(a) for a in args),
-                tuple((_identifier(k), _load_value(v)) for k, v in params), _load_loc(loc))
+        if len(args) != opdef.arity:
+            raise TypeError(f"{value} takes {opdef.arity} tensor arguments, not {len(args)}")
+        for k, v in params:
+            if k not in opdef.param_names or not _valid_param(k, v):
+                raise TypeError(f"{value}() cannot take {k}={v!r}")
+    elif kind == "name":
+        _identifier(value)
+    elif kind != "const" or not isinstance(value, (int, float)):
+        raise TypeError(f"unknown expression {kind!r} {value!r}")
+    if kind != "call" and (args or params):
+        raise TypeError(f"a {kind} has no arguments")
+    return Expr(kind, value, args, params, _load_loc(loc))
+
+
+def _valid_param(key: str, value) -> bool:
+    """What `_Visitor.param` (and clamp's literal bounds) accept, as values."""
+    if key == "dtype":
+        return isinstance(value, str) and dtype_from_name(value) is not None
+    if key == "dim":
+        return value is None or (isinstance(value, tuple) and all(
+            isinstance(d, int) and not isinstance(d, bool) for d in value))
+    if key == "keepdim":
+        return isinstance(value, bool)
+    if key == "approximate":
+        return value in ("none", "tanh")
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _dump_value(v):

@@ -142,24 +142,28 @@ def entry(eid: int) -> Entry:
 
 
 def resolve(key: str) -> Entry:
-    """The epilogue an op's `epilogue` argument names: registered in this process, or parsed
+    """The epilogue an op's `epilogue` argument names: registered in this process, or read
     from the key (a graph that torch.compile cached in another process)."""
-    header = _header(key)
-    eid = _KEYS.get(header)
+    eid = _KEYS.get(_header(key))
     if eid is not None:
         return _TABLE[eid]
+    program, save_accum = read_key(key)
+    return _TABLE[register_epilogue(program, save_accum)]
+
+
+def read_key(key: str) -> tuple[Program, bool]:
+    """The program and save_accum flag an epilogue key spells (EpilogueArgumentError if none)."""
     try:
         tag, save_accum, digest, body = key.split(":")
         text = zlib.decompress(base64.urlsafe_b64decode(body.encode("ascii"))).decode()
         if tag != _KEY_TAG or save_accum not in ("0", "1") \
                 or hashlib.sha256(text.encode()).hexdigest()[:32] != digest:
-            raise ValueError(header)
-        program = load_program(text)
+            raise ValueError(tag)
+        return load_program(text), save_accum == "1"
     except (ValueError, zlib.error, UnicodeError):
         raise EpilogueArgumentError(
             f"epifuse::gemm got an epilogue argument it cannot read: {key[:60]!r}...",
             hint="Pass an epilogue's key: torch_ops.entry(torch_ops.register_epilogue(epi)).key.") from None
-    return _TABLE[register_epilogue(program, save_accum == "1")]
 
 
 def _with_accum_output(program: Program) -> Program:
@@ -531,4 +535,4 @@ def _check_kwargs(operand_names, output_names, tensors) -> None:
             raise EpilogueArgumentError(f"Unexpected keyword argument '{name}'")
 
 
-__all__ = ["gemm", "register_epilogue", "entry", "resolve", "Entry"]
+__all__ = ["gemm", "register_epilogue", "entry", "resolve", "read_key", "Entry"]
