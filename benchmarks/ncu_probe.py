@@ -13,13 +13,13 @@ the CSV back.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+
+from epifuse.debug import ncu_csv_rows
 
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats")
 EXTRA_METRICS = ("lts__t_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
@@ -84,11 +84,9 @@ def inner(ns) -> None:
 
 def table(text: str, labels: list[str]) -> str:
     """The raw CSV (one row per profiled kernel) as a short table, one line per launch."""
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
-    if start is None:
+    rows = ncu_csv_rows(text)
+    if not rows:
         return "no kernels in the ncu output"
-    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
     header, rows = rows[0], [r for r in rows[2:] if len(r) == len(rows[0])]  # rows[1]: units
     col = {h: i for i, h in enumerate(header)}
     out = ["  ".join(f"{h:>8}" for h, _, _ in COLUMNS) + "  launch / kernel"]

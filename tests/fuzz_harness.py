@@ -35,9 +35,10 @@ HAS_CUDA = torch.cuda.is_available()
 
 # ---- budget, seeds and reports ------------------------------------------------------------------
 
-# On a GPU every example compiles new kernels (seconds each): 50 by default there, so the GPU
-# subset fits one 10-minute call (with 200, test_fuzz_gpu alone ran past 6 minutes on a fresh H100,
-# 2026-11-25); thousands with EPIFUSE_FUZZ_EXAMPLES (or tests/gpu_fuzz.py) for the long run.
+# On a GPU every example compiles new kernels (seconds each): 50 by default there, to help the
+# GPU subset fit one 10-minute call (with 200, a one-process subset on a fresh H100 was still in
+# test_fuzz_gpu when its 390 s ran out, 2026-11-25; the time with 50 is not measured yet);
+# thousands with EPIFUSE_FUZZ_EXAMPLES (or tests/gpu_fuzz.py) for the long run.
 EXAMPLES = int(os.environ.get("EPIFUSE_FUZZ_EXAMPLES", "0")) or (50 if HAS_CUDA else 250)
 SEED = os.environ.get("EPIFUSE_FUZZ_SEED")
 DEADLINE = float(os.environ.get("EPIFUSE_FUZZ_DEADLINE", "inf"))

@@ -503,14 +503,20 @@ _BYTES = {"byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
           "kibyte": 1024.0, "mibyte": 1024.0 ** 2, "gibyte": 1024.0 ** 3}
 
 
-def parse_ncu_csv(text: str) -> dict[str, tuple[str, float]]:
-    """{metric: (unit, value)} from `ncu --csv --page details` output (the first kernel)."""
+def ncu_csv_rows(text: str) -> list[list[str]]:
+    """The CSV rows of `ncu --csv` output, from its '"ID"' header on (what the profiled
+    program printed before it is skipped); [] where there is none."""
     import csv
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
-    if start is None:
+    return [] if start is None else list(csv.reader(lines[start:]))
+
+
+def parse_ncu_csv(text: str) -> dict[str, tuple[str, float]]:
+    """{metric: (unit, value)} from `ncu --csv --page details` output (the first kernel)."""
+    rows = ncu_csv_rows(text)
+    if not rows:
         return {}
-    rows = list(csv.reader(lines[start:]))
     header = rows[0]
     metrics: dict[str, tuple[str, float]] = {}
     if "Metric Name" in header:
@@ -594,5 +600,5 @@ def compiled_stats(kernel, args) -> dict:
 
 __all__ = ["run", "with_verify", "VerificationError", "Report", "OutputCheck", "reference_outputs",
            "compare", "check", "default_tolerance", "trace", "Trace", "Step", "alignment_report",
-           "dot_source", "draw", "dot_available", "random_arguments", "parse_ncu_csv",
+           "dot_source", "draw", "dot_available", "random_arguments", "ncu_csv_rows", "parse_ncu_csv",
            "summarize_ncu", "compiled_stats"]

@@ -10,10 +10,11 @@ Two operators, generic over epilogues:
                       bool accumulate, bool deterministic, str precision) -> ()
 
 `epilogue` is the epilogue's key (`Entry.key`): a header with a digest, then the Program as
-JSON (frontend.dump_program), compressed and base64-encoded, so the ops read the same epilogue in any process. torch.compile bakes the argument into graphs it caches
-on disk (inductor's FX graph and AOTAutograd caches); a later process that loads them has not
-traced the backward, so it never registered the backward's epilogue, and a process-local
-number would name nothing, or another epilogue. An unknown key is parsed and registered.
+JSON (frontend.dump_program), compressed and base64-encoded, so the ops read the same epilogue
+in any process. torch.compile bakes the argument into graphs it caches on disk (inductor's FX
+graph and AOTAutograd caches); a later process that loads them has not traced the backward, so
+it never registered the backward's epilogue, and a process-local number would name nothing, or
+another epilogue. An unknown key is read back and registered.
 
 `kinds` has one letter per operand of the epilogue, in order: "t" takes the next of `tensors`,
 "n" the next of `numbers` (a plain tensor list, so autograd sees every tensor operand).
@@ -99,16 +100,11 @@ def _key_of(program: Program, save_accum: bool) -> str:
     """'<tag>:<0|1: saves accum>:<digest>:' then the program's JSON, compressed and in url-safe
     base64: letters, digits and '-_:=' only, since inductor writes string arguments into the
     Python source it generates without escaping them (a quote or a newline in the key was a
-    SyntaxError there). The table is looked up by the header alone (hashing a few KB per call
-    would cost microseconds)."""
+    SyntaxError there)."""
     text = dump_program(program)
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
     body = base64.urlsafe_b64encode(zlib.compress(text.encode(), 9)).decode()
     return f"{_KEY_TAG}:{int(save_accum)}:{digest}:{body}"
-
-
-def _header(key: str) -> str:
-    return key[:len(_KEY_TAG) + 36]
 
 
 def register_epilogue(epilogue: Callable | str | Program | None, save_accum: bool = False) -> int:
@@ -133,7 +129,7 @@ def register_epilogue(epilogue: Callable | str | Program | None, save_accum: boo
         if key not in _IDS:
             _TABLE.append(entry)
             _IDS[key] = len(_TABLE) - 1
-            _KEYS.setdefault(_header(entry.key), _IDS[key])
+            _KEYS[entry.key] = _IDS[key]
         return _IDS[key]
 
 
@@ -144,7 +140,7 @@ def entry(eid: int) -> Entry:
 def resolve(key: str) -> Entry:
     """The epilogue an op's `epilogue` argument names: registered in this process, or read
     from the key (a graph that torch.compile cached in another process)."""
-    eid = _KEYS.get(_header(key))
+    eid = _KEYS.get(key)
     if eid is not None:
         return _TABLE[eid]
     program, save_accum = read_key(key)
@@ -177,7 +173,7 @@ def _with_accum_output(program: Program) -> Program:
 
 @torch.compiler.assume_constant_result
 def _describe(epilogue, save_accum: bool) -> tuple:
-    """(id, operand names, output names, visible count): a constant for torch.compile, which
+    """(key, operand names, output names, visible count): a constant for torch.compile, which
     runs this once while tracing instead of tracing the parser."""
     e = _TABLE[register_epilogue(epilogue, save_accum)]
     return e.key, e.program.operands, e.output_names, e.visible
