@@ -5,6 +5,7 @@ import torch
 
 import epifuse
 from epifuse.backends.reference import reference_accum
+from epifuse.ir import Output, op
 from epifuse.reference import evaluate
 
 
@@ -14,6 +15,35 @@ def reference_outputs(args: epifuse.GemmArguments) -> dict:
     operands = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in args.operands.items()}
     results = evaluate(args.graph, accum, operands, torch.float64)
     return {k: v.reshape(args.outputs[k].shape) for k, v in results.items()}
+
+
+def magnitude_outputs(args: epifuse.GemmArguments) -> dict:
+    """For each sum or mean output of `args`, the same reduction of |x| in float64: the scale an
+    fp32 sum's rounding error is proportional to, however much its terms cancel."""
+    folds = [o for o in args.graph.outputs if o.node.op in ("sum", "mean")]
+    if not folds:
+        return {}
+    graph = args.graph.with_outputs(
+        Output(o.name, op(o.node.op, op("abs", o.node.src[0]), **o.node.params)) for o in folds)
+    accum = reference_accum(args.A, args.B, torch.float64, args.accumulator_type).reshape(args.accum_shape)
+    operands = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in args.operands.items()}
+    results = evaluate(graph, accum, operands, torch.float64)
+    return {k: v.reshape(args.outputs[k].shape) for k, v in results.items()}
+
+
+def fold_error(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor) -> float:
+    """Largest |out - ref| / (same reduction of |x|), in float64: a sum's or mean's error as a
+    fraction of what its rounding is bounded by, so terms that cancel to near zero do not turn
+    an fp32-accurate result into a large relative error. NaN mismatches -> inf."""
+    out, ref, magnitude = out.double().cpu(), ref.double().cpu(), magnitude.double().cpu()
+    if not torch.equal(torch.isnan(out), torch.isnan(ref)):
+        return float("inf")
+    finite = torch.isfinite(ref)
+    if not torch.equal(out[~finite & ~torch.isnan(ref)], ref[~finite & ~torch.isnan(ref)]):
+        return float("inf")
+    diff = (out[finite] - ref[finite]).abs()
+    scale = magnitude[finite]
+    return float((diff / scale.clamp(min=torch.finfo(torch.float64).tiny)).max()) if diff.numel() else 0.0
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
