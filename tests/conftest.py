@@ -30,11 +30,20 @@ def device():
 
 @pytest.fixture(autouse=True)
 def _seed(request):
-    # Fresh random inputs every run, but reproducible from the printed seed on failure.
-    seed = int.from_bytes(os.urandom(4), "little")
+    """Fresh random inputs every run; a failure's report prints its seed, and
+    EPIFUSE_TEST_SEED=<seed> replays it."""
+    seed = int(os.environ.get("EPIFUSE_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     torch.manual_seed(seed)
     request.node.user_properties.append(("seed", seed))
     yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    seed = dict(item.user_properties).get("seed")
+    if report.failed and seed is not None:
+        report.sections.append(("seed", f"replay with EPIFUSE_TEST_SEED={seed}"))
 
 
 @pytest.fixture(autouse=True)
