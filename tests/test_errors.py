@@ -383,6 +383,7 @@ REJECTED = [
     ("unexpected-op-keyword", src("D = relu(accum, inplace=True)", "return D"),
      "relu() got an unexpected keyword argument 'inplace'", 2),
     ("dim-not-int", src("r = sum(accum, dim=1.5)", "return r"), "needs dim to be an int or a tuple of ints", 2),
+    ("dim-infinite", src("r = sum(accum, dim=(1, -1e999))", "return r"), "needs dim to be an int or a tuple of ints", 2),
     ("keepdim-not-bool", src("r = sum(accum, dim=1, keepdim=1)", "return r"), "needs keepdim to be True or False", 2),
 ]
 

@@ -16,6 +16,7 @@ import functools
 import inspect
 import io
 import json
+import math
 import re
 import textwrap
 import tokenize
@@ -463,31 +464,58 @@ class _Visitor:
 
     def param(self, op: str, key: str, node: ast.expr) -> Any:
         """A compile-time parameter: a number, a string, a dtype, or a tuple of ints for dim."""
-        if key == "dtype":
-            name = _dtype_name(node)
-            if name is None or dtype_from_name(name) is None:
-                self.fail(node, f"{op}() needs a dtype such as torch.float16 for '{key}'.")
-            return name
-        if key == "dim":
-            if _is_none(node):
-                return None
-            elts = node.elts if isinstance(node, (ast.Tuple, ast.List)) else [node]
-            dims = [_literal_number(e) for e in elts]
-            if any(d is None or d != int(d) for d in dims):
-                self.fail(node, f"{op}() needs dim to be an int or a tuple of ints.")
-            return tuple(int(d) for d in dims)
-        if key == "keepdim":
-            if not (isinstance(node, ast.Constant) and isinstance(node.value, bool)):
-                self.fail(node, f"{op}() needs keepdim to be True or False.")
-            return node.value
-        if key == "approximate":
-            if not (isinstance(node, ast.Constant) and node.value in ("none", "tanh")):
-                self.fail(node, f"{op}() needs approximate to be 'none' or 'tanh'.")
-            return node.value
-        value = _literal_number(node)
-        if value is None:
-            self.fail(node, f"{op}() needs '{key}' to be a number literal.")
+        value = _param_literal(key, node)
+        accepts, need = _param_rule(key)
+        if value is _UNREADABLE or not accepts(value):
+            self.fail(node, f"{op}() needs {need}.")
         return value
+
+
+_UNREADABLE = object()
+
+
+def _param_literal(key: str, node: ast.expr) -> Any:
+    """The value a param's source spells, before _PARAM_RULES judge it; _UNREADABLE where it
+    spells none of the kinds of value params take."""
+    if key == "dtype":
+        name = _dtype_name(node)
+        return _UNREADABLE if name is None else name
+    if key == "dim":
+        if _is_none(node):
+            return None
+        elts = node.elts if isinstance(node, (ast.Tuple, ast.List)) else [node]
+        dims = [_literal_number(e) for e in elts]
+        if any(d is None or not math.isfinite(d) or d != int(d) for d in dims):
+            return _UNREADABLE
+        return tuple(int(d) for d in dims)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (bool, str)):
+        return node.value
+    value = _literal_number(node)
+    return _UNREADABLE if value is None else value
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# What each param accepts, and what its error says it needs: the parser checks source by these
+# rules, and load_program checks a key read from disk by the same ones.
+_PARAM_RULES = {
+    "dtype": (lambda v: isinstance(v, str) and dtype_from_name(v) is not None,
+              "a dtype such as torch.float16 for 'dtype'"),
+    "dim": (lambda v: v is None or (isinstance(v, tuple) and all(_is_int(d) for d in v)),
+            "dim to be an int or a tuple of ints"),
+    "keepdim": (lambda v: isinstance(v, bool), "keepdim to be True or False"),
+    "approximate": (lambda v: v in ("none", "tanh"), "approximate to be 'none' or 'tanh'"),
+}
+
+
+def _param_rule(key: str):
+    return _PARAM_RULES.get(key, (_is_number, f"'{key}' to be a number literal"))
 
 
 def _attribute_chain(node: ast.expr) -> list[str] | None:
@@ -607,7 +635,7 @@ def _load_expr(x) -> Expr:
         if len(args) != opdef.arity:
             raise TypeError(f"{value} takes {opdef.arity} tensor arguments, not {len(args)}")
         for k, v in params:
-            if k not in opdef.param_names or not _valid_param(k, v):
+            if k not in opdef.param_names or not _param_rule(k)[0](v):
                 raise TypeError(f"{value}() cannot take {k}={v!r}")
     elif kind == "name":
         _identifier(value)
@@ -616,20 +644,6 @@ def _load_expr(x) -> Expr:
     if kind != "call" and (args or params):
         raise TypeError(f"a {kind} has no arguments")
     return Expr(kind, value, args, params, _load_loc(loc))
-
-
-def _valid_param(key: str, value) -> bool:
-    """What `_Visitor.param` (and clamp's literal bounds) accept, as values."""
-    if key == "dtype":
-        return isinstance(value, str) and dtype_from_name(value) is not None
-    if key == "dim":
-        return value is None or (isinstance(value, tuple) and all(
-            isinstance(d, int) and not isinstance(d, bool) for d in value))
-    if key == "keepdim":
-        return isinstance(value, bool)
-    if key == "approximate":
-        return value in ("none", "tanh")
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _dump_value(v):
