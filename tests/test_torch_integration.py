@@ -120,6 +120,7 @@ def test_unreadable_keys_are_clear_errors():
     # control: re-dumped but unchanged, a forged key reads back, so each rejection below is its edit's
     assert torch_ops.resolve(signed(json.dumps(program))).program == torch_ops.resolve(key).program
     broken = [key.replace(digest, "0" * 32), "not a key", f"{tag}:0:{'1' * 32}:!!!", signed("[1, 2]"),
+              signed("[" * 100000 + "]" * 100000),
               signed(json.dumps(bad_name)), signed(json.dumps(bad_op))]
     gelu_key = torch_ops.entry(torch_ops.register_epilogue(
         "def e(accum):\n    D = gelu(accum, approximate='tanh')\n    return D\n")).key

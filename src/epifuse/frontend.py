@@ -601,8 +601,8 @@ def load_program(text: str) -> Program:
                        tuple(_load_loc(x) for x in param_locs),
                        tuple(Statement(_identifier(t), _load_expr(e), _load_loc(x)) for t, e, x in statements),
                        tuple((_identifier(n), _load_loc(x)) for n, x in outputs), _str(source), _str(filename))
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"not a dumped epilogue program ({exc})") from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ValueError(f"not a dumped epilogue program ({type(exc).__name__}: {exc})") from None
 
 
 def _dump_loc(loc: Location | None):
