@@ -9,11 +9,12 @@ from epifuse.ir import Output, op
 from epifuse.reference import evaluate
 
 
-def reference_outputs(args: epifuse.GemmArguments) -> dict:
-    """Every output of `args` by the reference interpreter in float64, in destination shapes."""
+def reference_outputs(args: epifuse.GemmArguments, graph=None) -> dict:
+    """Every output of `args` (or of `graph`, over the same operands) by the reference
+    interpreter in float64, in destination shapes."""
     accum = reference_accum(args.A, args.B, torch.float64, args.accumulator_type).reshape(args.accum_shape)
     operands = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in args.operands.items()}
-    results = evaluate(args.graph, accum, operands, torch.float64)
+    results = evaluate(graph or args.graph, accum, operands, torch.float64)
     return {k: v.reshape(args.outputs[k].shape) for k, v in results.items()}
 
 
@@ -23,12 +24,16 @@ def magnitude_outputs(args: epifuse.GemmArguments) -> dict:
     folds = [o for o in args.graph.outputs if o.node.op in ("sum", "mean")]
     if not folds:
         return {}
-    graph = args.graph.with_outputs(
-        Output(o.name, op(o.node.op, op("abs", o.node.src[0]), **o.node.params)) for o in folds)
-    accum = reference_accum(args.A, args.B, torch.float64, args.accumulator_type).reshape(args.accum_shape)
-    operands = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in args.operands.items()}
-    results = evaluate(graph, accum, operands, torch.float64)
-    return {k: v.reshape(args.outputs[k].shape) for k, v in results.items()}
+    return reference_outputs(args, args.graph.with_outputs(
+        Output(o.name, op(o.node.op, op("abs", o.node.src[0]), **o.node.params)) for o in folds))
+
+
+def _finite_mismatch(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """NaN in different places, or a different inf: no error measure applies."""
+    if not torch.equal(torch.isnan(out), torch.isnan(ref)):
+        return True
+    infinite = ~torch.isfinite(ref) & ~torch.isnan(ref)
+    return not torch.equal(out[infinite], ref[infinite])
 
 
 def fold_error(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor) -> float:
@@ -36,24 +41,20 @@ def fold_error(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor) ->
     fraction of what its rounding is bounded by, so terms that cancel to near zero do not turn
     an fp32-accurate result into a large relative error. NaN mismatches -> inf."""
     out, ref, magnitude = out.double().cpu(), ref.double().cpu(), magnitude.double().cpu()
-    if not torch.equal(torch.isnan(out), torch.isnan(ref)):
+    if _finite_mismatch(out, ref):
         return float("inf")
     finite = torch.isfinite(ref)
-    if not torch.equal(out[~finite & ~torch.isnan(ref)], ref[~finite & ~torch.isnan(ref)]):
-        return float("inf")
     diff = (out[finite] - ref[finite]).abs()
-    scale = magnitude[finite]
-    return float((diff / scale.clamp(min=torch.finfo(torch.float64).tiny)).max()) if diff.numel() else 0.0
+    scale = magnitude[finite].clamp(min=torch.finfo(torch.float64).tiny)
+    return float((diff / scale).max()) if diff.numel() else 0.0
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64, over finite reference entries; NaN mismatches -> inf."""
     out, ref = out.double().cpu(), ref.double().cpu()
-    if not torch.equal(torch.isnan(out), torch.isnan(ref)):
+    if _finite_mismatch(out, ref):
         return float("inf")
     finite = torch.isfinite(ref)
-    if not torch.equal(out[~finite & ~torch.isnan(ref)], ref[~finite & ~torch.isnan(ref)]):
-        return float("inf")
     diff = (out[finite] - ref[finite]).norm()
     scale = ref[finite].norm()
     return float(diff / scale) if scale > 0 else float(diff)
