@@ -66,7 +66,18 @@ def row_summary(row: dict) -> str:
     ms = row["times_ms"].get("cublas")
     parts = [f"cublas {ms:.3f} ms" if ms else "cublas -"]
     parts += [f"{k} {_ratio_cell(row, k)}" for k in RATIO_COLS if k in row["ratios"] or k in row["errors"]]
-    return ", ".join(parts) + f"; err {_err_cell(row)}; {row['status']}"
+    return ", ".join(parts) + f"; err {_err_cell(row)}; {row['status']}" + _clock_note(row)
+
+
+def _clock_note(row: dict) -> str:
+    """'; MHz while timed: cublas 1755, epifuse 1720 (power cap)': the mean SM clock of each
+    baseline's timing, and whether the power cap throttled it (bit 0x4 of the throttle reasons)."""
+    sampled = {k: v for k, v in (row.get("clocks_while_timed") or {}).items() if v and v.get("sm_mhz")}
+    if not sampled:
+        return ""
+    return "; MHz while timed: " + ", ".join(
+        f"{k} {v['sm_mhz']:.0f}" + (" (power cap)" if int(v.get("throttle") or "0x0", 16) & 0x4 else "")
+        for k, v in sampled.items())
 
 
 def format_table(rows: list, env: dict | None) -> str:

@@ -19,6 +19,7 @@ run cut short still leaves its rows. ``main(argv)`` is the CLI; ``dry_run()`` is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import sys
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 from . import report
-from .timing import bench_ms, collect_env, first_call_s, gpu_clocks
+from .timing import bench_ms, ClockSampler, collect_env, first_call_s, gpu_clocks, merge_summaries
 from .workloads import FP8, SHAPES, WORKLOADS, bind_ops
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -54,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--prealloc", action="store_true", help="pass preallocated outputs to epifuse.gemm")
     p.add_argument("--warmup", type=float, help="do_bench warm-up, ms (default 25; quick 10)")
     p.add_argument("--rep", type=float, help="do_bench repetition time, ms (default 200; quick 50)")
+    p.add_argument("--clocks", action="store_true",
+                   help="sample the SM clock, power and throttle reasons (nvidia-smi, every 20 ms) while "
+                        "each baseline is timed (off by default: the polling's own cost is unmeasured)")
     p.add_argument("--time-budget", type=float, help="start no new row after this many seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON and PNG go")
@@ -202,30 +206,37 @@ def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, env):
                 errs = check_outputs(w, outs, w.reference(s0), M, N)
             except Exception as e:  # noqa: BLE001
                 errors.setdefault("epifuse", _short(e))
-    times = _time_both_ways(calls, errors, cfg.warmup, cfg.rep)
+    sampler = (lambda: ClockSampler(env["uuid"] or "")) if cfg.clocks else None
+    times, sampled = _time_both_ways(calls, errors, cfg.warmup, cfg.rep, sampler)
     clocks, n_sets = gpu_clocks(env["uuid"] or ""), len(sets)  # the SM clock right after timing
     del sets, s0, calls
     torch.cuda.empty_cache()
     row = make_row(w, shape, dtype, times, errors, first, errs, epifuse_requested="epifuse" in cfg.baselines)
     if history is not None and len(history) > tuned_before:  # tuned in this row, not remembered
         row["epifuse_tuning"] = history[-1]  # the kernel epifuse chose and every candidate's time
-    row.update(sm_mhz=(clocks or {}).get("sm_mhz"), n_input_sets=n_sets)
+    row.update(sm_mhz=(clocks or {}).get("sm_mhz"), n_input_sets=n_sets, clocks_while_timed=sampled)
     return row
 
 
-def _time_both_ways(calls: dict, errors: dict, warmup: float, rep: float) -> dict:
+def _time_both_ways(calls: dict, errors: dict, warmup: float, rep: float, sampler=None) -> tuple[dict, dict]:
     """Each call's median time in ms, the mean of a pass in order and one in reverse order;
-    a call that fails is moved to `errors`."""
+    a call that fails is moved to `errors`. With `sampler` (a ClockSampler factory), also
+    what the GPU's clock, power and throttle reasons were while each call was timed, over
+    both passes (timing.merge_summaries)."""
     passes: dict = {name: [] for name in calls}
+    seen: dict = {name: [] for name in calls}
     for order in (list(calls), list(reversed(calls))):
         for name in order:
             if name in errors:
                 continue
             try:
-                passes[name].append(bench_ms(calls[name], warmup, rep))
+                with sampler() if sampler else contextlib.nullcontext() as watch:
+                    passes[name].append(bench_ms(calls[name], warmup, rep))
+                seen[name].append(watch.summary if watch else None)
             except Exception as e:  # noqa: BLE001
                 errors[name] = _short(e)
-    return {name: sum(t) / len(t) for name, t in passes.items() if t and name not in errors}
+    times = {name: sum(t) / len(t) for name, t in passes.items() if t and name not in errors}
+    return times, {name: merge_summaries(seen[name]) for name in times if sampler}
 
 
 def make_row(w, shape, dtype, times, errors, first, errs, epifuse_requested=True):

@@ -3,14 +3,18 @@
 ``bench_ms`` is the median of ``triton.testing.do_bench`` (which flushes L2 before every call),
 with a CUDA-event fallback when triton is missing; ``first_call_s`` times one call between two
 synchronizations (compile + run). ``gpu_clocks`` reads the SM clock through nvidia-smi (None where
-that is not possible); ``collect_env`` records GPU, clocks, versions and the relevant environment.
+that is not possible); ``ClockSampler`` samples the SM clock, power and throttle reasons while a
+baseline is timed; ``collect_env`` records GPU, clocks, versions and the relevant environment.
 """
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import platform
 import statistics
 import subprocess
+import threading
 import time
 from datetime import datetime, timezone
 
@@ -63,6 +67,117 @@ def gpu_clocks(uuid: str = ""):
         return None
     mhz = [int(float(x)) if x.replace(".", "", 1).isdigit() else None for x in pick[1:3]]
     return {"sm_mhz": mhz[0], "max_sm_mhz": mhz[1]}
+
+
+# What ClockSampler asks nvidia-smi for, first set first: newer drivers call the throttle
+# reasons clock events; a driver that knows neither name still gives clock, power and heat.
+FIELD_SETS = (("uuid", "clocks.sm", "power.draw", "temperature.gpu", "clocks_event_reasons.active"),
+              ("uuid", "clocks.sm", "power.draw", "temperature.gpu", "clocks_throttle_reasons.active"),
+              ("uuid", "clocks.sm", "power.draw", "temperature.gpu"))
+
+
+class ClockSampler:
+    """``with ClockSampler(uuid) as s: ...``: nvidia-smi samples the GPU every `period_ms`
+    while the block runs; ``s.summary`` is then the mean SM clock (MHz), board power (W: on
+    recent drivers power.draw is a one-second average, so it lags) and temperature (C), the
+    throttle-reason bits seen in any sample (OR-ed: 0x4 power cap, 0x20/0x40 thermal), and the
+    sample count; None where nvidia-smi cannot run or gave no sample. The block starts after
+    the first sample has arrived, so the samples cover all of it."""
+
+    def __init__(self, uuid: str = "", period_ms: int = 20, command: str = "nvidia-smi"):
+        self.uuid, self.period_ms, self.command = uuid, period_ms, command
+        self.lines: list[str] = []
+        self.summary = None
+        self._process = self._reader = None
+
+    def __enter__(self):
+        for fields in FIELD_SETS:
+            if self._start(fields):
+                break
+        return self
+
+    def _start(self, fields) -> bool:
+        """Start sampling `fields`; False (nothing left running) if no sample came."""
+        cmd = [self.command, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+               "-lms", str(self.period_ms)]
+        try:
+            process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return False
+        first = threading.Event()
+
+        def read():
+            for line in process.stdout:
+                self.lines.append(line.strip())
+                first.set()
+            first.set()  # it exited (an unknown field, no driver): stop waiting
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        first.wait(timeout=5.0)
+        if not self.lines:
+            _stop(process)
+            reader.join(timeout=5)
+            return False
+        self._process, self._reader = process, reader
+        return True
+
+    def __exit__(self, *exc):
+        if self._process is not None:
+            _stop(self._process)
+            self._reader.join(timeout=5)
+            self.summary = summarize_samples(self.lines, self.uuid)
+        return False
+
+
+def _stop(process) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def summarize_samples(lines, uuid: str = ""):
+    """ClockSampler's summary of nvidia-smi's CSV lines (a FIELD_SETS set, one GPU per line)."""
+    def number(text):
+        try:
+            return float(text)
+        except ValueError:
+            return None
+
+    rows = [[c.strip() for c in line.split(",")] for line in lines]
+    rows = [r for r in rows if len(r) in (4, 5)]
+    uuids = list(dict.fromkeys(r[0] for r in rows))
+    pick = next((u for u in uuids if uuid and uuid in u), uuids[0] if uuids else None)
+    rows = [r for r in rows if r[0] == pick]
+    if not rows:
+        return None
+    summary = {"samples": len(rows)}
+    for key, column in (("sm_mhz", 1), ("power_w", 2), ("temp_c", 3)):
+        values = [v for v in (number(r[column]) for r in rows) if v is not None]
+        summary[key] = round(statistics.fmean(values), 1) if values else None
+    reasons = [int(r[4], 16) for r in rows if len(r) == 5 and r[4].lower().startswith("0x")]
+    summary["throttle"] = hex(functools.reduce(operator.or_, reasons, 0)) if reasons else None
+    return summary
+
+
+def merge_summaries(summaries):
+    """One summary of several samplings (None ones dropped): means weighted by sample count,
+    throttle bits OR-ed; None if none sampled."""
+    summaries = [s for s in summaries if s]
+    if not summaries:
+        return None
+    total = sum(s["samples"] for s in summaries)
+    merged = {"samples": total}
+    for key in ("sm_mhz", "power_w", "temp_c"):
+        weighted = [(s[key], s["samples"]) for s in summaries if s.get(key) is not None]
+        weight = sum(n for _, n in weighted)
+        merged[key] = round(sum(v * n for v, n in weighted) / weight, 1) if weight else None
+    bits = [int(s["throttle"], 16) for s in summaries if s.get("throttle")]
+    merged["throttle"] = hex(functools.reduce(operator.or_, bits, 0)) if bits else None
+    return merged
 
 
 def collect_env(epifuse=None) -> dict:
