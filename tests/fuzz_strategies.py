@@ -71,6 +71,7 @@ class Value:
     raw: bool = False  # exact in fp32 and fp64 alike (accum, operands, their sums and products)
     base: bool = False  # accum, an operand, a literal: raw, and small enough to multiply exactly
     scalar: bool = False  # the same for every element (literals, numbers, one-element tensors)
+    condition: bool = False  # boolean (a comparison or logic): what ~, & and | may take
 
 
 @dataclass
@@ -152,8 +153,8 @@ def values(draw, env: list[Value], depth: int, want_raw: bool = False) -> Value:
     return draw(applied(op, env, depth))
 
 
-def _made(text: str, *parts: Value, raw: bool = False) -> Value:
-    return Value(text, raw=raw, scalar=all(p.scalar for p in parts))
+def _made(text: str, *parts: Value, raw: bool = False, condition: bool = False) -> Value:
+    return Value(text, raw=raw, scalar=all(p.scalar for p in parts), condition=condition)
 
 
 @st.composite
@@ -178,21 +179,22 @@ def applied(draw, op: str, env: list[Value], depth: int) -> Value:
             c = sub(True)
             tile = next((v for v in (a, b, c) if not v.scalar), a)
             a, b, c = (_same_kind(v, tile) for v in (a, b, c))
-            return _made(f"({a.text} {symbol} {b.text} {symbol} {c.text})", a, b, c, raw=True)
+            return _made(f"({a.text} {symbol} {b.text} {symbol} {c.text})", a, b, c, raw=True, condition=True)
         text = f"({a.text} {symbol} {b.text})" if style == "infix" else _call(draw, op, [a.text, b.text])
-        return _made(text, a, b, raw=True)
-    if op in ("logical_and", "logical_or"):
+        return _made(text, a, b, raw=True, condition=True)
+    if op in ("logical_and", "logical_or"):  # & and | on conditions only (on numbers they are bitwise)
         a = sub(True)
         b = _same_kind(sub(True), a)
         a = _same_kind(a, b)
-        if draw(st.booleans()):
-            return _made(f"({a.text} {'&' if op == 'logical_and' else '|'} {b.text})", a, b, raw=True)
-        return _made(_call(draw, op, [a.text, b.text]), a, b, raw=True)
+        if a.condition and b.condition and draw(st.booleans()):
+            return _made(f"({a.text} {'&' if op == 'logical_and' else '|'} {b.text})", a, b, raw=True,
+                         condition=True)
+        return _made(_call(draw, op, [a.text, b.text]), a, b, raw=True, condition=True)
     if op in ("logical_not", "sign"):  # discontinuous: only on exact values
         a = sub(True)
-        if op == "logical_not" and draw(st.booleans()):
-            return _made(f"(~{a.text})", a, raw=True)
-        return _made(_call(draw, op, [a.text]), a, raw=True)
+        if op == "logical_not" and a.condition and draw(st.booleans()):
+            return _made(f"(~{a.text})", a, raw=True, condition=True)
+        return _made(_call(draw, op, [a.text]), a, raw=True, condition=op == "logical_not")
     if op == "neg":
         a = sub()
         return _made(f"(-{a.text})", a) if draw(st.booleans()) else call([a])
@@ -318,7 +320,7 @@ def examples(draw) -> Example:
         target = names.pop(0)
         value = draw(values(env, draw(st.integers(1, 3))))
         lines.append(f"{target} = {value.text}")
-        env.append(Value(target, raw=value.raw, scalar=value.scalar))
+        env.append(Value(target, raw=value.raw, scalar=value.scalar, condition=value.condition))
         tile_candidates.append(target)
     outputs, casts = [], set()
     last = tile_candidates.pop()  # the last statement is always used: by a tile or a reduction

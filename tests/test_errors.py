@@ -383,6 +383,10 @@ REJECTED = [
     ("unexpected-op-keyword", src("D = relu(accum, inplace=True)", "return D"),
      "relu() got an unexpected keyword argument 'inplace'", 2),
     ("dim-not-int", src("r = sum(accum, dim=1.5)", "return r"), "needs dim to be an int or a tuple of ints", 2),
+    ("invert-a-number", src("D = ~accum", "return D"), "'~' applies to conditions", 2),
+    ("and-a-number", src("c = accum > 0.0", "D = where(c & accum, accum, 0.0)", "return D"),
+     "'&' applies to conditions", 3),
+    ("or-numbers", src("D = accum | 4", "return D"), "'|' applies to conditions", 2),
     ("dim-infinite", src("r = sum(accum, dim=(1, -1e999))", "return r"), "needs dim to be an int or a tuple of ints", 2),
     ("keepdim-not-bool", src("r = sum(accum, dim=1, keepdim=1)", "return r"), "needs keepdim to be True or False", 2),
 ]

@@ -218,6 +218,7 @@ class _Visitor:
         self.line_offset = line_offset
         self.from_string = from_string
         self.defined: dict[str, Location] = {}
+        self.conditions: set[str] = set()   # names of boolean values (comparisons and logic)
 
     # ---- places and errors -------------------------------------------------------------
     def loc(self, node: ast.AST) -> Location:
@@ -309,7 +310,25 @@ class _Visitor:
             self.fail(stmt.targets[0], f"Variable '{name}' cannot be defined twice.",
                       hint="Epilogues are in SSA form: give the new value a new name.")
         self.defined[name] = self.loc(stmt)
+        if self.is_condition(expr):
+            self.conditions.add(name)
         return Statement(name, expr, self.loc(stmt))
+
+    def is_condition(self, expr: Expr) -> bool:
+        """Whether `expr` is boolean: a comparison or logic, or a name bound to one (operands and
+        accum never are: a bool tensor operand is refused when bound)."""
+        if expr.kind == "name":
+            return expr.value in self.conditions
+        return expr.kind == "call" and OPS[expr.value].kind in ("compare", "logical")
+
+    def logic(self, node: ast.AST, symbol: str, operands: tuple[Expr, ...]) -> None:
+        """~, & and | mean logic on conditions, as torch's do on bool tensors; on numbers torch's
+        are bitwise (integers) or an error (floats), which an epilogue cannot mean."""
+        if not all(self.is_condition(x) for x in operands):
+            self.fail(node, f"'{symbol}' applies to conditions (comparisons such as accum > 0) in "
+                            f"epilogues; on numbers torch's '{symbol}' is bitwise, which epilogues do not support.",
+                      hint=f"Compare first (~(x > 0), (x > 0) {'&' if symbol == '~' else symbol} (y < 1)), "
+                           "or call logical_not/logical_and/logical_or, which treat nonzero as true.")
 
     def returned(self, stmt: ast.Return) -> tuple[tuple[str, Location], ...]:
         values = stmt.value.elts if isinstance(stmt.value, ast.Tuple) else [stmt.value]
@@ -351,6 +370,7 @@ class _Visitor:
             if isinstance(node.op, ast.UAdd):
                 return operand
             if isinstance(node.op, ast.Invert):
+                self.logic(node, "~", (operand,))
                 return Expr("call", "logical_not", (operand,), loc=loc)
             self.fail(node, "'not' is not supported; use ~cond or logical_not(cond).")
         if isinstance(node, ast.BinOp):
@@ -358,7 +378,10 @@ class _Visitor:
             if opname is None:
                 self.fail(node, f"The operator '{_op_symbol(node.op)}' is not supported in epilogues.",
                           hint="Supported operators: + - * / ** & | and comparisons.")
-            return Expr("call", opname, (self.expr(node.left), self.expr(node.right)), loc=loc)
+            left, right = self.expr(node.left), self.expr(node.right)
+            if opname in ("logical_and", "logical_or"):
+                self.logic(node, _op_symbol(node.op), (left, right))
+            return Expr("call", opname, (left, right), loc=loc)
         if isinstance(node, ast.Compare):
             return self.compare(node, loc)
         if isinstance(node, ast.Call):
@@ -576,7 +599,7 @@ def _is_binary_extremum(args, keywords) -> bool:
 
 def _op_symbol(op: ast.operator) -> str:
     return {ast.FloorDiv: "//", ast.Mod: "%", ast.MatMult: "@", ast.LShift: "<<",
-            ast.RShift: ">>", ast.BitXor: "^"}.get(type(op), type(op).__name__)
+            ast.RShift: ">>", ast.BitXor: "^", ast.BitAnd: "&", ast.BitOr: "|"}.get(type(op), type(op).__name__)
 
 
 # ---- a Program as JSON text (what the torch ops carry: epifuse.torch_ops) -------------------------
