@@ -272,6 +272,21 @@ def test_compile_traces_one_graph_with_the_custom_op():
     assert len(graphs) == 1 and len(ops) == 1
 
 
+@pytest.mark.parametrize("out_dtype", [torch.uint8, torch.int16, torch.bool, torch.float8_e4m3fnuz])
+def test_every_output_dtype_of_the_plain_path_goes_through_the_ops(out_dtype):
+    """Autograd and torch.compile take the custom ops, which name out_dtype by its name: every
+    dtype a plain call accepts (a KeyError there before), with the plain call's values."""
+    A = (torch.randint(-3, 4, (M, K)) * 0.5).to(torch.float16)
+    B = torch.randint(-3, 4, (K, N)).to(torch.float16)
+    epilogue = "def e(accum):\n    D = relu(accum * 7.0)\n    return D\n"
+    plain = epifuse.gemm(A, B, epilogue, out_dtype=out_dtype)
+    with_grad = epifuse.gemm(A.clone().requires_grad_(), B, epilogue, out_dtype=out_dtype)
+    compiled = torch.compile(lambda a, b: epifuse.gemm(a, b, epilogue, out_dtype=out_dtype),
+                             backend="aot_eager")(A, B)
+    assert plain.dtype == with_grad.dtype == compiled.dtype == out_dtype
+    assert torch.equal(with_grad, plain) and torch.equal(compiled, plain)
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compile_through_epifuse_gemm(backend):
     torch._dynamo.reset()

@@ -66,9 +66,9 @@ from .ir import AXES
 from .ops import OPS
 from .shapes import accum_shape_of, classify_operand
 
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8,
-    torch.float8_e4m3fn, torch.float8_e5m2)}
+# every dtype by its name, as out_dtypes spells it: which ones an output may take is the
+# launch path's to say, as for epifuse.gemm without autograd
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 # ---- the epilogue table -----------------------------------------------------------------------
