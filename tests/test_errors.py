@@ -497,6 +497,47 @@ def test_out_and_D_must_agree():
         GemmArguments(A, B, out=out(), epilogue=epi)
 
 
+def test_an_epilogue_function_must_be_wrapped_in_epilogue_arguments():
+    A, B = AB()
+    with raises("GemmArguments' epilogue must be an EpilogueArguments, not function."):
+        GemmArguments(A, B, epilogue=lambda accum: accum)
+
+
+@pytest.mark.parametrize("value", [None, "args", 3])
+def test_kernels_are_chosen_for_gemm_arguments_only(value):
+    with raises("Kernels are chosen for a GemmArguments"):
+        epifuse.kernel_statuses(value)
+    with raises("Kernels are chosen for a GemmArguments"):
+        epifuse.get_kernels(EpilogueArguments(ALPHA, alpha=1.0, D=out()) if value is None else value)
+
+
+@pytest.mark.parametrize("cc", ["90", 9.0, 0, -1, True])
+def test_cc_is_a_positive_int(cc):
+    A, B = AB()
+    args = GemmArguments(A, B, epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=out()))
+    with raises("cc must be a compute capability as an int such as 90"):
+        epifuse.get_kernels(args, cc=cc)
+
+
+@pytest.mark.parametrize("value", [None, "args", 3])
+def test_a_kernel_runs_and_compiles_on_gemm_arguments_only(value):
+    A, B = AB()
+    args = GemmArguments(A, B, epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=out()))
+    for kernel in epifuse.get_kernels(args):
+        kernel.run(args)  # a plan is kept for args: the check is not only on a first call
+        for call in (kernel.run, kernel.compile):
+            with raises("runs on GemmArguments, not on"):
+                call(value)
+
+
+@pytest.mark.parametrize("out_dtype", ["float16", 5, torch.float16.itemsize])
+@pytest.mark.parametrize("grad", [False, True])
+def test_out_dtype_must_be_a_dtype(out_dtype, grad):
+    A, B = AB()
+    with raises("out_dtype must be a torch.dtype such as torch.float16"):
+        epifuse.gemm(A.requires_grad_(grad), B, ALPHA, alpha=1.0, out_dtype=out_dtype)
+
+
 def test_an_operand_cannot_be_returned():
     with raises("Output 'C' is also an input of the epilogue."):
         gemm_args(src("D = accum", "return C", params="accum, C"), C=out())

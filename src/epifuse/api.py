@@ -123,6 +123,10 @@ class GemmArguments:
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
                  accumulator_type: torch.dtype | None = None,
                  epilogue: EpilogueArguments | None = None, precision: str = "default"):
+        if epilogue is not None and not isinstance(epilogue, EpilogueArguments):
+            raise EpilogueArgumentError(
+                f"GemmArguments' epilogue must be an EpilogueArguments, not {type(epilogue).__name__}.",
+                hint="Wrap it with its tensors: epilogue=EpilogueArguments(epi, C=C, D=D).")
         if epilogue is None:
             if out is None:
                 raise EpilogueArgumentError("GemmArguments needs `out` or an `epilogue`.")
@@ -226,6 +230,11 @@ def kernel_statuses(args: GemmArguments, cc: int | None = None) -> list:
     """(kernel, Status) for every kernel class and config, supported or not, best first.
     `args` may also be a GroupedGemmArguments (see epifuse.grouped)."""
     from .grouped import GroupedGemmArguments, grouped_kernel_statuses
+    if not isinstance(args, (GemmArguments, GroupedGemmArguments)):
+        raise EpilogueArgumentError(f"Kernels are chosen for a GemmArguments; got {type(args).__name__}.",
+                                    hint="epifuse.get_kernels(epifuse.GemmArguments(A, B, epilogue=epi)).")
+    if cc is not None and (not isinstance(cc, int) or isinstance(cc, bool) or cc <= 0):
+        raise EpilogueArgumentError(f"cc must be a compute capability as an int such as 90, not {cc!r}.")
     if isinstance(args, GroupedGemmArguments):
         return grouped_kernel_statuses(args, cc)
     from .backends.reference import ReferenceKernel
@@ -292,6 +301,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     >>> epifuse.gemm(A, B, epi, bias=torch.full((5,), -1.0))[0]
     tensor([2., 2., 2., 2., 2.])
     """
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise EpilogueArgumentError(f"out_dtype must be a torch.dtype such as torch.float16, not {out_dtype!r}.")
     # A kept launch first: its signature admits only calls that do not go through the custom
     # ops (torch.compile traces this function: nothing is looked up while it does)
     compiling = torch.compiler.is_compiling()
@@ -310,6 +321,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
         epilogue if epilogue is not None else IDENTITY_EPILOGUE)
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise ShapeError("A and B must be torch tensors.")
+
     accum_shape, _ = accum_shape_of(A, B)
     missing = [name for name, _ in program.outputs if name not in tensors]
     if missing:

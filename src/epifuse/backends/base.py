@@ -22,6 +22,17 @@ class Status:
         return ("supported: " if self.ok else "not supported: ") + self.reason
 
 
+def check_arguments(kernel, args, grouped: bool = False) -> None:
+    """A clear error where `args` is not the arguments object a kernel runs on."""
+    from ..api import GemmArguments
+    from ..errors import EpilogueArgumentError
+    from ..grouped import GroupedGemmArguments
+    expected = GroupedGemmArguments if grouped else GemmArguments
+    if not isinstance(args, expected):
+        raise EpilogueArgumentError(f"{kernel!r} runs on {expected.__name__}, not on {type(args).__name__}.",
+                                    hint=f"Pass the {expected.__name__} the kernel was chosen for.")
+
+
 def supported(reason: str) -> Status:
     return Status(True, reason)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..reference import evaluate
-from .base import Kernel, Status, supported
+from .base import check_arguments, Kernel, Status, supported
 
 
 def reference_accum(A: torch.Tensor, B: torch.Tensor, dtype=torch.float32,
@@ -32,9 +32,10 @@ class ReferenceKernel(Kernel):
         return supported("torch matmul then the epilogue in torch ops: correct everywhere, not fused")
 
     def compile(self, args) -> None:
-        return None
+        check_arguments(self, args)
 
     def run(self, args, verify: bool = False) -> None:
+        check_arguments(self, args)
         if verify:
             from ..debug import run as run_verified
             return run_verified(self, args)

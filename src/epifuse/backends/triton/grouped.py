@@ -18,7 +18,7 @@ from ...ir import AXES
 from ...runtime import compiled as compiled_index
 from ...runtime.cache import load_kernel_module
 from ...shapes import output_strides
-from ..base import Kernel, Status, supported, unsupported
+from ..base import check_arguments, Kernel, Status, supported, unsupported
 from .codegen import Layout, launch_layout
 from .grouped_codegen import column_hints, emit_grouped_kernel, table_columns
 from .tiled import (
@@ -131,6 +131,7 @@ class TritonGrouped(Kernel):
 
     # ---- run --------------------------------------------------------------------------------
     def compile(self, grouped) -> None:
+        check_arguments(self, grouped, grouped=True)
         if not uses_interpreter(grouped.device):
             with on_device(grouped.device):
                 plan = self._plan(grouped)
@@ -143,6 +144,7 @@ class TritonGrouped(Kernel):
         if verify:
             from ...grouped_verify import run_verified
             return run_verified(self, grouped)
+        check_arguments(self, grouped, grouped=True)
         plan = self._plan(grouped)
         if plan.simple and plan.fast is not None:
             plan.fast()  # the common repeated call: nothing but the launch

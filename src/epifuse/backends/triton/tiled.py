@@ -17,7 +17,7 @@ import triton
 from ...ops import OPS
 from ...runtime import compiled as compiled_index
 from ...runtime.cache import load_kernel_module
-from ..base import Kernel, Status, supported, unsupported
+from ..base import check_arguments, Kernel, Status, supported, unsupported
 from ...ir import AXES
 from ...shapes import accumulator_types, output_strides
 from ..reference import FP8_MAX, saturate
@@ -229,6 +229,7 @@ class TritonTiled(Kernel):
         return None
 
     def compile(self, args) -> None:
+        check_arguments(self, args)
         with on_device(args.A.device):
             self._loaded_plan(args, self._plan(args))
 
@@ -256,10 +257,11 @@ class TritonTiled(Kernel):
         if verify:
             from ...debug import run as run_verified
             return run_verified(self, args)
-        plan = args.__dict__.get("_plans", {}).get(self)
+        plan = getattr(args, "_plans", {}).get(self)
         if plan is not None and plan.fast is not None and plan.simple:
             plan.fast()  # the common repeated call: no reductions, nothing else to do
             return
+        check_arguments(self, args)
         with on_device(args.A.device):
             plan = self._loaded_plan(args, plan or self._plan(args))
             plan.before(args.outputs)
