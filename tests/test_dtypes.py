@@ -97,6 +97,25 @@ def test_integer_outputs_round_to_even_and_saturate(out_dtype, device):
         assert D[0, 0] == 0
 
 
+@pytest.mark.parametrize("out_dtype", [torch.int32, torch.int8, torch.bool])
+def test_verify_converts_the_reference_as_the_kernels_convert(out_dtype, device):
+    """run(verify=True) passes on integer outputs with a NaN (written 0) and on bool outputs
+    (any nonzero, NaN too, is true), where a check that compared them raw failed or raised."""
+    A, B = _ints(M, K, dtype=torch.float16, device=device), _ints(K, N, dtype=torch.float16, device=device)
+    X = integer_tensor(M, N, dtype=torch.float32, device=device)
+    X[0, 0] = float("nan")
+    D = torch.empty(M, N, device=device, dtype=out_dtype)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        "def e(accum, X):\n    D = accum * 0.5 + X * 40.0\n    return D\n", X=X, D=D))
+    for kernel in epifuse.get_kernels(args):
+        D.zero_()
+        assert kernel.run(args, verify=True).ok, kernel
+        assert D[0, 0] == (out_dtype == torch.bool)
+    D[1, 1] = not bool(D[1, 1]) if out_dtype == torch.bool else D[1, 1] + 2  # ints may be one off
+    report = epifuse.debug.check(args, epifuse.debug.reference_outputs(args), None, None, "edited")
+    assert not report.ok
+
+
 @pytest.mark.parametrize("out_dtype", FP8)
 def test_fp8_outputs_saturate(out_dtype, device):
     A, B = _ints(M, K, dtype=torch.float16, device=device), _ints(K, N, dtype=torch.float16, device=device)

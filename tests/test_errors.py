@@ -530,6 +530,18 @@ def test_a_kernel_runs_and_compiles_on_gemm_arguments_only(value):
                 call(value)
 
 
+def test_verify_needs_values_and_arguments():
+    meta = dict(device="meta")
+    args = GemmArguments(torch.empty(M, K, **meta), torch.empty(K, N, **meta),
+                         epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=torch.empty(M, N, **meta)))
+    kernel = epifuse.get_kernels(args)[-1]
+    kernel.run(args)
+    with raises("verify=True compares values, and tensors on the meta device have none."):
+        kernel.run(args, verify=True)
+    with raises("runs on GemmArguments, not on NoneType"):
+        kernel.run(None, verify=True)
+
+
 @pytest.mark.parametrize("out_dtype", ["float16", 5, torch.float16.itemsize])
 @pytest.mark.parametrize("grad", [False, True])
 def test_out_dtype_must_be_a_dtype(out_dtype, grad):

@@ -97,8 +97,10 @@ class Report:
 def default_tolerance(args, name: str) -> tuple[float, float]:
     """(rtol, atol) for output `name`: by its dtype, looser for tf32 on a GPU."""
     dest = args.outputs[name]
+    if dest.dtype == torch.bool:
+        return 0.0, 0.0   # a one-off would pass every bool
     if not dest.dtype.is_floating_point:
-        return 0.0, 1.0
+        return 0.0, 1.0   # a tie rounded the other way
     rtol = _RTOL.get(dest.dtype, 2e-5)
     on_gpu = args.A.device.type == "cuda"
     if args.A.dtype == torch.float32 and args.precision != "highest" and on_gpu:
@@ -109,8 +111,11 @@ def default_tolerance(args, name: str) -> tuple[float, float]:
 def reference_outputs(args, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
     """Every output of `args` by the reference interpreter in `dtype`, in its destination's
     shape, folded into the destination's current value for `accumulate=True` reductions."""
-    from .backends.reference import reference_accum
+    from .backends.reference import reference_accum, saturate
     from .reference import evaluate
+    if args.A.device.type == "meta":
+        raise EpilogueArgumentError("verify=True compares values, and tensors on the meta device have none.",
+                                    hint="Run without verify, or on cpu or cuda tensors.")
     accum = reference_accum(args.A, args.B, dtype, args.accumulator_type).to(dtype).reshape(args.accum_shape)
     operands = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else v) for k, v in args.operands.items()}
     results = evaluate(args.graph, accum, operands, dtype)
@@ -122,9 +127,10 @@ def reference_outputs(args, dtype: torch.dtype = torch.float64) -> dict[str, tor
         if kind is not None and args.accumulate:
             combine = {"max": torch.maximum, "amax": torch.maximum, "min": torch.minimum}.get(kind, torch.add)
             value = combine(dest.to(dtype), value)
-        if not dest.dtype.is_floating_point:
-            info = torch.iinfo(dest.dtype)
-            value = torch.round(value).clamp(info.min, info.max)
+        if dest.dtype == torch.bool:
+            value = (value != 0).to(dtype)   # NaN is true, as torch converts it
+        elif not dest.dtype.is_floating_point:
+            value = saturate(value, dest.dtype).to(dtype)
         out[name] = value
     return out
 
@@ -180,6 +186,8 @@ def run(kernel, args, verify: bool = True, rtol: float | None = None, atol: floa
     if not verify:
         kernel.run(args)
         return None
+    from .backends.base import check_arguments
+    check_arguments(kernel, args)
     references = reference_outputs(args)   # before the run: outputs may alias operands
     kernel.run(args)
     report = check(args, references, rtol, atol, repr(kernel))
