@@ -111,11 +111,6 @@ def test_op_special_values(name, device):
     assert bool(close.all()), (name, _mismatch(out, ref, X, C))
 
 
-# Where torch's CPU kernels give an answer that is not the mathematical one, epifuse keeps the
-# mathematical one (documented in the op's doc line): (op, x) -> epifuse's result.
-KNOWN_TORCH_CPU_QUIRKS = {("gelu", float("inf")): float("inf")}
-
-
 def _torch_float32(name, X, C):
     """The op applied by torch in float32 (the epilogue function run on tensors)."""
     from epifuse import ops  # noqa: F401  (names for the namespace below)
@@ -124,11 +119,24 @@ def _torch_float32(name, X, C):
     fn_src = f"def f(x, C):\n    return ({expression(name)})\n"
     local: dict = {}
     exec(compile(fn_src, "<test>", "exec"), namespace, local)  # test-only: our own string
-    result = local["f"](X, C).float()
-    for (op, x), value in KNOWN_TORCH_CPU_QUIRKS.items():
-        if op == name:
-            result = torch.where(X == x, torch.tensor(value, device=X.device), result)
-    return result
+    return local["f"](X, C).float()
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_of_inf_is_inf_in_every_kernel(approximate, device):
+    """torch's CPU erf GELU gives NaN at +inf in float32; the op (on tensors, in the reference
+    kernel and in the Triton kernels) gives +inf, as its doc line says."""
+    A, B = torch.ones(4, 8, device=device), torch.ones(8, 4, device=device)
+    src = f"def e(accum, X):\n    D = gelu(accum * X, approximate='{approximate}')\n    return D\n"
+    X = torch.tensor([float("inf"), -float("inf"), 1.0, 0.0], device=device).expand(4, 4)
+    expected = torch.nn.functional.gelu(8.0 * X.double(), approximate=approximate).float()
+    assert OPS["gelu"](X * 8.0, approximate=approximate)[0, 0] == float("inf")
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, X=X, D=torch.empty(4, 4, device=device)))
+    for kernel in epifuse.get_kernels(args):
+        kernel.run(args)
+        out = args.outputs["D"]
+        assert out[0, 0] == float("inf") and torch.isnan(out[0, 1]), kernel
+        assert torch.allclose(out[:, 2:], expected[:, 2:]), kernel
 
 
 def _mismatch(out, ref, X, C):

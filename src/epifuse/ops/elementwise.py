@@ -47,7 +47,8 @@ def _as_float(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gelu(x, approximate="none"):
-    return F.gelu(_as_float(x), approximate=approximate)
+    x = _as_float(x)
+    return torch.where(torch.isposinf(x), x, F.gelu(x, approximate=approximate))  # CPU erf GELU: NaN
 
 
 def _prelu(x, weight):
@@ -126,8 +127,8 @@ mul = _binary("mul", torch.mul, "a * b", aliases=("multiply",), commutative=True
     vjp=lambda g, a, b, y: (g * b, g * a))
 div = _binary("div", torch.div, "a / b (true division)", aliases=("divide", "true_divide"), identity=1.0,
     vjp=lambda g, a, b, y: (g / b, -g * a / (b * b)))
-pow = _binary("pow", torch.pow, "a ** b; pow(negative, non-integer) is NaN", aliases=("float_power",),
-    vjp=_pow_vjp)
+pow = _binary("pow", torch.pow, "a ** b; pow(finite negative, non-integer) is NaN; infinities as IEEE pow "
+              "((-inf) ** -0.5 = 0)", aliases=("float_power",), vjp=_pow_vjp)
 minimum = _binary("minimum", torch.minimum, "elementwise minimum; NaN if either is NaN",
                   commutative=True,
     vjp=_extremum_vjp("less"))
