@@ -379,8 +379,11 @@ def test_missing_rule_is_a_clear_error(monkeypatch):
 def test_outputs_passed_with_grad_is_an_error():
     A, B = _leaf(M, K), _leaf(K, N)
     D = torch.empty(M, N, dtype=F64)
-    with pytest.raises(epifuse.EpilogueError, match="autograd does not flow through them"):
+    with pytest.raises(epifuse.EpilogueError, match="autograd does not flow through them.*but A, B require grad"):
         epifuse.gemm(A, B, "def e(accum):\n    D = relu(accum)\n    return D\n", D=D)
+    with pytest.raises(epifuse.EpilogueError, match="but D requires grad"):
+        epifuse.gemm(A.detach(), B.detach(), "def e(accum):\n    D = relu(accum)\n    return D\n",
+                     D=torch.empty(M, N, dtype=F64, requires_grad=True))
     with torch.no_grad():
         epifuse.gemm(A, B, "def e(accum):\n    D = relu(accum)\n    return D\n", D=D)
     assert torch.allclose(D, torch.relu(A @ B).detach().float().double(), atol=1e-5)

@@ -16,7 +16,6 @@ import functools
 import inspect
 import io
 import json
-import math
 import re
 import textwrap
 import tokenize
@@ -436,6 +435,9 @@ class _Visitor:
         else:
             self.fail(node, "Only named ops can be called in an epilogue.")
         args = ([receiver] if receiver is not None else []) + list(node.args)
+        repeated = next((k for i, k in enumerate(node.keywords) if k.arg in {j.arg for j in node.keywords[:i]}), None)
+        if repeated is not None:
+            self.fail(repeated, f"keyword argument repeated: {repeated.arg}")  # Python's own words
         keywords = {k.arg: k.value for k in node.keywords}
         return self.resolve(spelled, args, keywords, node, loc, method=receiver is not None)
 
@@ -507,10 +509,8 @@ def _param_literal(key: str, node: ast.expr) -> Any:
         if _is_none(node):
             return None
         elts = node.elts if isinstance(node, (ast.Tuple, ast.List)) else [node]
-        dims = [_literal_number(e) for e in elts]
-        if any(d is None or not math.isfinite(d) or d != int(d) for d in dims):
-            return _UNREADABLE
-        return tuple(int(d) for d in dims)
+        dims = [_literal_int(e) for e in elts]
+        return _UNREADABLE if None in dims else tuple(dims)
     if isinstance(node, ast.Constant) and isinstance(node.value, (bool, str)):
         return node.value
     value = _literal_number(node)
@@ -550,6 +550,17 @@ def _attribute_chain(node: ast.expr) -> list[str] | None:
     if not isinstance(node, ast.Name):
         return None
     return [node.id] + parts[::-1]
+
+
+def _literal_int(node: ast.expr) -> int | None:
+    """The value of an int literal (with signs), or None: torch takes no float as a dim."""
+    sign = 1
+    while isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        sign = -sign if isinstance(node.op, ast.USub) else sign
+        node = node.operand
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return sign * node.value
+    return None
 
 
 def _literal_number(node: ast.expr) -> float | None:

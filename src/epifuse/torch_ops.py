@@ -489,8 +489,9 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
     outputs passed are written in place (no autograd through them, as torch's out=).
     `recompute=True`: the backward recomputes A @ B instead of reading a saved accum.
     """
-    wants_grad = torch.is_grad_enabled() and any(
-        isinstance(t, Tensor) and t.requires_grad for t in (A, B, *tensors.values()))
+    needing_grad = [name for name, t in (("A", A), ("B", B), *tensors.items())
+                    if isinstance(t, Tensor) and t.requires_grad] if torch.is_grad_enabled() else []
+    wants_grad = bool(needing_grad)
     save = wants_grad and not recompute
     key, operand_names, output_names, visible = _describe(epilogue, save)
     _check_kwargs(operand_names, output_names[:visible], tensors)
@@ -500,7 +501,8 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
         if wants_grad:
             raise EpilogueArgumentError(
                 f"Outputs given as tensors ({', '.join(given)}) are written in place, and autograd "
-                "does not flow through them (as with torch's out=), but an input requires grad.",
+                f"does not flow through them (as with torch's out=), but {', '.join(needing_grad)} "
+                f"require{'s' if len(needing_grad) == 1 else ''} grad.",
                 hint="Leave the outputs out to get differentiable ones, or call under torch.no_grad().")
         if len(given) != visible:
             raise EpilogueArgumentError("Pass either every output tensor or none of them.",
