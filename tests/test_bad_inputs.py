@@ -21,6 +21,7 @@ import torch
 import epifuse
 from epifuse import EpilogueArguments, EpilogueError, GemmArguments
 from epifuse.errors import EpilogueArgumentError, EpilogueSyntaxError, ShapeError
+from epifuse.nn import FusedLinear
 from epifuse.shapes import overlaps
 from helpers import reference_outputs
 
@@ -566,3 +567,21 @@ def test_output_that_requires_grad_is_written_under_no_grad(device):
             kernel.run(args)
             assert torch.equal(D.double().cpu(), accum_of(Problem(A, B)) + bias.double().cpu()), kernel
     assert D.requires_grad and D.grad_fn is None
+
+
+@pytest.mark.parametrize("x, expect, phrase", [
+    (torch.randn(4, 15), ShapeError, "x has 15 features (its last dimension) but the layer takes in_features=16"),
+    (torch.tensor(1.0), ShapeError, "x is a 0-dim tensor but the layer takes (..., in_features=16)"),
+    (None, EpilogueArgumentError, "x must be a torch.Tensor, got NoneType"),
+    (np.zeros((4, 16), dtype=np.float32), EpilogueArgumentError, "x must be a torch.Tensor, got ndarray"),
+], ids=["features", "0-dim", "none", "numpy"])
+def test_fused_linear_rejects_inputs_it_cannot_take(x, expect, phrase):
+    with pytest.raises(expect) as info:
+        FusedLinear(16, 8)(x)
+    assert phrase in str(info.value)
+
+
+def test_fused_linear_runs_on_meta_tensors():
+    layer = FusedLinear(16, 8, epilogue="relu", device="meta")
+    y = layer(torch.empty(4, 3, 16, device="meta"))
+    assert y.device.type == "meta" and y.shape == (4, 3, 8)

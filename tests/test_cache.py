@@ -159,6 +159,12 @@ def _gemm_with_a_new_kernel(device) -> None:
     assert torch.equal(D.double(), A.double() @ B.double() * float(constant))
 
 
+def test_cache_dir_expands_a_leading_tilde(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("EPIFUSE_CACHE_DIR", "~/epifuse-cache")
+    assert cache.cache_dir() == tmp_path / "epifuse-cache" / "kernels"
+
+
 def test_unwritable_cache_directory_falls_back(tmp_path, monkeypatch, device):
     """EPIFUSE_CACHE_DIR under a regular file (unwritable even for root): kernels still build."""
     blocker = tmp_path / "not-a-directory"

@@ -137,6 +137,34 @@ def test_argument_errors_are_one_line(capsys):
                    "(see epifuse kernels --help)\n")
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["kernels", "epi.py", "--shape", "-1", "16", "16"], "argument --shape: expected an integer of 0 or more, got '-1'"),
+    (["verify", "epi.py", "--batch", "-2"], "argument --batch: expected an integer of 0 or more, got '-2'"),
+    (["verify", "epi.py", "--kernel", "-99"], "argument --kernel: expected an integer of 0 or more, got '-99'"),
+    (["verify", "epi.py", "--seed", "99999999999999999999"],
+     "argument --seed: expected an integer from 0 to 9223372036854775807, got '99999999999999999999'"),
+])
+def test_numbers_out_of_range_are_argument_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err == f"epifuse {argv[0]}: error: {message} (see epifuse {argv[0]} --help)\n"
+
+
+def test_a_problem_too_large_to_allocate_is_a_one_line_error(capsys, epi_file):
+    rc, out, err = _run(capsys, "kernels", epi_file + ":BiasRelu", "--shape", "10000000", "10000000", "1")
+    assert rc == 2
+    assert err == "epifuse kernels: cannot allocate the tensors of a 10000000x10000000x1 problem: out of memory\n"
+
+
+def test_a_file_that_is_not_utf8_is_a_one_line_error(capsys, tmp_path):
+    path = tmp_path / "latin1.py"
+    path.write_bytes(b"def epi(accum):\n    D = accum  # \xe9\n    return D\n")
+    rc, out, err = _run(capsys, "show", str(path))
+    assert rc == 2 and err == f"epifuse show: {path} is not UTF-8 text: byte 0xe9 at offset 33\n"
+
+
 def test_traceback_flag_raises(capsys):
     with pytest.raises(Exception, match="Unsupported operation 'gleu'"):
         cli.main(["--traceback", "show", "def e(accum):\n    D = gleu(accum)\n    return D"])
@@ -245,11 +273,16 @@ def test_verify_reports_a_mismatch(capsys, epi_file, monkeypatch):
         args.outputs["F"][2, 3] = 100.0
 
     monkeypatch.setattr(ReferenceKernel, "run", wrong)
-    rc, out, err = _run(capsys, "verify", epi_file + ":relu_aux_store", "--shape", "16", "16", "16",
-                        "--kernel", "9")
+    rc, out, err = _run(capsys, "verify", epi_file + ":relu_aux_store", "--shape", "16", "16", "16", "--all")
     assert rc == 1
     assert "<reference>: DIFFERS from the float64 reference" in out and "FAIL F: largest error" in out
     assert "at (2, 3)" in out
+
+
+def test_verify_kernel_index_past_the_last_is_an_error(capsys, epi_file):
+    rc, out, err = _run(capsys, "verify", epi_file + ":BiasRelu", "--shape", "16", "16", "16", "--kernel", "99")
+    assert rc == 2 and err.count("\n") == 1
+    assert "epifuse verify: --kernel 99 is out of range: " in err and "`epifuse kernels` lists them" in err
 
 
 # ---- profile --------------------------------------------------------------------------------------------------

@@ -102,6 +102,15 @@ def test_activation_errors():
         E.BiasElementwise(3)
 
 
+@pytest.mark.parametrize("make", [
+    lambda: E.LeakyRelu(10**400), lambda: E.Clamp(min=10**400), lambda: E.LinearCombinationLeakyRelu(-10**400),
+    lambda: E.Activation("elu", alpha=10**400),
+])
+def test_integers_too_large_for_a_float_are_not_finite(make):
+    with pytest.raises(EpilogueError, match="must be a finite number, got an integer too large for a float"):
+        make()
+
+
 def test_pickle_and_equality():
     epi = E.BiasElementwise("relu", scale="NoBetaScaling", store_preactivation=True)
     again = pickle.loads(pickle.dumps(epi))

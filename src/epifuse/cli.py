@@ -88,8 +88,12 @@ def _from_file(path: str, name: str | None):
     an `epilogue` method (a FusedGemm subclass)."""
     from .frontend import _parse_source  # the parser proper: keeps the file's name and lines
     from .fused import drop_self
-    with open(path) as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"{path} is not UTF-8 text: byte {exc.object[exc.start]:#04x} "
+                           f"at offset {exc.start}") from None
     try:
         module = ast.parse(text, filename=path)
     except SyntaxError:
@@ -135,11 +139,25 @@ def _role(text: str) -> tuple[str, str]:
     return name, role
 
 
+def _int_in(low: int, high: int | None = None):
+    """An argparse type: an integer from `low` to `high` (no upper bound without one)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            bound = f"of {low} or more" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {text!r}")
+        return value
+    return parse
+
+
 def _problem_options(p: argparse.ArgumentParser, shape_default=None, shape_help="") -> None:
     p.add_argument("epilogue", help=_EPILOGUE_HELP)
-    p.add_argument("--shape", type=int, nargs=3, metavar=("M", "N", "K"), default=shape_default,
+    p.add_argument("--shape", type=_int_in(0), nargs=3, metavar=("M", "N", "K"), default=shape_default,
                    help=shape_help or "problem size (default: %(default)s)")
-    p.add_argument("--batch", type=int, metavar="L", help="a batched GEMM of L problems")
+    p.add_argument("--batch", type=_int_in(0), metavar="L", help="a batched GEMM of L problems")
     p.add_argument("--dtype", choices=list(_DTYPES), default="float16", help="A and B dtype (default: float16)")
     p.add_argument("--out-dtype", choices=list(_DTYPES), help="dtype of tile outputs (default: the input dtype)")
     p.add_argument("--role", type=_role, action="append", default=[], metavar="NAME=ROLE",
@@ -150,11 +168,26 @@ def _problem_options(p: argparse.ArgumentParser, shape_default=None, shape_help=
 def _arguments(ns, program, roles, fill=True, device=None):
     from .debug import random_arguments
     M, N, K = ns.shape
-    return random_arguments(program, M, N, K, L=ns.batch, dtype=_DTYPES[ns.dtype],
-                            roles={**roles, **dict(ns.role)}, device=device,
-                            out_dtype=_DTYPES[ns.out_dtype] if ns.out_dtype else None,
-                            seed=getattr(ns, "seed", 0), fill=fill,
-                            layout_a=getattr(ns, "layout_a", "row"), layout_b=getattr(ns, "layout_b", "row"))
+    try:
+        return random_arguments(program, M, N, K, L=ns.batch, dtype=_DTYPES[ns.dtype],
+                                roles={**roles, **dict(ns.role)}, device=device,
+                                out_dtype=_DTYPES[ns.out_dtype] if ns.out_dtype else None,
+                                seed=getattr(ns, "seed", 0), fill=fill,
+                                layout_a=getattr(ns, "layout_a", "row"), layout_b=getattr(ns, "layout_b", "row"))
+    except RuntimeError as exc:   # torch.OutOfMemoryError, or the CPU allocator's "can't allocate memory"
+        if "allocate" not in str(exc):
+            raise
+        batch = f" x L={ns.batch}" if ns.batch is not None else ""
+        raise CommandError(f"cannot allocate the tensors of a {M}x{N}x{K}{batch} problem: out of memory") from None
+
+
+def _pick(kernels: list, index: int):
+    """The `--kernel index`-th of the supported `kernels`."""
+    if index >= len(kernels):
+        count = f"{len(kernels)} kernel supports" if len(kernels) == 1 else f"{len(kernels)} kernels support"
+        raise CommandError(f"--kernel {index} is out of range: {count} this problem, numbered from 0 "
+                           "(`epifuse kernels` lists them)")
+    return kernels[index]
 
 
 def _describe(ns, args) -> str:
@@ -230,7 +263,7 @@ def _cmd_verify(ns) -> int:
     args = _arguments(ns, program, roles)
     statuses = epifuse.kernel_statuses(args)
     supported = [k for k, s in statuses if s.ok]
-    chosen = supported if ns.all else [supported[min(ns.kernel, len(supported) - 1)]] if supported else []
+    chosen = supported if ns.all else [_pick(supported, ns.kernel)] if supported else []
     print(f"# verify {program.name}: {_describe(ns, args)}, seed {ns.seed}, against the float64 reference")
     if not any(k.name != "reference" for k in supported) and args.A.device.type == "cpu":
         print("# only the reference kernel runs on CPU tensors; --interpret runs the Triton kernels "
@@ -304,7 +337,7 @@ def _cmd_profile_target(ns) -> int:
     program, roles = load_epilogue(ns.epilogue)
     args = _arguments(ns, program, roles, device="cuda")
     kernels = epifuse.get_kernels(args)
-    kernel = kernels[min(ns.kernel, len(kernels) - 1)]
+    kernel = _pick(kernels, ns.kernel)
     kernel.run(args)
     torch.cuda.synchronize()
     kernel.run(args)
@@ -390,8 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "  epifuse verify epifuse.epilogues:LinearCombinationSilu --interpret")
     _problem_options(verify, None, "problem size (default: 512 512 256 on a GPU, 64 64 32 on a CPU)")
     verify.add_argument("--all", action="store_true", help="verify every supported kernel, not just the best")
-    verify.add_argument("--kernel", type=int, default=0, metavar="I", help="verify the I-th supported kernel")
-    verify.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    verify.add_argument("--kernel", type=_int_in(0), default=0, metavar="I", help="verify the I-th supported kernel")
+    verify.add_argument("--seed", type=_int_in(0, 2**63 - 1), default=0, help="random seed (default: 0)")
     verify.add_argument("--rtol", type=float, help="relative tolerance (default: by output dtype)")
     verify.add_argument("--interpret", action="store_true",
                         help="on a CPU, run the Triton kernels through Triton's interpreter")
@@ -406,13 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
                                     "  epifuse profile epi.py --shape 4096 4096 4096\n"
                                     "  epifuse profile epifuse.epilogues:LinearCombinationGELU --role alpha=number")
     _problem_options(profile, (4096, 4096, 4096))
-    profile.add_argument("--kernel", type=int, default=0, metavar="I", help="profile the I-th supported kernel")
+    profile.add_argument("--kernel", type=_int_in(0), default=0, metavar="I", help="profile the I-th supported kernel")
     profile.add_argument("--ncu", metavar="PATH", help="the ncu executable (default: ncu on PATH)")
     profile.add_argument("--timeout", type=int, default=600, help="seconds to wait for ncu (default: 600)")
 
     target = sub.add_parser("_profile-target", help=argparse.SUPPRESS)
     _problem_options(target, (4096, 4096, 4096))
-    target.add_argument("--kernel", type=int, default=0)
+    target.add_argument("--kernel", type=_int_in(0), default=0)
 
     bench = sub.add_parser("bench", formatter_class=fmt, help="run the benchmark suite (GPU)",
                            description="Run the benchmark suite (from a source checkout, GPU); the "

@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import enum
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -237,9 +238,8 @@ class Activation:
                 if key not in opdef.param_names:
                     raise EpilogueArgumentError(f"{opdef.name}() has no parameter {key!r}.",
                                                 hint=f"Its parameters: {', '.join(opdef.param_names) or 'none'}.")
-                if not isinstance(value, str) and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                                   or not math.isfinite(value)):
-                    raise EpilogueArgumentError(f"{opdef.name}({key}=...) must be a finite number, got {value!r}.")
+                if not isinstance(value, str):
+                    _finite(f"{opdef.name}({key}=...)", value)
         object.__setattr__(self, "op", opdef.name if opdef else None)
         object.__setattr__(self, "params", tuple(sorted(
             (k, v if isinstance(v, str) else float(v)) for k, v in params.items())))
@@ -343,9 +343,11 @@ def as_activation(activation: Any) -> Activation:
 
 
 def _finite(what: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise EpilogueArgumentError(f"{what} must be a finite number, got {value!r}.")
-    return float(value)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and abs(value) <= sys.float_info.max:
+        return float(value)
+    shown = "an integer too large for a float" if number and isinstance(value, int) else repr(value)
+    raise EpilogueArgumentError(f"{what} must be a finite number, got {shown}.")
 
 
 # ---- scale types -----------------------------------------------------------------------------

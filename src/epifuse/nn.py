@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from . import torch_ops
 from .autodiff import _Names
-from .errors import EpilogueArgumentError, did_you_mean
+from .errors import EpilogueArgumentError, ShapeError, did_you_mean
 from .frontend import Expr, Program, Statement, parse
 
 # Named epilogues: the expression applied to `x` (accum plus bias).
@@ -164,9 +164,16 @@ class FusedLinear(nn.Module):
         return layer
 
     def forward(self, x: Tensor, **operands):
+        if not isinstance(x, Tensor):
+            raise EpilogueArgumentError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() == 0:
+            raise ShapeError(f"x is a 0-dim tensor but the layer takes (..., in_features={self.in_features})")
+        if x.shape[-1] != self.in_features:
+            raise ShapeError(f"x has {x.shape[-1]} features (its last dimension) but the layer takes "
+                             f"in_features={self.in_features}")
         weight, bias = self.weight, self.bias
         device_type = x.device.type
-        if torch.is_autocast_enabled(device_type):
+        if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
             x, weight = x.to(dtype), weight.to(dtype)
         lead = x.shape[:-1]

@@ -42,7 +42,7 @@ _FALLBACK_DIR: Path | None = None
 
 def cache_dir() -> Path:
     configured = os.environ.get("EPIFUSE_CACHE_DIR")
-    base = Path(configured) if configured else Path.home() / ".cache" / "epifuse"
+    base = Path(configured).expanduser() if configured else Path.home() / ".cache" / "epifuse"
     return base / "kernels"
 
 
