@@ -61,7 +61,10 @@ def _operators() -> list[str]:
     lines = ["## Operators", "", "| you write | op |", "|---|---|"]
     lines += [f"| `{_cell(s)}` | {', '.join(f'`{n}`' for n in op.split(', '))} |" for s, op in rows]
     lines += ["", "Comparisons chain (`a < b < c` is `(a < b) & (b < c)`); `clamp` with tensor "
-              "bounds becomes `maximum`/`minimum`.", ""]
+              "bounds becomes `maximum`/`minimum`. `&`, `|` and `~` take conditions (comparisons, logic, "
+              "or names bound to them), as torch's do on bool tensors; on numbers torch's are bitwise, "
+              "which an epilogue refuses: `logical_and`, `logical_or` and `logical_not` treat nonzero "
+              "as true.", ""]
     return lines
 
 
