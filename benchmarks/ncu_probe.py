@@ -1,6 +1,8 @@
 """Where do a GEMM's bytes go? One launch each of cuBLAS (A @ B, and addmm with a C tile) and of
 chosen epifuse kernels at one shape, profiled by Nsight Compute: time, L2 and DRAM traffic and
-throughput, tensor-pipe activity, and each kernel's name (cuBLAS's says its tile and cluster).
+throughput, tensor-pipe activity, each kernel's name (cuBLAS's says its tile and cluster), and
+what its warps were stalled on (the WarpStateStats section: warps per issued instruction, all
+warps together, so a warp-specialized kernel's producer, which mostly waits, counts too).
 
     PYTHONPATH=src:. python -m benchmarks.ncu_probe --out DIR [--shape 16384 4096 1024]
         [--runs "identity=<kernel repr>;two_outputs=<kernel repr>"]
@@ -15,13 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 
 from epifuse.debug import ncu_csv_rows
 
-SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats")
+SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "WarpStateStats")
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 EXTRA_METRICS = ("lts__t_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
                  "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed")
 COLUMNS = [  # (header, metric, scale)
@@ -99,7 +103,25 @@ def table(text: str, labels: list[str]) -> str:
                 cells.append(f"{'-':>8}")
         label = labels[n] if n < len(labels) else "?"
         out.append("  ".join(cells) + f"  {label} / {row[col.get('Kernel Name', 0)][:70]}")
+    stalls = [stall_line(header, row) for row in rows]
+    if any(stalls):
+        out += ["", "stalls (warps per issued instruction, the four largest)"]
+        out += [f"  {labels[n] if n < len(labels) else '?'}: {line or '-'}" for n, line in enumerate(stalls)]
     return "\n".join(out)
+
+
+def stall_line(header: list[str], row: list[str], top: int = 4) -> str:
+    """'long_scoreboard 3.1, barrier 1.2, ...': the largest stall reasons of one CSV row."""
+    reasons = []
+    for name, cell in zip(header, row):
+        match = STALL.match(name)
+        try:
+            value = float(cell.replace(",", "")) if match else None
+        except ValueError:
+            value = None
+        if value:
+            reasons.append((value, match.group(1)))
+    return ", ".join(f"{reason} {value:.2f}" for value, reason in sorted(reasons, reverse=True)[:top])
 
 
 def main(argv=None) -> int:

@@ -111,3 +111,17 @@ def test_ncu_probe_table_reads_the_raw_csv():
     assert "1200.0" in lines[1] and "1700.0" in lines[2] and "identity <k> / epifuse_kernel" in lines[2]
     assert lines[2].split()[1] == "-"             # no SM clock column in this CSV
     assert ncu_probe.table("no csv here", []) == "no kernels in the ncu output"
+
+
+def test_ncu_probe_lists_each_launchs_largest_stall_reasons():
+    from benchmarks import ncu_probe
+    stalled = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    reasons = ["barrier", "long_scoreboard", "math_pipe_throttle", "wait", "sleeping"]
+    header = '"ID","Kernel Name",' + ",".join(f'"{stalled.format(r)}"' for r in reasons)
+    text = (header + "\n" + '"",""' + ',"ratio"' * 5 + "\n"
+            '"0","nvjet_sm90","0.10","2.50","0.75","1,250.5","n/a"\n'
+            '"1","epifuse_kernel","0","0","0","0","0"\n')
+    lines = ncu_probe.table(text, ["cublas A@B", "identity"]).splitlines()
+    assert lines[-2] == "  cublas A@B: wait 1250.50, long_scoreboard 2.50, math_pipe_throttle 0.75, barrier 0.10"
+    assert lines[-1] == "  identity: -"
+
