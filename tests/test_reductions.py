@@ -352,7 +352,7 @@ def _check_summed_logs(summand, group, dims, device, K, modes, M=M, N=N) -> set:
         epi = epifuse.EpilogueArguments(source, deterministic=deterministic, C=C,
                                         s=torch.empty(out_shape, device=device))
         args = epifuse.GemmArguments(A, B, epilogue=epi)
-        ref = reference_outputs(args)["s"]
+        ref, magnitude = reference_outputs(args)["s"], magnitude_outputs(args)["s"]
         kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
         assert kernels, epifuse.kernel_statuses(args)
         for kernel in kernels:
@@ -360,7 +360,8 @@ def _check_summed_logs(summand, group, dims, device, K, modes, M=M, N=N) -> set:
                 assert f"EPI_N // {group})" in kernel._source(args, "cuda").replace("]", ")"), kernel
             args.outputs["s"].fill_(float("nan"))
             kernel.run(args)
-            assert rel_error(args.outputs["s"], ref) < 1e-5, (kernel, deterministic, rel_error(args.outputs["s"], ref))
+            error = fold_error(args.outputs["s"], ref, magnitude)  # terms may cancel: 19933 did
+            assert error < 1e-5, (kernel, deterministic, error)
             names.add(kernel.name)
     return names
 
