@@ -325,10 +325,10 @@ def test_program_source_round_trips():
            "    u = where(t > 0.0, -t, t < -1.0)\n"
            "    v = clamp(u, min=-1e999, max=3.0) + sum(u * 2.0, dim=(0, 1)) + max(t, 1) + max(t, u)\n"
            "    w = ~(t > 1.0) | (u <= 2.0)\n"
-           "    x = gelu(v, approximate='tanh').to(torch.float16) / w\n"
+           "    x = gelu(v, approximate='tanh').to(torch.float16) / w + logical_not(accum) + logical_or(a, t)\n"
            "    return v, x\n")
     once = program_source(parse(src))
-    assert program_source(parse(once)) == once
+    assert program_source(parse(once)) == once and "logical_not(accum)" in once
     assert "max(t, dim=(1,))" in once and "maximum(t, u)" in once and "-1e999" in once
 
 

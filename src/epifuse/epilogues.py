@@ -69,10 +69,10 @@ def _param(value: Any) -> str:
 
 
 # Operators print as the user writes them (fully parenthesized); the frontend reads each back
-# as the same call.
+# as the same call. Logic prints as calls: &, | and ~ read back only on conditions.
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "lt": "<", "le": "<=",
-          "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "logical_and": "&", "logical_or": "|"}
-_PREFIX = {"neg": "-", "logical_not": "~"}
+          "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_PREFIX = {"neg": "-"}
 
 
 def expr_source(expr: Expr, rename: dict[str, str] | None = None) -> str:
