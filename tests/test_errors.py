@@ -387,6 +387,8 @@ REJECTED = [
     ("and-a-number", src("c = accum > 0.0", "D = where(c & accum, accum, 0.0)", "return D"),
      "'&' applies to conditions", 3),
     ("or-numbers", src("D = accum | 4", "return D"), "'|' applies to conditions", 2),
+    ("invert-a-where-of-numbers", src("D = ~where(accum > 0.0, accum, accum > 1.0)", "return D"),
+     "'~' applies to conditions", 2),
     ("dim-float", src("r = sum(accum, dim=1.0)", "return r"), "needs dim to be an int or a tuple of ints", 2),
     ("keyword-repeated", src("D = leaky_relu(accum, negative_slope=0.1, negative_slope=0.2)", "return D"),
      "keyword argument repeated: negative_slope", 2),

@@ -318,7 +318,11 @@ class _Visitor:
         accum never are: a bool tensor operand is refused when bound)."""
         if expr.kind == "name":
             return expr.value in self.conditions
-        return expr.kind == "call" and OPS[expr.value].kind in ("compare", "logical")
+        if expr.kind != "call":
+            return False
+        if expr.value in ("where", "maximum", "minimum"):  # of conditions, a condition, as in torch
+            return all(self.is_condition(a) for a in expr.args[-2:])
+        return OPS[expr.value].kind in ("compare", "logical")
 
     def logic(self, node: ast.AST, symbol: str, operands: tuple[Expr, ...]) -> None:
         """~, & and | mean logic on conditions, as torch's do on bool tensors; on numbers torch's
