@@ -115,6 +115,8 @@ def stall_line(header: list[str], row: list[str], top: int = 4) -> str:
     reasons = []
     for name, cell in zip(header, row):
         match = STALL.match(name)
+        if match and match.group(1) == "selected":  # the warp issued: 1.0 by definition, no stall
+            continue
         try:
             value = float(cell.replace(",", "")) if match else None
         except ValueError:

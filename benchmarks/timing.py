@@ -84,6 +84,8 @@ class ClockSampler:
     sample count; None where nvidia-smi cannot run or gave no sample. The block starts after
     the first sample has arrived, so the samples cover all of it."""
 
+    _working: dict = {}   # command -> the field set that sampled, or None: none did (not asked again)
+
     def __init__(self, uuid: str = "", period_ms: int = 20, command: str = "nvidia-smi"):
         self.uuid, self.period_ms, self.command = uuid, period_ms, command
         self.lines: list[str] = []
@@ -91,52 +93,63 @@ class ClockSampler:
         self._process = self._reader = None
 
     def __enter__(self):
-        for fields in FIELD_SETS:
+        known = ClockSampler._working.get(self.command, ...)
+        for fields in FIELD_SETS if known is ... else [known] if known else []:
             if self._start(fields):
+                ClockSampler._working[self.command] = fields
                 break
+        else:
+            ClockSampler._working[self.command] = None
         return self
 
     def _start(self, fields) -> bool:
-        """Start sampling `fields`; False (nothing left running) if no sample came."""
+        """Start sampling `fields`; False (nothing left running) unless a sample of that many
+        columns came (an unknown field is a line of text on stdout, then exit 2)."""
         cmd = [self.command, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
                "-lms", str(self.period_ms)]
         try:
             process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
             return False
+        lines: list[str] = []
         first = threading.Event()
 
         def read():
             for line in process.stdout:
-                self.lines.append(line.strip())
-                first.set()
-            first.set()  # it exited (an unknown field, no driver): stop waiting
+                lines.append(line.strip())
+                if line.count(",") == len(fields) - 1:
+                    first.set()
+            first.set()  # it exited: stop waiting
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        first.wait(timeout=5.0)
-        if not self.lines:
-            _stop(process)
-            reader.join(timeout=5)
+        try:
+            first.wait(timeout=5.0)
+        except BaseException:
+            _stop(process, reader)
+            raise
+        if process.poll() is not None or not any(ln.count(",") == len(fields) - 1 for ln in lines):
+            _stop(process, reader)
             return False
-        self._process, self._reader = process, reader
+        self.lines, self._process, self._reader = lines, process, reader
         return True
 
     def __exit__(self, *exc):
         if self._process is not None:
-            _stop(self._process)
-            self._reader.join(timeout=5)
+            _stop(self._process, self._reader)
             self.summary = summarize_samples(self.lines, self.uuid)
         return False
 
 
-def _stop(process) -> None:
+def _stop(process, reader) -> None:
     process.terminate()
     try:
         process.wait(timeout=5)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    reader.join(timeout=5)
+    process.stdout.close()
 
 
 def summarize_samples(lines, uuid: str = ""):

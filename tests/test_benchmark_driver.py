@@ -68,26 +68,33 @@ def test_clocks_are_sampled_around_each_timing(monkeypatch):
 
 
 def test_clock_sampler_reads_nvidia_smi_and_survives_its_absence(tmp_path):
-    """A fake nvidia-smi of an older driver (it knows the throttle reasons by their old name)
-    prints a sample every few ms until it is stopped; one that exits at once (an unknown
-    field) and one that does not exist give no summary and do not hang."""
+    """A fake nvidia-smi of an older driver refuses the new name of the throttle reasons as
+    the real one does (a line on stdout, exit 2); the sampler falls back to the old name,
+    remembers it, and averages one GPU's samples. One that refuses every field set and one
+    that does not exist give no summary and do not hang."""
     import time
     from benchmarks import timing
+    log = tmp_path / "calls.log"
     fake = tmp_path / "fake-smi"
-    fake.write_text("#!/bin/sh\ncase \"$1\" in *clocks_event_reasons*) exit 2;; esac\nwhile true; do\n"
+    fake.write_text(f"#!/bin/sh\necho \"$1\" >> {log}\n"
+                    "case \"$1\" in *clocks_event_reasons*)\n"
+                    "  echo 'Field \"clocks_event_reasons.active\" is not a valid field to query.'; exit 2;; esac\n"
+                    "while true; do\n"
                     "  echo 'GPU-aaaa, 1755, 690.5, 61, 0x0000000000000004'\n"
                     "  echo 'GPU-bbbb, 1980, 80.0, 30, 0x0000000000000000'\n"
                     "  echo 'GPU-aaaa, [N/A], 700.5, 63, [N/A]'\n  sleep 0.01\ndone\n")
     fake.chmod(0o755)
-    with timing.ClockSampler("aaaa", command=str(fake)) as sampler:
-        assert sampler.lines, "the block started before the first sample"
-        time.sleep(0.1)
-    assert "clocks_throttle_reasons" in sampler._process.args[1]
-    s = sampler.summary
-    assert s["samples"] >= 4 and s["sm_mhz"] == 1755.0 and s["throttle"] == "0x4"
-    assert 690.5 < s["power_w"] < 700.5 and 61 < s["temp_c"] < 63
+    for _ in range(2):
+        with timing.ClockSampler("aaaa", command=str(fake)) as sampler:
+            assert sampler.lines, "the block started before the first sample"
+            time.sleep(0.1)
+        assert "clocks_throttle_reasons" in sampler._process.args[1]
+        s = sampler.summary
+        assert s["samples"] >= 4 and s["sm_mhz"] == 1755.0 and s["throttle"] == "0x4"
+        assert 690.5 < s["power_w"] < 700.5 and 61 < s["temp_c"] < 63
+    assert log.read_text().count("clocks_event_reasons") == 1   # the working set is remembered
     failing = tmp_path / "failing-smi"
-    failing.write_text("#!/bin/sh\necho 'Field \"power.draw\" is not a valid field to query.' >&2\nexit 2\n")
+    failing.write_text("#!/bin/sh\necho 'Field \"power.draw\" is not a valid field to query.'\nexit 2\n")
     failing.chmod(0o755)
     for command in (str(failing), str(tmp_path / "missing-smi")):
         start = time.perf_counter()
@@ -116,11 +123,11 @@ def test_ncu_probe_table_reads_the_raw_csv():
 def test_ncu_probe_lists_each_launchs_largest_stall_reasons():
     from benchmarks import ncu_probe
     stalled = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
-    reasons = ["barrier", "long_scoreboard", "math_pipe_throttle", "wait", "sleeping"]
+    reasons = ["barrier", "long_scoreboard", "math_pipe_throttle", "wait", "sleeping", "selected"]
     header = '"ID","Kernel Name",' + ",".join(f'"{stalled.format(r)}"' for r in reasons)
-    text = (header + "\n" + '"",""' + ',"ratio"' * 5 + "\n"
-            '"0","nvjet_sm90","0.10","2.50","0.75","1,250.5","n/a"\n'
-            '"1","epifuse_kernel","0","0","0","0","0"\n')
+    text = (header + "\n" + '"",""' + ',"ratio"' * 6 + "\n"
+            '"0","nvjet_sm90","0.10","2.50","0.75","1,250.5","n/a","1"\n'
+            '"1","epifuse_kernel","0","0","0","0","0","1"\n')
     lines = ncu_probe.table(text, ["cublas A@B", "identity"]).splitlines()
     assert lines[-2] == "  cublas A@B: wait 1250.50, long_scoreboard 2.50, math_pipe_throttle 0.75, barrier 0.10"
     assert lines[-1] == "  identity: -"
