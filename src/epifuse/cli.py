@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tokenize
 
 import torch
 
@@ -89,11 +90,14 @@ def _from_file(path: str, name: str | None):
     from .frontend import _parse_source  # the parser proper: keeps the file's name and lines
     from .fused import drop_self
     try:
-        with open(path, encoding="utf-8") as f:
+        with tokenize.open(path) as f:   # as Python reads source: UTF-8, a BOM, or a coding line
             text = f.read()
     except UnicodeDecodeError as exc:
-        raise CommandError(f"{path} is not UTF-8 text: byte {exc.object[exc.start]:#04x} "
+        encoding = "UTF-8" if exc.encoding.startswith("utf") else exc.encoding
+        raise CommandError(f"{path} is not {encoding} text: byte {exc.object[exc.start]:#04x} "
                            f"at offset {exc.start}") from None
+    except SyntaxError as exc:   # a coding line naming no known encoding
+        raise CommandError(f"{path}: {exc.msg}") from None
     try:
         module = ast.parse(text, filename=path)
     except SyntaxError:
@@ -155,9 +159,9 @@ def _int_in(low: int, high: int | None = None):
 
 def _problem_options(p: argparse.ArgumentParser, shape_default=None, shape_help="") -> None:
     p.add_argument("epilogue", help=_EPILOGUE_HELP)
-    p.add_argument("--shape", type=_int_in(0), nargs=3, metavar=("M", "N", "K"), default=shape_default,
+    p.add_argument("--shape", type=_int_in(0, 2**63 - 1), nargs=3, metavar=("M", "N", "K"), default=shape_default,
                    help=shape_help or "problem size (default: %(default)s)")
-    p.add_argument("--batch", type=_int_in(0), metavar="L", help="a batched GEMM of L problems")
+    p.add_argument("--batch", type=_int_in(0, 2**63 - 1), metavar="L", help="a batched GEMM of L problems")
     p.add_argument("--dtype", choices=list(_DTYPES), default="float16", help="A and B dtype (default: float16)")
     p.add_argument("--out-dtype", choices=list(_DTYPES), help="dtype of tile outputs (default: the input dtype)")
     p.add_argument("--role", type=_role, action="append", default=[], metavar="NAME=ROLE",
@@ -174,11 +178,12 @@ def _arguments(ns, program, roles, fill=True, device=None):
                                 out_dtype=_DTYPES[ns.out_dtype] if ns.out_dtype else None,
                                 seed=getattr(ns, "seed", 0), fill=fill,
                                 layout_a=getattr(ns, "layout_a", "row"), layout_b=getattr(ns, "layout_b", "row"))
-    except RuntimeError as exc:   # torch.OutOfMemoryError, or the CPU allocator's "can't allocate memory"
-        if "allocate" not in str(exc):
+    except RuntimeError as exc:   # torch.OutOfMemoryError, the CPU allocator's, a size that overflows
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "allocate" not in reason and "overflow" not in reason.lower():
             raise
         batch = f" x L={ns.batch}" if ns.batch is not None else ""
-        raise CommandError(f"cannot allocate the tensors of a {M}x{N}x{K}{batch} problem: out of memory") from None
+        raise CommandError(f"cannot allocate the tensors of a {M}x{N}x{K}{batch} problem: {reason}") from None
 
 
 def _pick(kernels: list, index: int):
@@ -409,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="A row-major (K contiguous, default) or column-major")
     kernels.add_argument("--layout-b", choices=("row", "col"), default="row",
                          help="B row-major (N contiguous, default) or column-major (K contiguous)")
-    kernels.add_argument("--cc", type=int, help="compute capability to check against, e.g. 80 or 90")
+    kernels.add_argument("--cc", type=_int_in(1), help="compute capability to check against, e.g. 80 or 90")
 
     verify = sub.add_parser("verify", formatter_class=fmt,
                             help="run an epilogue on random inputs and compare with the float64 reference",
