@@ -528,11 +528,16 @@ def test_cc_is_a_positive_int(cc):
 def test_a_kernel_runs_and_compiles_on_gemm_arguments_only(value):
     A, B = AB()
     args = GemmArguments(A, B, epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=out()))
-    for kernel in epifuse.get_kernels(args):
-        kernel.run(args)  # a plan is kept for args: the check is not only on a first call
-        for call in (kernel.run, kernel.compile):
-            with raises("runs on GemmArguments, not on"):
-                call(value)
+    grouped = epifuse.GroupedGemmArguments([args])
+    for kernels, expected in ((epifuse.get_kernels(args), "GemmArguments"),
+                              (epifuse.get_kernels(grouped), "GroupedGemmArguments")):
+        for kernel in kernels:
+            for call in (kernel.run, kernel.compile, lambda v: kernel.run(v, verify=True)):
+                with raises(f"runs on {expected}, not on"):
+                    call(value)
+            with raises(f"runs on {expected}, not on GemmArguments" if expected != "GemmArguments"
+                        else "runs on GemmArguments, not on GroupedGemmArguments"):
+                kernel.run(args if expected != "GemmArguments" else grouped)
 
 
 def test_verify_needs_values_and_arguments():
@@ -547,7 +552,7 @@ def test_verify_needs_values_and_arguments():
         kernel.run(None, verify=True)
 
 
-@pytest.mark.parametrize("out_dtype", ["float16", 5, torch.float16.itemsize])
+@pytest.mark.parametrize("out_dtype", ["float16", 5, (torch.float16,)])
 @pytest.mark.parametrize("grad", [False, True])
 def test_out_dtype_must_be_a_dtype(out_dtype, grad):
     A, B = AB()

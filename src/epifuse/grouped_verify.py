@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from .backends.base import check_arguments
 from .debug import Report, VerificationError, check, reference_outputs
 
 
 def run_verified(kernel, grouped, rtol: float | None = None, atol: float | None = None,
                  raise_on_mismatch: bool = True) -> Report:
+    check_arguments(kernel, grouped, grouped=True)
     references = [reference_outputs(p) for p in grouped.problems]
     kernel.run(grouped)
     checks = []

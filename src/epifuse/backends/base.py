@@ -7,6 +7,7 @@ only hands out kernels whose status is ok.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -24,13 +25,18 @@ class Status:
 
 def check_arguments(kernel, args, grouped: bool = False) -> None:
     """A clear error where `args` is not the arguments object a kernel runs on."""
-    from ..api import GemmArguments
-    from ..errors import EpilogueArgumentError
-    from ..grouped import GroupedGemmArguments
-    expected = GroupedGemmArguments if grouped else GemmArguments
+    expected = _argument_types()[grouped]
     if not isinstance(args, expected):
+        from ..errors import EpilogueArgumentError
         raise EpilogueArgumentError(f"{kernel!r} runs on {expected.__name__}, not on {type(args).__name__}.",
                                     hint=f"Pass the {expected.__name__} the kernel was chosen for.")
+
+
+@functools.lru_cache(maxsize=None)
+def _argument_types() -> tuple:
+    from ..api import GemmArguments   # the API imports the backends: not at this module's import
+    from ..grouped import GroupedGemmArguments
+    return GemmArguments, GroupedGemmArguments
 
 
 def supported(reason: str) -> Status:

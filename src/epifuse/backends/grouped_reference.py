@@ -6,7 +6,7 @@ checked against.
 """
 from __future__ import annotations
 
-from .base import Kernel, Status, supported
+from .base import check_arguments, Kernel, Status, supported
 from .reference import ReferenceKernel
 
 
@@ -20,9 +20,10 @@ class GroupedReference(Kernel):
         return supported("the reference kernel on each group in turn: correct everywhere, not fused")
 
     def compile(self, grouped) -> None:
-        return None
+        check_arguments(self, grouped, grouped=True)
 
     def run(self, grouped, verify: bool = False) -> None:
+        check_arguments(self, grouped, grouped=True)
         if verify:
             from ..grouped_verify import run_verified
             return run_verified(self, grouped)
