@@ -321,7 +321,6 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
         epilogue if epilogue is not None else IDENTITY_EPILOGUE)
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise ShapeError("A and B must be torch tensors.")
-
     accum_shape, _ = accum_shape_of(A, B)
     missing = [name for name, _ in program.outputs if name not in tensors]
     if missing:

@@ -439,10 +439,11 @@ class _Visitor:
         else:
             self.fail(node, "Only named ops can be called in an epilogue.")
         args = ([receiver] if receiver is not None else []) + list(node.args)
-        repeated = next((k for i, k in enumerate(node.keywords) if k.arg in {j.arg for j in node.keywords[:i]}), None)
-        if repeated is not None:
-            self.fail(repeated, f"keyword argument repeated: {repeated.arg}")  # Python's own words
-        keywords = {k.arg: k.value for k in node.keywords}
+        keywords = {}
+        for k in node.keywords:
+            if k.arg in keywords:
+                self.fail(k, f"keyword argument repeated: {k.arg}")  # Python's own words
+            keywords[k.arg] = k.value
         return self.resolve(spelled, args, keywords, node, loc, method=receiver is not None)
 
     def resolve(self, spelled: str, args, keywords, node, loc, method: bool) -> Expr:

@@ -68,7 +68,7 @@ from .shapes import accum_shape_of, classify_operand
 
 # every dtype by its name, as out_dtypes spells it: which ones an output may take is the
 # launch path's to say, as for epifuse.gemm without autograd
-_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+_DTYPE_BY_NAME = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 # ---- the epilogue table -----------------------------------------------------------------------
@@ -236,8 +236,8 @@ def _output_specs(e: Entry, graph, accum_shape, A: Tensor, out_dtypes: str, comp
             shape = accum_shape
             default = A.dtype if A.is_floating_point() else torch.float32
             if tiles and len(specs) < e.visible:
-                default = _DTYPES[tiles]
-        specs.append((shape, _DTYPES[dtype_name] if dtype_name else default))
+                default = _DTYPE_BY_NAME[tiles]
+        specs.append((shape, _DTYPE_BY_NAME[dtype_name] if dtype_name else default))
     return specs
 
 
