@@ -4,7 +4,11 @@ the run's budget, seed and report (tests/gpu_fuzz.py starts many processes with 
 An output passes when its relative error (helpers.rel_error: NaN and Inf positions must match)
 against the float64 result rounded to the output's dtype is within the dtype's tolerance
 (bf16 1e-2: the interpreter truncates bf16; fp16 2e-3; fp32 2e-5), or within 8x the error of
-the same epilogue evaluated by torch in float32 (cancellation hurts both alike).
+the same epilogue evaluated by torch in float32 (cancellation hurts both alike). A sum or mean
+is measured against the same fold of |x| instead (helpers.fold_error, |prior| added when
+accumulating): its tile partials and atomics round differently from torch's sum, and where
+signed terms cancel the kernel's error exceeded 8x torch's (a sum of sin(clamp(accum)) failed
+4 of 800 seeds) while staying within fp32's bound.
 
 Environment: EPIFUSE_FUZZ_EXAMPLES (examples per fuzz test), EPIFUSE_FUZZ_SEED (a fixed seed and
 no example database: one process's share of a parallel run), EPIFUSE_FUZZ_DEADLINE (a time.time()
@@ -29,7 +33,7 @@ from epifuse.backends.reference import reference_accum
 from epifuse.ops import OPS
 from epifuse.reference import evaluate
 from fuzz_strategies import Example, Operand, Output
-from helpers import reference_outputs, rel_error
+from helpers import fold_error, magnitude_outputs, reference_outputs, rel_error
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -246,6 +250,9 @@ def check_kernels(ex: Example | None, args, prior: dict | None = None) -> list[s
     assert any(k.name == "triton_tiled" for k in kernels), [str(s) for _, s in statuses]
     ref64 = expected_outputs(args, prior, torch.float64)
     ref32 = expected_outputs(args, prior, torch.float32)
+    folds = magnitude_outputs(args)
+    if args.accumulate:
+        folds = {name: fold + prior[name].double().abs() for name, fold in folds.items()}
     casts = ex.casts if ex is not None else set()
     ran = []
     for kernel in kernels:
@@ -262,11 +269,12 @@ def check_kernels(ex: Example | None, args, prior: dict | None = None) -> list[s
         for name, dest in args.outputs.items():
             assert torch.equal(_outside(dest), outside[name]), f"{kernel!r} wrote outside output {name}"
             exact = ref64[name].to(dest.dtype)
-            torch_error = rel_error(ref32[name].to(dest.dtype), exact)
+            measure = (lambda out, ref, fold=folds[name]: fold_error(out, ref, fold)) if name in folds else rel_error
+            torch_error = measure(ref32[name].to(dest.dtype), exact)
             tolerance = max([TOLERANCE[dest.dtype], 8 * torch_error] + [TOLERANCE[c] for c in casts])
-            error = rel_error(dest, exact)
+            error = measure(dest, exact)
             if torch_error == float("inf"):  # fp32 itself differs in kind (overflow): compare with it
-                error = min(error, rel_error(dest, ref32[name].to(dest.dtype)))
+                error = min(error, measure(dest, ref32[name].to(dest.dtype)))
             assert error <= tolerance, (
                 f"{kernel!r}: output {name} ({dest.dtype}, shape {tuple(dest.shape)}) has relative "
                 f"error {error:.3g} > {tolerance:.3g} (torch fp32: {torch_error:.3g})\n"
