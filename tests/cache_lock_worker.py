@@ -20,7 +20,8 @@ def load_cache_module(path: str):
 def write_entry(cache_file: str, cache_root: str, stem: str, body: str, log: str, locking: bool,
                 barrier, index: int, queue) -> None:
     """Write the shared entry once every process is ready; each real write is logged and
-    slowed down, so writers that do not exclude each other overlap."""
+    slowed down, so writers that do not exclude each other overlap: without locks a writer
+    waits (up to 30 s) until a second one has logged, so the race is certain, not likely."""
     try:
         os.environ["EPIFUSE_CACHE_DIR"] = cache_root
         cache = load_cache_module(cache_file)
@@ -32,6 +33,9 @@ def write_entry(cache_file: str, cache_root: str, stem: str, body: str, log: str
             with open(log, "a") as f:
                 f.write(f"{os.getpid()}\n")
             time.sleep(1.0)
+            deadline = time.monotonic() + 30
+            while not locking and len(open(log).read().split()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
             real_write(*args)
 
         cache._write_file = logged_write
