@@ -560,6 +560,14 @@ def test_out_dtype_must_be_a_dtype(out_dtype, grad):
         epifuse.gemm(A.requires_grad_(grad), B, ALPHA, alpha=1.0, out_dtype=out_dtype)
 
 
+@pytest.mark.parametrize("dtype", [getattr(torch, n) for n in ("int4", "float4_e2m1fn_x2", "bits8") if hasattr(torch, n)])
+@pytest.mark.parametrize("grad", [False, True])
+def test_outputs_of_packed_or_bit_dtypes_are_refused(dtype, grad):
+    A, B = AB()
+    with raises(f"Output D has dtype {dtype}, which torch cannot convert a float32 value to elementwise"):
+        epifuse.gemm(A.requires_grad_(grad), B, ALPHA, alpha=1.0, out_dtype=dtype)
+
+
 def test_an_operand_cannot_be_returned():
     with raises("Output 'C' is also an input of the epilogue."):
         gemm_args(src("D = accum", "return C", params="accum, C"), C=out())

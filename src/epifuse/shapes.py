@@ -6,7 +6,9 @@ Roles follow torch broadcasting against accum: a number or one-element tensor is
 """
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import torch
 
@@ -114,6 +116,19 @@ def _no_broadcast(name, value, accum_shape):
                           "their batched forms (L, 1, N), (L, M, 1), (L, M, N), (L, 1, 1).")
 
 
+@functools.lru_cache(maxsize=None)
+def _storable(dtype: torch.dtype) -> bool:
+    """Whether a float32 value converts to `dtype` elementwise (not packed sub-byte types such
+    as int4 or float4_e2m1fn_x2, nor bit patterns): the conversion every kernel's store is."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = torch.ones(2, dtype=torch.float32).to(dtype)
+        return dtype == torch.bool or dtype.is_floating_point or (torch.iinfo(dtype) and value.numel() == 2)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
 def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kind) -> dict:
     """Strides of an output per stored axis; checks its shape (and reduction dims), dtype, device
     and that no two of its elements share memory."""
@@ -123,6 +138,10 @@ def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kin
     if dest.is_complex():
         raise ShapeError(f"Output {name} has dtype {dest.dtype}; epilogue values are real, so "
                          "outputs must be real floating-point (or integer) tensors.")
+    if not _storable(dest.dtype):
+        raise ShapeError(f"Output {name} has dtype {dest.dtype}, which torch cannot convert a "
+                         "float32 value to elementwise, so no kernel can store into it.",
+                         hint="Use a floating-point, integer or bool output.")
     if self_overlaps(dest):
         raise ShapeError(f"Output {name} has elements that share memory (shape {_shape(dest.shape)}, "
                          f"strides {_shape(dest.stride())}), so writes to it would collide.",
