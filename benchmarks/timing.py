@@ -98,8 +98,11 @@ class ClockSampler:
             if self._start(fields):
                 ClockSampler._working[self.command] = fields
                 break
-        else:
-            ClockSampler._working[self.command] = None
+        else:   # none answered: remembered after a first probe; a set that worked is probed anew
+            if known is ...:
+                ClockSampler._working[self.command] = None
+            else:
+                ClockSampler._working.pop(self.command, None)
         return self
 
     def _start(self, fields) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from pathlib import Path
 
 
 def load_cache_module(path: str):
@@ -34,7 +35,7 @@ def write_entry(cache_file: str, cache_root: str, stem: str, body: str, log: str
                 f.write(f"{os.getpid()}\n")
             time.sleep(1.0)
             deadline = time.monotonic() + 30
-            while not locking and len(open(log).read().split()) < 2 and time.monotonic() < deadline:
+            while not locking and len(Path(log).read_text().split()) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             real_write(*args)
 

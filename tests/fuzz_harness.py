@@ -276,8 +276,9 @@ def check_kernels(ex: Example | None, args, prior: dict | None = None) -> list[s
             if torch_error == float("inf"):  # fp32 itself differs in kind (overflow): compare with it
                 error = min(error, measure(dest, ref32[name].to(dest.dtype)))
             assert error <= tolerance, (
-                f"{kernel!r}: output {name} ({dest.dtype}, shape {tuple(dest.shape)}) has relative "
-                f"error {error:.3g} > {tolerance:.3g} (torch fp32: {torch_error:.3g})\n"
+                f"{kernel!r}: output {name} ({dest.dtype}, shape {tuple(dest.shape)}) has error "
+                f"{error:.3g} > {tolerance:.3g} (torch fp32: {torch_error:.3g}; "
+                f"{'of the fold of |x|' if name in folds else 'relative'})\n"
                 f"kernel: {dest.flatten()[:8].tolist()}\nfloat64: {exact.flatten()[:8].tolist()}")
     return ran
 

@@ -93,6 +93,16 @@ def test_clock_sampler_reads_nvidia_smi_and_survives_its_absence(tmp_path):
         assert s["samples"] >= 4 and s["sm_mhz"] == 1755.0 and s["throttle"] == "0x4"
         assert 690.5 < s["power_w"] < 700.5 and 61 < s["temp_c"] < 63
     assert log.read_text().count("clocks_event_reasons") == 1   # the working set is remembered
+    stuck = tmp_path / "stuck"
+    stuck.touch()   # the fake fails while this exists: one hiccup must not end sampling for good
+    fake.write_text(fake.read_text().replace("while true", f"[ -e {stuck} ] && exit 3\nwhile true"))
+    with timing.ClockSampler("aaaa", command=str(fake)) as sampler:
+        pass
+    assert sampler.summary is None
+    stuck.unlink()
+    with timing.ClockSampler("aaaa", command=str(fake)) as sampler:
+        time.sleep(0.05)
+    assert sampler.summary and sampler.summary["sm_mhz"] == 1755.0
     failing = tmp_path / "failing-smi"
     failing.write_text("#!/bin/sh\necho 'Field \"power.draw\" is not a valid field to query.'\nexit 2\n")
     failing.chmod(0o755)

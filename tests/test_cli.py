@@ -165,14 +165,27 @@ def test_a_problem_too_large_to_allocate_is_a_one_line_error(capsys, epi_file):
 
 
 def test_files_are_read_as_python_reads_source(capsys, tmp_path):
-    """A BOM, or a coding line naming latin-1, as Python's own tokenize reads them."""
+    """A BOM, or a coding line naming latin-1, as Python reads them: the text decodes, and a
+    syntax error's column counts characters on a line with non-ASCII ones (it was 3 short when
+    CPython re-read the latin-1 line from disk to find it)."""
     bom = tmp_path / "bom.py"
-    bom.write_bytes(b"\xef\xbb\xbfdef epi(accum):\n    D = accum\n    return D\n")
-    latin = tmp_path / "latin.py"
-    latin.write_bytes(b"# -*- coding: latin-1 -*-\ndef epi(accum):\n    D = accum  # \xe9\n    return D\n")
-    for path in (bom, latin):
+    bom.write_bytes(b"\xef\xbb\xbfdef epi(accum):\n    D = accum * 2.0\n    return D\n")
+    rc, out, err = _run(capsys, "show", str(bom))
+    assert rc == 0 and "mul" in out, err
+    for name, encoded in (("latin.py", "latin-1"), ("utf8.py", "utf-8")):
+        path = tmp_path / name
+        path.write_bytes((f"# -*- coding: {encoded} -*-\ndef epi(accum):\n"
+                          '    s = "\u00e9\u00e9\u00e9"; D = accum +* 2\n    return D\n').encode(encoded))
         rc, out, err = _run(capsys, "show", str(path))
-        assert rc == 0, err
+        assert rc == 2 and err.endswith(f"invalid syntax ({path}:3:27)\n"), err
+    unknown = tmp_path / "unknown.py"
+    unknown.write_bytes(b"# -*- coding: foo -*-\ndef epi(accum):\n    D = accum\n    return D\n")
+    rc, out, err = _run(capsys, "show", str(unknown))
+    assert rc == 2 and err == f"epifuse show: {unknown}: its coding line names an encoding Python does not know\n"
+    first_line = tmp_path / "first.py"
+    first_line.write_bytes(b"# caf\xe9\ndef epi(accum):\n    D = accum\n    return D\n")
+    rc, out, err = _run(capsys, "show", str(first_line))
+    assert rc == 2 and err == f"epifuse show: {first_line} is not UTF-8 text: byte 0xe9 at offset 5\n"
 
 
 def test_a_file_that_is_not_utf8_is_a_one_line_error(capsys, tmp_path):

@@ -116,6 +116,27 @@ def test_verify_converts_the_reference_as_the_kernels_convert(out_dtype, device)
     assert not report.ok
 
 
+def test_verify_lets_tf32_flip_a_few_conditions_only(monkeypatch, device):
+    """Under tf32 a bool output may differ from float64 in 1e-3 of its elements (conditions
+    near their threshold), not more: an inverted mask fails."""
+    A, B = torch.randn(64, 32, device=device), torch.randn(32, 48, device=device)
+    D = torch.empty(64, 48, device=device, dtype=torch.bool)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        "def e(accum):\n    D = accum > 0.5\n    return D\n", D=D))
+    references = epifuse.debug.reference_outputs(args)
+    D.copy_(references["D"].bool())
+    monkeypatch.setattr(epifuse.debug, "_tf32", lambda args: True)
+    D[0, :3] = ~D[0, :3]                    # 3 of 3072: within 1e-3
+    report = epifuse.debug.check(args, references)
+    assert report.ok and "3 of 3072 flipped" in str(report)
+    D[1, :] = ~D[1, :]                      # 51 of 3072
+    assert not epifuse.debug.check(args, references).ok
+    monkeypatch.setattr(epifuse.debug, "_tf32", lambda args: False)
+    D.copy_(references["D"].bool())
+    D[0, 0] = ~D[0, 0]
+    assert not epifuse.debug.check(args, references).ok
+
+
 @pytest.mark.parametrize("out_dtype", FP8)
 def test_fp8_outputs_saturate(out_dtype, device):
     A, B = _ints(M, K, dtype=torch.float16, device=device), _ints(K, N, dtype=torch.float16, device=device)

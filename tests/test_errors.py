@@ -526,30 +526,29 @@ def test_cc_is_a_positive_int(cc):
 
 @pytest.mark.parametrize("value", [None, "args", 3])
 def test_a_kernel_runs_and_compiles_on_gemm_arguments_only(value):
-    A, B = AB()
-    args = GemmArguments(A, B, epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=out()))
-    grouped = epifuse.GroupedGemmArguments([args])
+    args, grouped = _plain_and_grouped()
     for kernels, expected in ((epifuse.get_kernels(args), "GemmArguments"),
                               (epifuse.get_kernels(grouped), "GroupedGemmArguments")):
         for kernel in kernels:
             for call in (kernel.run, kernel.compile, lambda v: kernel.run(v, verify=True)):
-                with raises(f"runs on {expected}, not on"):
+                with raises(f"runs on {expected}, not on {type(value).__name__}"):
                     call(value)
-            with raises(f"runs on {expected}, not on GemmArguments" if expected != "GemmArguments"
-                        else "runs on GemmArguments, not on GroupedGemmArguments"):
-                kernel.run(args if expected != "GemmArguments" else grouped)
 
 
-def test_verify_needs_values_and_arguments():
-    meta = dict(device="meta")
-    args = GemmArguments(torch.empty(M, K, **meta), torch.empty(K, N, **meta),
-                         epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=torch.empty(M, N, **meta)))
-    kernel = epifuse.get_kernels(args)[-1]
-    kernel.run(args)
-    with raises("verify=True compares values, and tensors on the meta device have none."):
-        kernel.run(args, verify=True)
-    with raises("runs on GemmArguments, not on NoneType"):
-        kernel.run(None, verify=True)
+def test_plain_and_grouped_kernels_refuse_each_others_arguments():
+    args, grouped = _plain_and_grouped()
+    for kernel in epifuse.get_kernels(args):
+        with raises("runs on GemmArguments, not on GroupedGemmArguments"):
+            kernel.run(grouped)
+    for kernel in epifuse.get_kernels(grouped):
+        with raises("runs on GroupedGemmArguments, not on GemmArguments"):
+            kernel.run(args)
+
+
+def _plain_and_grouped():
+    A, B = AB()
+    args = GemmArguments(A, B, epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=out()))
+    return args, epifuse.GroupedGemmArguments([args])
 
 
 @pytest.mark.parametrize("out_dtype", ["float16", 5, (torch.float16,)])

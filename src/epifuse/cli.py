@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import io
 import json
 import os
 import shutil
@@ -89,17 +90,9 @@ def _from_file(path: str, name: str | None):
     an `epilogue` method (a FusedGemm subclass)."""
     from .frontend import _parse_source  # the parser proper: keeps the file's name and lines
     from .fused import drop_self
+    text = _read_source(path)
     try:
-        with tokenize.open(path) as f:   # as Python reads source: UTF-8, a BOM, or a coding line
-            text = f.read()
-    except UnicodeDecodeError as exc:
-        encoding = "UTF-8" if exc.encoding.startswith("utf") else exc.encoding
-        raise CommandError(f"{path} is not {encoding} text: byte {exc.object[exc.start]:#04x} "
-                           f"at offset {exc.start}") from None
-    except SyntaxError as exc:   # a coding line naming no known encoding
-        raise CommandError(f"{path}: {exc.msg}") from None
-    try:
-        module = ast.parse(text, filename=path)
+        module = ast.parse(text)   # no path: CPython would re-read the line from disk for a column
     except SyntaxError:
         _parse_source(text, path, 0, from_string=False)   # raises the located syntax error
         raise
@@ -143,6 +136,28 @@ def _role(text: str) -> tuple[str, str]:
     return name, role
 
 
+_INT64_MAX = 2**63 - 1   # what torch takes as a size or a seed
+
+
+def _read_source(path: str) -> str:
+    """The file's text as Python reads source: UTF-8, a BOM, or the encoding a coding line
+    names; a clear error for bytes that do not decode (where, and which byte)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    except SyntaxError as exc:
+        if "unknown encoding" in exc.msg:
+            raise CommandError(f"{path}: its coding line names an encoding Python does not know") from None
+        encoding = "utf-8"   # an undecodable first line: the decode below says where
+    try:
+        return io.TextIOWrapper(io.BytesIO(raw), encoding=encoding).read()
+    except UnicodeDecodeError as exc:
+        name = "UTF-8" if exc.encoding.startswith("utf") else exc.encoding
+        raise CommandError(f"{path} is not {name} text: byte {exc.object[exc.start]:#04x} "
+                           f"at offset {exc.start}") from None
+
+
 def _int_in(low: int, high: int | None = None):
     """An argparse type: an integer from `low` to `high` (no upper bound without one)."""
     def parse(text: str) -> int:
@@ -159,9 +174,9 @@ def _int_in(low: int, high: int | None = None):
 
 def _problem_options(p: argparse.ArgumentParser, shape_default=None, shape_help="") -> None:
     p.add_argument("epilogue", help=_EPILOGUE_HELP)
-    p.add_argument("--shape", type=_int_in(0, 2**63 - 1), nargs=3, metavar=("M", "N", "K"), default=shape_default,
+    p.add_argument("--shape", type=_int_in(0, _INT64_MAX), nargs=3, metavar=("M", "N", "K"), default=shape_default,
                    help=shape_help or "problem size (default: %(default)s)")
-    p.add_argument("--batch", type=_int_in(0, 2**63 - 1), metavar="L", help="a batched GEMM of L problems")
+    p.add_argument("--batch", type=_int_in(0, _INT64_MAX), metavar="L", help="a batched GEMM of L problems")
     p.add_argument("--dtype", choices=list(_DTYPES), default="float16", help="A and B dtype (default: float16)")
     p.add_argument("--out-dtype", choices=list(_DTYPES), help="dtype of tile outputs (default: the input dtype)")
     p.add_argument("--role", type=_role, action="append", default=[], metavar="NAME=ROLE",
@@ -179,7 +194,8 @@ def _arguments(ns, program, roles, fill=True, device=None):
                                 seed=getattr(ns, "seed", 0), fill=fill,
                                 layout_a=getattr(ns, "layout_a", "row"), layout_b=getattr(ns, "layout_b", "row"))
     except RuntimeError as exc:   # torch.OutOfMemoryError, the CPU allocator's, a size that overflows
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = str(exc).strip()
+        reason = text.splitlines()[0] if text else type(exc).__name__
         if "allocate" not in reason and "overflow" not in reason.lower():
             raise
         batch = f" x L={ns.batch}" if ns.batch is not None else ""
@@ -429,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     _problem_options(verify, None, "problem size (default: 512 512 256 on a GPU, 64 64 32 on a CPU)")
     verify.add_argument("--all", action="store_true", help="verify every supported kernel, not just the best")
     verify.add_argument("--kernel", type=_int_in(0), default=0, metavar="I", help="verify the I-th supported kernel")
-    verify.add_argument("--seed", type=_int_in(0, 2**63 - 1), default=0, help="random seed (default: 0)")
+    verify.add_argument("--seed", type=_int_in(0, _INT64_MAX), default=0, help="random seed (default: 0)")
     verify.add_argument("--rtol", type=float, help="relative tolerance (default: by output dtype)")
     verify.add_argument("--interpret", action="store_true",
                         help="on a CPU, run the Triton kernels through Triton's interpreter")

@@ -38,6 +38,13 @@ from .ir import AXES, Graph, Node, Output
 _RTOL = {torch.float64: 1e-5, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2,
          torch.float8_e4m3fn: 0.13, torch.float8_e5m2: 0.26}
 _TF32_RTOL = 5e-3
+# tf32 rounds fp32 inputs to 10 mantissa bits: on random data 2 of 4096 conditions such as
+# accum > C came out the other way; a bool output may differ in this share of its elements.
+_TF32_BOOL_FLIPS = 1e-3
+
+
+def _tf32(args) -> bool:
+    return args.A.dtype == torch.float32 and args.precision != "highest" and args.A.device.type == "cuda"
 
 
 class VerificationError(RuntimeError):
@@ -97,13 +104,12 @@ class Report:
 def default_tolerance(args, name: str) -> tuple[float, float]:
     """(rtol, atol) for output `name`: by its dtype, looser for tf32 on a GPU."""
     dest = args.outputs[name]
-    tf32 = args.A.dtype == torch.float32 and args.precision != "highest" and args.A.device.type == "cuda"
-    if dest.dtype == torch.bool:   # exact: a one-off would pass every bool; but tf32's rounding
-        return 0.0, 1.0 if tf32 else 0.0   # flips conditions near their threshold (2 in 4096)
+    if dest.dtype == torch.bool:
+        return 0.0, 0.0   # exact (a one-off would pass every bool); under tf32, see check()
     if not dest.dtype.is_floating_point:
         return 0.0, 1.0   # a tie rounded the other way
     rtol = _RTOL.get(dest.dtype, 2e-5)
-    return (max(rtol, _TF32_RTOL) if tf32 else rtol), 0.0
+    return (max(rtol, _TF32_RTOL) if _tf32(args) else rtol), 0.0
 
 
 def reference_outputs(args, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
@@ -169,9 +175,16 @@ def check(args, references: dict, rtol: float | None = None, atol: float | None 
     checks = []
     for name, ref in references.items():
         r, a = default_tolerance(args, name)
-        checks.append(compare(name, args.outputs[name], ref, r if rtol is None else rtol,
-                              a if atol is None else atol))
+        c = compare(name, args.outputs[name], ref, r if rtol is None else rtol, a if atol is None else atol)
+        out = args.outputs[name]
+        if not c.ok and out.dtype == torch.bool and _tf32(args) and rtol is None and atol is None:
+            flips = int((out.cpu() != ref.cpu().reshape(out.shape).bool()).sum())
+            if flips <= max(1, out.numel() * _TF32_BOOL_FLIPS):
+                c = dataclasses.replace(c, ok=True, note=f"{flips} of {out.numel()} flipped: tf32's rounding of "
+                                                         "the inputs moves conditions near their threshold")
+        checks.append(c)
     return Report(kernel, checks)
+
 
 
 def run(kernel, args, verify: bool = True, rtol: float | None = None, atol: float | None = None,

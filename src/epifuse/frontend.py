@@ -142,7 +142,7 @@ def _parse_source(source: str, filename: str, line_offset: int, from_string: boo
     lines = text.split("\n")
     _check_statement_sizes(text, filename, line_offset, lines)
     try:
-        module = ast.parse(text, filename=filename)
+        module = ast.parse(text)   # not the file's path: CPython would re-read its line for a column
     except SyntaxError as exc:
         line = exc.lineno or 1
         loc = Location(filename, line + line_offset, max((exc.offset or 1) - 1, 0),
