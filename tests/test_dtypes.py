@@ -116,6 +116,25 @@ def test_verify_converts_the_reference_as_the_kernels_convert(out_dtype, device)
     assert not report.ok
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fnuz, torch.float8_e8m0fnu])
+def test_operands_no_triton_kernel_loads_run_in_the_reference_kernel(dtype, device):
+    """An fp8 variant Triton has no type for (KeyError, or 'fail to convert fp8e4b8' in the
+    interpreter, before): the Triton kernels say why, the reference kernel runs; so does the
+    backward of an output of that dtype, whose incoming gradient has it."""
+    A, B = _ints(M, K, dtype=torch.float32, device=device), _ints(K, N, dtype=torch.float32, device=device)
+    C = torch.full((M, N), 2.0, device=device).to(dtype)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        "def e(accum, C):\n    D = accum * C\n    return D\n", C=C, D=torch.empty(M, N, device=device)))
+    statuses = epifuse.kernel_statuses(args)
+    assert all(f"operand C has dtype {dtype}, which this kernel cannot load" in s.reason
+               for k, s in statuses if k.name.startswith(("triton", "gluon")))
+    D = epifuse.gemm(A, B, "def e(accum, C):\n    D = accum * C\n    return D\n", C=C)
+    assert torch.equal(D.double(), (A.double() @ B.double()) * 2.0)
+    A.requires_grad_()
+    epifuse.gemm(A, B, "def e(accum):\n    D = accum\n    return D\n", out_dtype=dtype).float().sum().backward()
+    assert A.grad is not None and torch.isfinite(A.grad).all()
+
+
 def test_verify_lets_tf32_flip_a_few_conditions_only(monkeypatch, device):
     """Under tf32 a bool output may differ from float64 in 1e-3 of its elements (conditions
     near their threshold), not more: an inverted mask fails."""

@@ -22,6 +22,7 @@ from ..base import check_arguments, Kernel, Status, supported, unsupported
 from .codegen import Layout, launch_layout
 from .grouped_codegen import column_hints, emit_grouped_kernel, table_columns
 from .tiled import (
+    TL_TYPES,
     _INTERPRETER_LOCK,
     INTERPRETER_CONFIG,
     TileConfig,
@@ -35,12 +36,6 @@ from .tiled import (
     uses_interpreter,
 )
 
-TL_TYPES = {
-    torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
-    torch.float64: "tl.float64", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
-    torch.int16: "tl.int16", torch.int32: "tl.int32", torch.int64: "tl.int64",
-    torch.float8_e4m3fn: "tl.float8e4nv", torch.float8_e5m2: "tl.float8e5",
-}
 INT32_LIMIT = 2**31
 
 
@@ -62,10 +57,6 @@ class TritonGrouped(Kernel):
             refusal = self._single._common_support(problem, cc)
             if refusal is not None:
                 return unsupported(f"group {i}: {refusal.reason}")
-        for name, value in grouped.problems[0].operands.items():
-            if isinstance(value, torch.Tensor) and value.dtype not in TL_TYPES:
-                return unsupported(f"operand {name} has dtype {value.dtype}, which this kernel "
-                                   "cannot load")
         cfg = self._config(grouped)
         if _tile_count(grouped.problems, cfg) >= INT32_LIMIT:
             return unsupported("the groups have 2**31 tiles or more, more than one launch can number")

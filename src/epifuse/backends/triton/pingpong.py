@@ -24,9 +24,8 @@ import triton
 from ..base import Status, supported, unsupported
 from .codegen import OperandParams, launch_layout
 from .gluon_codegen import emit_gluon_kernel
-from .grouped import TL_TYPES
 from .persistent import TritonPersistent, _sm_count, _tma_mode
-from .tiled import TileConfig, _conversion_meta, epilogue_values, uses_interpreter
+from .tiled import TL_TYPES, TileConfig, _conversion_meta, epilogue_values, uses_interpreter
 
 # The same kernel with its epilogue over the whole tile, or over its two column halves in turn:
 # fewer registers live at once (a loss epilogue spilled 1.6 KB whole), twice the reduction

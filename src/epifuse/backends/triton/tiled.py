@@ -27,6 +27,13 @@ from .rules import missing_rules
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int8, *FP8)
 OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8, torch.uint8, *FP8)
+# The tensors a Triton kernel loads, by the element type it gives their pointers.
+TL_TYPES = {
+    torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
+    torch.float64: "tl.float64", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
+    torch.int16: "tl.int16", torch.int32: "tl.int32", torch.int64: "tl.int64",
+    torch.float8_e4m3fn: "tl.float8e4nv", torch.float8_e5m2: "tl.float8e5",
+}
 INT32_LIMIT = 2**31
 _MISSING = missing_rules()
 # Triton's interpreter patches triton.language globally while a kernel runs: one at a time.
@@ -121,6 +128,9 @@ class TritonTiled(Kernel):
             if dest.dtype not in OUTPUT_DTYPES:
                 return unsupported(f"output {name} has dtype {dest.dtype}; this kernel stores fp32, "
                                    "fp16, bf16, int32, int8, uint8, fp8")
+        for name, value in args.operands.items():
+            if isinstance(value, torch.Tensor) and value.dtype not in TL_TYPES:
+                return unsupported(f"operand {name} has dtype {value.dtype}, which this kernel cannot load")
         if args.largest_span >= INT32_LIMIT:
             return unsupported("a tensor spans 2**31 elements or more; this kernel indexes in int32")
         return None
