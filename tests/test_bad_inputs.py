@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -585,3 +587,42 @@ def test_fused_linear_runs_on_meta_tensors():
     layer = FusedLinear(16, 8, epilogue="relu", device="meta")
     y = layer(torch.empty(4, 3, 16, device="meta"))
     assert y.device.type == "meta" and y.shape == (4, 3, 8)
+
+
+def test_fused_linear_refuses_a_bias_keyword_it_would_overwrite():
+    layer = FusedLinear(4, 3, epilogue="relu")
+    with pytest.raises(EpilogueArgumentError, match="Unexpected keyword argument 'bias'"):
+        layer(torch.randn(2, 4), bias=torch.full((3,), 100.0))
+
+
+@pytest.mark.parametrize("module", [None, torch.nn.Conv1d(4, 3, 1), torch.nn.Sequential(torch.nn.Linear(4, 3))])
+def test_from_linear_takes_a_linear(module):
+    with pytest.raises(EpilogueArgumentError, match=f"from_linear takes an nn.Linear, not {type(module).__name__}"):
+        FusedLinear.from_linear(module)
+
+
+def test_fusing_keeps_hooks_by_leaving_hooked_pairs_alone():
+    """A hook on the Linear sees its output, which the fused layer never produces: such a pair
+    (or one whose activation is hooked) stays as it is, and the model computes the same."""
+    from epifuse.nn import fuse_linear_activations
+    x = torch.randn(5, 4)
+    for hook_on in (0, 1):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2), torch.nn.GELU())
+        model[hook_on].register_forward_hook(lambda module, inputs, output: output * 10)
+        fused = fuse_linear_activations(model)
+        assert type(fused[0]) is torch.nn.Linear and type(fused[2]).__name__ == "FusedLinear"
+        assert torch.allclose(fused(x), model(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("act", [torch.nn.Softplus(threshold=float("inf")), torch.nn.LeakyReLU(float("inf")),
+                                 torch.nn.ELU(alpha=float("-inf")), torch.nn.LeakyReLU(float("nan"))])
+def test_fusing_takes_activations_with_infinite_parameters(act):
+    """inf is written 1e999 in the generated epilogue (it was a syntax error there); NaN, which
+    no literal spells, leaves the pair unfused."""
+    from epifuse.nn import fuse_linear_activations
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), act)
+    fused = fuse_linear_activations(model)
+    x = torch.randn(5, 4)
+    nan_parameter = any(isinstance(v, float) and math.isnan(v) for v in vars(act).values())
+    assert type(fused[0]).__name__ == ("Linear" if nan_parameter else "FusedLinear")
+    assert torch.allclose(fused(x), model(x), atol=1e-6, equal_nan=True)

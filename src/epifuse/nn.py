@@ -55,13 +55,19 @@ def _activation_expression(module: nn.Module) -> str | None:
         return simple[type(module)]
     if type(module) is nn.GELU:
         return "gelu(x)" if module.approximate == "none" else "gelu(x, approximate='tanh')"
-    if type(module) is nn.LeakyReLU:
-        return f"leaky_relu(x, {float(module.negative_slope)!r})"
-    if type(module) is nn.ELU:
-        return f"elu(x, {float(module.alpha)!r})"
-    if type(module) is nn.Softplus:
-        return f"softplus(x, {float(module.beta)!r}, {float(module.threshold)!r})"
-    return None
+    params = {nn.LeakyReLU: ("leaky_relu", "negative_slope"), nn.ELU: ("elu", "alpha"),
+              nn.Softplus: ("softplus", "beta", "threshold")}.get(type(module))
+    if params is None:
+        return None
+    values = [float(getattr(module, name)) for name in params[1:]]
+    if any(math.isnan(v) for v in values):
+        return None   # no literal spells NaN: left unfused
+    return f"{params[0]}(x, {', '.join(_literal(v) for v in values)})"
+
+
+def _literal(value: float) -> str:
+    """A float as epilogue source: repr, but an infinity as 1e999 (inf is a name there)."""
+    return repr(value) if math.isfinite(value) else ("1e999" if value > 0 else "-1e999")
 
 
 def _program(epilogue, bias: bool) -> tuple[Program, str | None, str]:
@@ -154,6 +160,8 @@ class FusedLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, epilogue=None, recompute: bool = False) -> "FusedLinear":
         """A FusedLinear sharing `linear`'s parameters (no copy)."""
+        if not isinstance(linear, nn.Linear):
+            raise EpilogueArgumentError(f"from_linear takes an nn.Linear, not {type(linear).__name__}.")
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.in_features, layer.out_features = linear.in_features, linear.out_features
@@ -183,6 +191,9 @@ class FusedLinear(nn.Module):
                     and value.shape[:-1] == lead:
                 operands[name] = value.reshape(-1, value.shape[-1])
         if self._bias_name is not None:
+            if self._bias_name in operands:
+                raise EpilogueArgumentError(f"Unexpected keyword argument '{self._bias_name}'",
+                                            hint="The layer adds its own bias; set layer.bias instead.")
             operands[self._bias_name] = bias
         compute = torch.float64 if x2.dtype == torch.float64 else torch.float32
         outs = torch_ops.gemm(x2, weight.t(), self._epilogue_id, recompute=self.recompute,
@@ -220,8 +231,8 @@ def fuse_linear_activations(module: nn.Module, inplace: bool = False,
         names = list(child._modules)
         for first, second in zip(names, names[1:]):
             linear, act = child._modules[first], child._modules[second]
-            if type(linear) is not nn.Linear:
-                continue
+            if type(linear) is not nn.Linear or _hooked(linear) or _hooked(act):
+                continue   # a hook sees the Linear's output, which fusing would never produce
             expression = _activation_expression(act)
             if expression is None or type(act) is nn.Identity:
                 continue
@@ -229,6 +240,11 @@ def fuse_linear_activations(module: nn.Module, inplace: bool = False,
             child._modules[first] = FusedLinear.from_linear(linear, source, recompute)
             child._modules[second] = nn.Identity()
     return module
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or getattr(module, "_backward_pre_hooks", None))
 
 
 __all__ = ["FusedLinear", "fuse_linear_activations", "ACTIVATIONS", "activation_source"]
