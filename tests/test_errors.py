@@ -567,6 +567,19 @@ def test_outputs_of_packed_or_bit_dtypes_are_refused(dtype, grad):
         epifuse.gemm(A.requires_grad_(grad), B, ALPHA, alpha=1.0, out_dtype=dtype)
 
 
+@pytest.mark.parametrize("value", ["False", "no", 2, None, torch.tensor([True, False])])
+def test_yes_no_options_take_booleans(value):
+    """bool("False") is True: a string would have turned accumulate on."""
+    from epifuse.nn import FusedLinear
+    for name, make in (("accumulate", lambda v: EpilogueArguments(ALPHA, accumulate=v, alpha=1.0, D=out())),
+                       ("deterministic", lambda v: EpilogueArguments(ALPHA, deterministic=v, alpha=1.0, D=out())),
+                       ("store_preactivation", lambda v: epifuse.epilogues.BiasElementwise("relu", store_preactivation=v)),
+                       ("recompute", lambda v: FusedLinear(4, 3, recompute=v))):
+        with raises(f"{name} must be True or False, not {value!r}"):
+            make(value)
+    EpilogueArguments(ALPHA, accumulate=1, deterministic=False, alpha=1.0, D=out())
+
+
 def test_an_operand_cannot_be_returned():
     with raises("Output 'C' is also an input of the epilogue."):
         gemm_args(src("D = accum", "return C", params="accum, C"), C=out())

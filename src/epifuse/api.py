@@ -21,7 +21,7 @@ import torch
 
 from . import callsite
 from .binding import bind
-from .errors import EpilogueArgumentError, ShapeError, UnsupportedError, did_you_mean
+from .errors import EpilogueArgumentError, ShapeError, UnsupportedError, did_you_mean, flag
 from .frontend import Program, parse
 from .ir import AXES, Graph, Operand
 from .ops import OPS
@@ -45,8 +45,8 @@ class EpilogueArguments:
                  deterministic: bool = False, compute_dtype: torch.dtype = torch.float32,
                  **tensors: Any):
         self.program = epilogue if isinstance(epilogue, Program) else parse(epilogue)
-        self.accumulate = bool(accumulate)
-        self.deterministic = bool(deterministic)
+        self.accumulate = flag("accumulate", accumulate)
+        self.deterministic = flag("deterministic", deterministic)
         self.compute_dtype = compute_dtype
         program = self.program
         expected = list(program.operands) + [name for name, _ in program.outputs]

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import EpilogueArgumentError, EpilogueSyntaxError, InternalError, Location
+from .errors import EpilogueArgumentError, EpilogueSyntaxError, flag, InternalError, Location
 from .frontend import Expr, Program, clean_source, parse, read_source
 from .ops import OPS, OpDef, lookup
 
@@ -558,7 +558,7 @@ class BiasElementwise(NamedEpilogue):
         scale = ScaleType.of(scale)
         act = as_activation(activation)
         source = _linear_source("bias_elementwise", scale, act, bias=True,
-                                store_preactivation=bool(store_preactivation))
+                                store_preactivation=flag("store_preactivation", store_preactivation))
         shown = [] if act.is_identity else [repr(act)]
         if scale is not ScaleType.DEFAULT:
             shown.append(f"scale=ScaleType.{scale.name}")

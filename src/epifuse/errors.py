@@ -73,6 +73,18 @@ class InternalError(RuntimeError):
                          + (f"\nIR:\n{ir}" if ir else ""))
 
 
+def flag(name: str, value) -> bool:
+    """A yes/no option's value: True or False (or 1 and 0), not a string, whose bool() is True
+    even for "False"."""
+    try:
+        ok = not isinstance(value, (str, bytes)) and value in (True, False)
+    except (RuntimeError, ValueError, TypeError):   # a tensor or array of several values
+        ok = False
+    if not ok:
+        raise EpilogueArgumentError(f"{name} must be True or False, not {value!r}.")
+    return bool(value)
+
+
 def did_you_mean(name: str, candidates) -> str | None:
     close = difflib.get_close_matches(name, sorted(candidates), n=3, cutoff=0.6)
     if not close:

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from . import torch_ops
 from .autodiff import _Names
-from .errors import EpilogueArgumentError, ShapeError, did_you_mean
+from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
 from .frontend import Expr, Program, Statement, parse
 
 # Named epilogues: the expression applied to `x` (accum plus bias).
@@ -137,7 +137,7 @@ class FusedLinear(nn.Module):
             self.bias = nn.Parameter(torch.empty(out_features, **factory))
         else:
             self.register_parameter("bias", None)
-        self.recompute = recompute
+        self.recompute = flag("recompute", recompute)
         self._set_epilogue(epilogue)
         self.reset_parameters()
 
@@ -167,7 +167,7 @@ class FusedLinear(nn.Module):
         layer.in_features, layer.out_features = linear.in_features, linear.out_features
         layer.weight = linear.weight
         layer.bias = linear.bias
-        layer.recompute = recompute
+        layer.recompute = flag("recompute", recompute)
         layer._set_epilogue(epilogue)
         return layer
 
