@@ -380,3 +380,20 @@ def test_profile_reports_ncu_failure(capsys, epi_file, bare_path, monkeypatch):
     rc, out, err = _run(capsys, "profile", epi_file + ":BiasRelu")
     assert rc == 2 and err.count("\n") == 1
     assert "ncu failed (exit 1): ==ERROR== ERR_NVGPUCTRPERM" in err and "admin rights" in err
+
+
+@pytest.mark.parametrize("role, message", [
+    ("bais=row", "epifuse show: --role names 'bais', which is not an operand of epi. Did you mean: 'bias'?\n"),
+    ("alpha=batch", "epifuse show: a batch role (L, 1, 1) needs a batched accum: add --batched\n"),
+])
+def test_show_checks_roles_as_kernels_and_verify_do(capsys, tmp_path, role, message):
+    path = tmp_path / "epi.py"
+    path.write_text("def epi(accum, bias, alpha):\n    D = accum * alpha + bias\n    return D\n")
+    rc, out, err = _run(capsys, "show", str(path), "--text", "--role", role)
+    assert rc == 2 and err == message
+
+
+def test_a_role_needs_a_name(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["show", "epi.py", "--role", "=row"])
+    assert info.value.code == 2 and "expected NAME=ROLE" in capsys.readouterr().err

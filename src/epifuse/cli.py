@@ -131,7 +131,7 @@ def _from_file(path: str, name: str | None):
 def _role(text: str) -> tuple[str, str]:
     from .debug import ROLES
     name, sep, role = text.partition("=")
-    if not sep or role not in ROLES:
+    if not sep or not name or role not in ROLES:
         raise argparse.ArgumentTypeError(f"expected NAME=ROLE with ROLE one of {', '.join(ROLES)}, got {text!r}")
     return name, role
 
@@ -229,9 +229,13 @@ def _cmd_show(ns) -> int:
     from .epilogues import program_source
     from .ir import Operand
     from .passes import canonical_hash, optimize
+    from .debug import check_roles
     program, roles = load_epilogue(ns.epilogue)
     roles = {**roles, **dict(ns.role)}
+    check_roles(program, roles)
     rank = 3 if ns.batched else 2
+    if not ns.batched and "batch" in roles.values():
+        raise CommandError("a batch role (L, 1, 1) needs a batched accum: add --batched")
     axes = {"number": (), "scalar": (), "row": ("N",), "col": ("M",), "tile": ("L", "M", "N")[3 - rank:],
             "batch": ("L",)}
     operands = {}
@@ -408,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "  epifuse show epi.py\n"
                                  "  epifuse show epi.py:relu_aux_store --role alpha=number -o dag.png\n"
                                  "  epifuse show epifuse.epilogues:LinearCombinationRelu --source\n"
-                                 "  epifuse show 'def e(accum, b):\\n    D = relu(accum + b)\\n    return D' --role b=row")
+                                 "  epifuse show $'def e(accum, b):\\n    D = relu(accum + b)\\n    return D' --role b=row   # bash's $'...'")
     show.add_argument("epilogue", help=_EPILOGUE_HELP)
     show.add_argument("--role", type=_role, action="append", default=[], metavar="NAME=ROLE",
                       help="an operand's role: number, scalar, row, col, tile (default), batch")

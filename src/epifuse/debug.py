@@ -468,6 +468,16 @@ def draw(graph: Graph, path: str | Path, title: str = "epilogue") -> Path:
 ROLES = ("number", "scalar", "row", "col", "tile", "batch")
 
 
+def check_roles(program, roles: dict) -> None:
+    """Every name given a role is an operand of `program` (a typo would be drawn as a tile)."""
+    unknown = [n for n in roles if n not in program.operands]
+    if unknown:
+        from .errors import did_you_mean
+        raise EpilogueArgumentError(f"--role names {unknown[0]!r}, which is not an operand of {program.name}.",
+                                    hint=did_you_mean(unknown[0], program.operands) or
+                                    f"Its operands: {', '.join(program.operands) or 'none'}.")
+
+
 def random_arguments(epilogue: Any, M: int, N: int, K: int, *, L: int | None = None,
                      dtype: torch.dtype = torch.float16, roles: dict[str, str] | None = None,
                      device: str | torch.device | None = None, out_dtype: torch.dtype | None = None,
@@ -493,12 +503,7 @@ def random_arguments(epilogue: Any, M: int, N: int, K: int, *, L: int | None = N
     A = matrix(M, K, layout_a)
     B = matrix(K, N, layout_b, 1.0 / math.sqrt(max(K, 1)))
     roles = {**dict(getattr(epilogue, "roles", {}) or {}), **(roles or {})}
-    unknown = [n for n in roles if n not in program.operands]
-    if unknown:
-        from .errors import did_you_mean
-        raise EpilogueArgumentError(f"--role names {unknown[0]!r}, which is not an operand of {program.name}.",
-                                    hint=did_you_mean(unknown[0], program.operands) or
-                                    f"Its operands: {', '.join(program.operands) or 'none'}.")
+    check_roles(program, roles)
     shapes = {"scalar": (1,), "row": (N,), "col": (M, 1), "tile": (*batch, M, N), "batch": (L or 1, 1, 1)}
     tensors: dict[str, Any] = {}
     for name in program.operands:
