@@ -580,6 +580,25 @@ def test_yes_no_options_take_booleans(value):
     EpilogueArguments(ALPHA, accumulate=1, deterministic=False, alpha=1.0, D=out())
 
 
+def test_debug_helpers_name_bad_arguments():
+    from epifuse import debug
+    src_ = src("D = relu(accum * alpha)", "return D", params="accum, alpha")
+    args = debug.random_arguments(src_, 8, 8, 4, dtype=torch.float32)
+    for kwargs, phrase in ((dict(tile=(0,)), "tile must be two ints of 0 or more"),
+                           (dict(tile=None), "tile must be two ints of 0 or more"),
+                           (dict(tile_shape=(0, 4)), "tile_shape must be two ints of 1 or more"),
+                           (dict(dtype=torch.int32), "trace's dtype must be a floating torch.dtype")):
+        with raises(phrase):
+            debug.trace(args, **kwargs)
+    with raises("trace takes a GemmArguments, not EpilogueArguments"):
+        debug.trace(args.epilogue)
+    with raises("layout_a must be 'row' or 'col', not 'diagonal'"):
+        debug.random_arguments(src_, 4, 5, 3, layout_a="diagonal")
+    with raises("out_dtype must be a torch.dtype such as torch.float16, not 'float16'"):
+        debug.random_arguments(src_, 4, 5, 3, out_dtype="float16")
+    assert debug.trace(args, tile=(0, 0)) is not None
+
+
 def test_an_operand_cannot_be_returned():
     with raises("Output 'C' is also an input of the epilogue."):
         gemm_args(src("D = accum", "return C", params="accum, C"), C=out())

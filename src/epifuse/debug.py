@@ -293,10 +293,21 @@ def trace(args, tile: tuple[int, int] = (0, 0), tile_shape: tuple[int, int] | No
           dtype: torch.dtype = torch.float64) -> Trace:
     """Every intermediate value of the epilogue of `args` on output tile `tile` = (i, j): rows
     i*BM ... and columns j*BN ... of accum (all batches), BM x BN = `tile_shape`."""
+    from .api import GemmArguments
     from .backends.reference import reference_accum
     from .binding import bind
     from .reference import evaluate
     from .shapes import classify_operand
+    if not isinstance(args, GemmArguments):
+        raise EpilogueArgumentError(f"trace takes a GemmArguments, not {type(args).__name__}.")
+    if args.A.device.type == "meta":
+        raise EpilogueArgumentError("trace computes values, and tensors on the meta device have none.")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise EpilogueArgumentError(f"trace's dtype must be a floating torch.dtype, not {dtype!r}.")
+    for what, pair, low in (("tile", tile, 0), ("tile_shape", tile_shape, 1)):
+        if (pair is not None or what == "tile") and not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= low for v in pair)):
+            raise EpilogueArgumentError(f"{what} must be two ints of {low} or more, not {pair!r}.")
     bm, bn = tile_shape or _default_tile_shape(args)
     grid = (math.ceil(args.M / bm), math.ceil(args.N / bn))
     i, j = tile
@@ -490,6 +501,9 @@ def random_arguments(epilogue: Any, M: int, N: int, K: int, *, L: int | None = N
     from .api import EpilogueArguments, GemmArguments
     from .frontend import Program, parse
     from .fused import allocate_outputs
+    for name, layout in (("layout_a", layout_a), ("layout_b", layout_b)):
+        if layout not in ("row", "col"):
+            raise EpilogueArgumentError(f"{name} must be 'row' or 'col', not {layout!r}.")
     program = epilogue if isinstance(epilogue, Program) else parse(epilogue)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator().manual_seed(seed)

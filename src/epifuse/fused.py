@@ -164,6 +164,8 @@ def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors
                      out_dtype: torch.dtype | None = None) -> dict:
     """`tensors` plus a new tensor for every output of `program` it lacks: tile outputs in
     `out_dtype` (default A's dtype, float32 for integer inputs), reductions in float32."""
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise EpilogueArgumentError(f"out_dtype must be a torch.dtype such as torch.float16, not {out_dtype!r}.")
     from .binding import bind
     from .ir import AXES
     from .ops import OPS
