@@ -626,3 +626,23 @@ def test_fusing_takes_activations_with_infinite_parameters(act):
     nan_parameter = any(isinstance(v, float) and math.isnan(v) for v in vars(act).values())
     assert type(fused[0]).__name__ == ("Linear" if nan_parameter else "FusedLinear")
     assert torch.allclose(fused(x), model(x), atol=1e-6, equal_nan=True)
+
+
+def test_fused_linear_edge_cases_are_answered():
+    from epifuse.nn import fuse_linear_activations
+    assert FusedLinear(0, 3)(torch.randn(2, 0)).shape == (2, 3)          # as nn.Linear(0, 3)
+    layer = FusedLinear(4, 3, epilogue="relu")
+    layer.bias = None
+    with pytest.raises(EpilogueArgumentError, match="layer.bias is None, but the layer's epilogue adds a bias"):
+        layer(torch.randn(2, 4))
+    with pytest.raises(EpilogueArgumentError, match="fuse_linear_activations takes an nn.Module, not NoneType"):
+        fuse_linear_activations(None)
+
+
+def test_drawing_takes_a_graph(tmp_path):
+    from epifuse import debug
+    args = debug.random_arguments("def e(accum):\n    D = relu(accum)\n    return D\n", 4, 4, 4, dtype=torch.float32)
+    for wrong in (None, args, args.epilogue.program):
+        with pytest.raises(EpilogueArgumentError, match="Drawing takes a Graph"):
+            debug.draw(wrong, tmp_path / "g.dot")
+    assert "digraph" in debug.draw(args.graph, tmp_path / "g.dot").read_text()

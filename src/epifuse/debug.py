@@ -417,6 +417,8 @@ def _quote(text: str) -> str:
 def dot_source(graph: Graph, title: str = "epilogue") -> str:
     """The Graph as graphviz DOT: leaves at the top, outputs at the bottom."""
     from .ops import OPS
+    if not isinstance(graph, Graph):
+        raise EpilogueArgumentError(f"Drawing takes a Graph (such as GemmArguments.graph), not {type(graph).__name__}.")
     lines = [f"digraph {_quote(title)} {{", "  rankdir=TB;",
              f"  label={_quote(title)}; labelloc=t; fontname=Helvetica;",
              "  node [fontname=Helvetica, fontsize=11, style=filled];"]

@@ -185,7 +185,7 @@ class FusedLinear(nn.Module):
             dtype = torch.get_autocast_dtype(device_type)
             x, weight = x.to(dtype), weight.to(dtype)
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x.reshape(lead.numel(), self.in_features)   # not -1: in_features may be 0
         for name, value in list(operands.items()):
             if isinstance(value, Tensor) and value.dim() == len(lead) + 1 and value.dim() > 2 \
                     and value.shape[:-1] == lead:
@@ -194,6 +194,9 @@ class FusedLinear(nn.Module):
             if self._bias_name in operands:
                 raise EpilogueArgumentError(f"Unexpected keyword argument '{self._bias_name}'",
                                             hint="The layer adds its own bias; set layer.bias instead.")
+            if bias is None:
+                raise EpilogueArgumentError("layer.bias is None, but the layer's epilogue adds a bias.",
+                                            hint="Build the layer with bias=False for one without.")
             operands[self._bias_name] = bias
         compute = torch.float64 if x2.dtype == torch.float64 else torch.float32
         outs = torch_ops.gemm(x2, weight.t(), self._epilogue_id, recompute=self.recompute,
@@ -225,6 +228,8 @@ def fuse_linear_activations(module: nn.Module, inplace: bool = False,
     >>> fused.load_state_dict(mlp.state_dict())
     <All keys matched successfully>
     """
+    if not isinstance(module, nn.Module):
+        raise EpilogueArgumentError(f"fuse_linear_activations takes an nn.Module, not {type(module).__name__}.")
     if not inplace:
         module = copy.deepcopy(module)
     for child in [m for m in module.modules() if isinstance(m, nn.Sequential)]:
