@@ -46,7 +46,7 @@ class GroupedGemmArguments:
                 raise EpilogueArgumentError(
                     f"Group {i} is a {type(p).__name__}, not GemmArguments.",
                     hint="Build each group with epifuse.GemmArguments(A, B, epilogue=...).")
-        self.problems = list(problems)
+        self.problems = tuple(problems)   # checked together once: not to be changed after
         first = self.problems[0]
         for i, p in enumerate(self.problems):
             _check_two_dimensional(i, p)
