@@ -320,9 +320,10 @@ class _Visitor:
             return expr.value in self.conditions
         if expr.kind != "call":
             return False
-        if expr.value in ("where", "maximum", "minimum"):  # of conditions, a condition, as in torch
-            return all(self.is_condition(a) for a in expr.args[-2:])
-        return OPS[expr.value].kind in ("compare", "logical")
+        opdef = OPS[expr.value]
+        if opdef.selects:
+            return all(self.is_condition(expr.args[i]) for i in opdef.selects)
+        return opdef.kind in ("compare", "logical")
 
     def logic(self, node: ast.AST, symbol: str, operands: tuple[Expr, ...]) -> None:
         """~, & and | mean logic on conditions, as torch's do on bool tensors; on numbers torch's

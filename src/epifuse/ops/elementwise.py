@@ -64,11 +64,11 @@ def _unary(name, ref, doc, flops=1, special=0, aliases=(), vjp=None):
 
 
 def _binary(name, ref, doc, aliases=(), commutative=False, identity=None, kind="elementwise",
-            vjp=None):
+            vjp=None, selects=()):
     if kind in ("compare", "logical"):
         vjp = _no_gradient
     return register(OpDef(name, 2, ref, doc=doc, aliases=aliases, kind=kind,
-                          commutative=commutative, identity=identity, vjp=vjp))
+                          commutative=commutative, identity=identity, vjp=vjp, selects=selects))
 
 
 def _no_gradient(g, *inputs_and_result, **params):
@@ -130,10 +130,10 @@ div = _binary("div", torch.div, "a / b (true division)", aliases=("divide", "tru
 pow = _binary("pow", torch.pow, "a ** b; pow(finite negative, non-integer) is NaN; infinities as IEEE pow "
               "((-inf) ** -0.5 = 0)", aliases=("float_power",), vjp=_pow_vjp)
 minimum = _binary("minimum", torch.minimum, "elementwise minimum; NaN if either is NaN",
-                  commutative=True,
+                  commutative=True, selects=(0, 1),
     vjp=_extremum_vjp("less"))
 maximum = _binary("maximum", torch.maximum, "elementwise maximum; NaN if either is NaN",
-                  commutative=True,
+                  commutative=True, selects=(0, 1),
     vjp=_extremum_vjp("greater"))
 
 lt = _binary("lt", torch.lt, "a < b", aliases=("less",), kind="compare")
@@ -203,7 +203,7 @@ hardsigmoid = _unary("hardsigmoid", lambda x: F.hardsigmoid(_as_float(x)), "relu
 mish = _unary("mish", lambda x: F.mish(_as_float(x)), "x * tanh(softplus(x))", special=3, flops=4,
     vjp=_mish_vjp)
 
-where = register(OpDef("where", 3, torch.where, doc="cond ? a : b", cost=Cost(1),
+where = register(OpDef("where", 3, torch.where, doc="cond ? a : b", cost=Cost(1), selects=(1, 2),
     vjp=lambda g, c, a, b, y: (None, where(c, g, 0.0), where(c, 0.0, g))))
 multiply_add = register(OpDef("multiply_add", 3, _multiply_add, doc="a * b + c", cost=Cost(2),
     vjp=lambda g, a, b, c, y: (g * b, g * a, g)))

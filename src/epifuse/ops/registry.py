@@ -37,6 +37,8 @@ class OpDef:
     aliases    other names a user may write (torch.multiply, torch.clip, ...)
     doc        one line for the op reference
     commutative, identity   algebraic traits the rewrite rules read
+    selects    the inputs the result is always one of (where's a and b, maximum's two): where
+               they all are conditions, so is the result, as in torch
     vjp        derivative rule: vjp(g, *inputs, y, **params) -> one gradient per input (a Sym,
                or None where no gradient flows), built from ops on `Sym` values; g is the
                gradient of the result y. Reductions also get `count=` (a Sym: how many
@@ -52,6 +54,7 @@ class OpDef:
     doc: str = ""
     commutative: bool = False
     identity: float | None = None
+    selects: tuple[int, ...] = ()
     cost: Cost = field(default_factory=Cost)
     vjp: Callable[..., tuple] | None = None
 
