@@ -11,7 +11,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import epifuse
-from epifuse import torch_ops
+from epifuse import program_json, torch_ops
 from epifuse.nn import ACTIVATIONS, FusedLinear, fuse_linear_activations
 from epifuse.ops import gelu, relu, sigmoid, sum  # noqa: A004  (names the epilogues below use)
 
@@ -81,8 +81,8 @@ KEY_EPILOGUES = [
 @pytest.mark.parametrize("epilogue", KEY_EPILOGUES)
 def test_program_dump_round_trips(epilogue):
     program = epifuse.frontend.parse(epilogue)
-    text = epifuse.frontend.dump_program(program)
-    assert epifuse.frontend.load_program(text) == program
+    text = program_json.dump_program(program)
+    assert program_json.load_program(text) == program
 
 
 @pytest.mark.parametrize("epilogue", KEY_EPILOGUES)

@@ -15,7 +15,6 @@ import ast
 import functools
 import inspect
 import io
-import json
 import re
 import textwrap
 import tokenize
@@ -496,7 +495,7 @@ class _Visitor:
     def param(self, op: str, key: str, node: ast.expr) -> Any:
         """A compile-time parameter: a number, a string, a dtype, or a tuple of ints for dim."""
         value = _param_literal(key, node)
-        accepts, need = _param_rule(key)
+        accepts, need = param_rule(key)
         if value is _UNREADABLE or not accepts(value):
             self.fail(node, f"{op}() needs {need}.")
         return value
@@ -543,7 +542,8 @@ _PARAM_RULES = {
 }
 
 
-def _param_rule(key: str):
+def param_rule(key: str):
+    """(accepts(value), what the error says the param needs) for param `key` of any op."""
     return _PARAM_RULES.get(key, (_is_number, f"'{key}' to be a number literal"))
 
 
@@ -558,12 +558,18 @@ def _attribute_chain(node: ast.expr) -> list[str] | None:
     return [node.id] + parts[::-1]
 
 
-def _literal_int(node: ast.expr) -> int | None:
-    """The value of an int literal (with signs), or None: torch takes no float as a dim."""
+def _signed(node: ast.expr) -> tuple[int, ast.expr]:
+    """(+1 or -1, the node under any unary + and - signs)."""
     sign = 1
     while isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         sign = -sign if isinstance(node.op, ast.USub) else sign
         node = node.operand
+    return sign, node
+
+
+def _literal_int(node: ast.expr) -> int | None:
+    """The value of an int literal (with signs), or None: torch takes no float as a dim."""
+    sign, node = _signed(node)
     if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
         return sign * node.value
     return None
@@ -571,10 +577,7 @@ def _literal_int(node: ast.expr) -> int | None:
 
 def _literal_number(node: ast.expr) -> float | None:
     """The value of a number literal (with signs), or None; an int too large for a float is None."""
-    sign = 1.0
-    while isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        sign = -sign if isinstance(node.op, ast.USub) else sign
-        node = node.operand
+    sign, node = _signed(node)
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
             and not isinstance(node.value, bool):
         try:
@@ -617,110 +620,6 @@ def _is_binary_extremum(args, keywords) -> bool:
 def _op_symbol(op: ast.operator) -> str:
     return {ast.FloorDiv: "//", ast.Mod: "%", ast.MatMult: "@", ast.LShift: "<<",
             ast.RShift: ">>", ast.BitXor: "^", ast.BitAnd: "&", ast.BitOr: "|"}.get(type(op), type(op).__name__)
-
-
-# ---- a Program as JSON text (what the torch ops carry: epifuse.torch_ops) -------------------------
-
-def dump_program(program: Program) -> str:
-    """`program` as JSON text that `load_program` turns back into an equal Program: the same
-    statements, outputs and source, places included (a program that nn or fused.py derived
-    from another has a `source` that no longer spells it, so the source alone would not do)."""
-    return json.dumps([program.name, list(program.params), [_dump_loc(x) for x in program.param_locs],
-                       [[s.target, _dump_expr(s.expr), _dump_loc(s.loc)] for s in program.statements],
-                       [[name, _dump_loc(loc)] for name, loc in program.outputs],
-                       program.source, program.filename], separators=(",", ":"))
-
-
-def load_program(text: str) -> Program:
-    """The Program `dump_program` wrote as `text`; ValueError when the text is not one. Every
-    name is checked as the parser checks it (an identifier; a call names an op of the registry),
-    since the text may come from a file on disk rather than from this process."""
-    try:
-        name, params, param_locs, statements, outputs, source, filename = json.loads(text)
-        return Program(_identifier(name), tuple(_identifier(p) for p in params),
-                       tuple(_load_loc(x) for x in param_locs),
-                       tuple(Statement(_identifier(t), _load_expr(e), _load_loc(x)) for t, e, x in statements),
-                       tuple((_identifier(n), _load_loc(x)) for n, x in outputs), _str(source), _str(filename))
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise ValueError(f"not a dumped epilogue program ({type(exc).__name__}: {exc})") from None
-
-
-def _dump_loc(loc: Location | None):
-    return None if loc is None else [loc.filename, loc.line, loc.col, loc.source_line]
-
-
-def _load_loc(x) -> Location | None:
-    if x is None:
-        return None
-    filename, line, col, source_line = x
-    if not (isinstance(line, int) and isinstance(col, int)):
-        raise TypeError(f"a place's line and column are numbers, not {line!r}, {col!r}")
-    return Location(_str(filename), line, col, _str(source_line))
-
-
-def _dump_expr(e: Expr):
-    return [e.kind, _dump_value(e.value), [_dump_expr(a) for a in e.args],
-            [[k, _dump_value(v)] for k, v in e.params], _dump_loc(e.loc)]
-
-
-def _load_expr(x) -> Expr:
-    kind, value, args, params, loc = x
-    value = _load_value(value)
-    args = tuple(_load_expr(a) for a in args)
-    params = tuple((_identifier(k), _load_value(v)) for k, v in params)
-    if kind == "call":
-        opdef = OPS.get(value) if isinstance(value, str) else None
-        if opdef is None:
-            raise TypeError(f"unknown op {value!r}")
-        if len(args) != opdef.arity:
-            raise TypeError(f"{value} takes {opdef.arity} tensor arguments, not {len(args)}")
-        for k, v in params:
-            if k not in opdef.param_names or not _param_rule(k)[0](v):
-                raise TypeError(f"{value}() cannot take {k}={v!r}")
-    elif kind == "name":
-        _identifier(value)
-    elif kind != "const" or not isinstance(value, (int, float)):
-        raise TypeError(f"unknown expression {kind!r} {value!r}")
-    if kind != "call" and (args or params):
-        raise TypeError(f"a {kind} has no arguments")
-    return Expr(kind, value, args, params, _load_loc(loc))
-
-
-def _dump_value(v):
-    """Literals and params: None, bools, ints, floats, strings and tuples of them. Floats are
-    tagged and written by float.hex (exact, and JSON has no inf or nan); tuples are tagged, so
-    a tuple comes back a tuple."""
-    if isinstance(v, tuple):
-        return {"t": [_dump_value(i) for i in v]}
-    if isinstance(v, float):
-        return {"f": v.hex()}
-    if v is None or isinstance(v, (bool, int, str)):
-        return v
-    raise TypeError(f"cannot dump the literal {v!r}")
-
-
-def _load_value(x):
-    if isinstance(x, dict):
-        if set(x) == {"t"} and isinstance(x["t"], list):
-            return tuple(_load_value(i) for i in x["t"])
-        if set(x) == {"f"} and isinstance(x["f"], str):
-            return float.fromhex(x["f"])
-        raise TypeError(f"unknown literal {x!r}")
-    if x is None or isinstance(x, (bool, int, str)):
-        return x
-    raise TypeError(f"unknown literal {x!r}")
-
-
-def _str(x) -> str:
-    if not isinstance(x, str):
-        raise TypeError(f"expected a string, not {x!r}")
-    return x
-
-
-def _identifier(x) -> str:
-    if not (isinstance(x, str) and IDENTIFIER.match(x)):
-        raise TypeError(f"expected an identifier, not {x!r}")
-    return x
 
 
 __all__ = ["Expr", "Statement", "Program", "parse", "OPS"]

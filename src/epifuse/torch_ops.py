@@ -10,7 +10,7 @@ Two operators, generic over epilogues:
                       bool accumulate, bool deterministic, str precision) -> ()
 
 `epilogue` is the epilogue's key (`Entry.key`): a header with a digest, then the Program as
-JSON (frontend.dump_program), compressed and base64-encoded, so the ops read the same epilogue
+JSON (program_json.dump_program), compressed and base64-encoded, so the ops read the same epilogue
 in any process. torch.compile bakes the argument into graphs it caches on disk (inductor's FX
 graph and AOTAutograd caches); a later process that loads them has not traced the backward, so
 it never registered the backward's epilogue, and a process-local number would name nothing, or
@@ -61,7 +61,8 @@ from torch import Tensor
 from .api import _bound_graph, _choose_kernel, EpilogueArguments, GemmArguments, IDENTITY_EPILOGUE
 from .autodiff import _Names, derive, graph_source, restrict
 from .errors import EpilogueArgumentError
-from .frontend import dump_program, Expr, load_program, Program, Statement, parse
+from .frontend import Expr, Program, Statement, parse
+from .program_json import dump_program, load_program
 from .ir import AXES
 from .ops import OPS
 from .shapes import accum_shape_of, classify_operand
