@@ -8,7 +8,7 @@ import torch
 
 import epifuse
 from epifuse import EpilogueArguments, GemmArguments
-from test_errors import AB, ALPHA, out, raises, src
+from test_errors import AB, ALPHA, K, M, N, out, raises, src
 
 
 def test_an_epilogue_function_must_be_wrapped_in_epilogue_arguments():
@@ -106,3 +106,15 @@ def test_debug_helpers_name_bad_arguments():
     with raises("out_dtype must be a torch.dtype such as torch.float16, not 'float16'"):
         debug.random_arguments(src_, 4, 5, 3, out_dtype="float16")
     assert debug.trace(args, tile=(0, 0)) is not None
+
+
+def test_verify_needs_values_and_arguments():
+    meta = dict(device="meta")
+    args = GemmArguments(torch.empty(M, K, **meta), torch.empty(K, N, **meta),
+                         epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=torch.empty(M, N, **meta)))
+    kernel = epifuse.get_kernels(args)[-1]
+    kernel.run(args)
+    with raises("verify=True compares values, and tensors on the meta device have none."):
+        kernel.run(args, verify=True)
+    with raises("runs on GemmArguments, not on NoneType"):
+        kernel.run(None, verify=True)
