@@ -50,7 +50,7 @@ from .ops import OPS, OpDef, lookup
 # ---- printing a Program back to source ------------------------------------------------------
 
 
-def _number(value: float) -> str:
+def number_literal(value: float) -> str:
     """A float literal the frontend parses back to the same value (inf as 1e999)."""
     value = float(value)
     if math.isnan(value):
@@ -65,7 +65,7 @@ def _param(value: Any) -> str:
         return repr(value)
     if isinstance(value, tuple):
         return repr(tuple(int(v) for v in value))
-    return _number(value)
+    return number_literal(value)
 
 
 # Operators print as the user writes them (fully parenthesized); the frontend reads each back
@@ -81,7 +81,7 @@ def expr_source(expr: Expr, rename: dict[str, str] | None = None) -> str:
     if expr.kind == "name":
         return rename.get(expr.value, expr.value)
     if expr.kind == "const":
-        return _number(expr.value)
+        return number_literal(expr.value)
     args = [expr_source(a, rename) for a in expr.args]
     if expr.value in _INFIX and not expr.params:
         return f"({args[0]} {_INFIX[expr.value]} {args[1]})"

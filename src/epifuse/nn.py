@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from . import torch_ops
 from .autodiff import _Names
+from .epilogues import number_literal
 from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
 from .frontend import Expr, Program, Statement, parse
 
@@ -62,12 +63,7 @@ def _activation_expression(module: nn.Module) -> str | None:
     values = [float(getattr(module, name)) for name in params[1:]]
     if any(math.isnan(v) for v in values):
         return None   # no literal spells NaN: left unfused
-    return f"{params[0]}(x, {', '.join(_literal(v) for v in values)})"
-
-
-def _literal(value: float) -> str:
-    """A float as epilogue source: repr, but an infinity as 1e999 (inf is a name there)."""
-    return repr(value) if math.isfinite(value) else ("1e999" if value > 0 else "-1e999")
+    return f"{params[0]}(x, {', '.join(number_literal(v) for v in values)})"
 
 
 def _program(epilogue, bias: bool) -> tuple[Program, str | None, str]:
