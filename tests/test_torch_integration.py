@@ -446,6 +446,25 @@ def test_autocast_on_cpu(dtype):
     assert layer.weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
 
 
+
+def test_autocast_under_compile_does_not_trace_the_availability_check(monkeypatch):
+    """torch 2.11's dynamo cannot trace torch.amp.is_autocast_available, and a fullgraph compile of
+    a FusedLinear under autocast failed there (seen on the GPU machine); here the check is made
+    untraceable the same way, so CPU CI catches a forward that calls it while compiling."""
+    monkeypatch.setattr(torch.amp, "is_autocast_available",
+                        torch._dynamo.disable(torch.amp.is_autocast_available))
+    torch._dynamo.reset()
+    layer = FusedLinear(16, 8, epilogue="gelu")
+    x = torch.randn(4, 16)
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y, expected = compiled(x), layer(x)
+    finally:
+        torch._dynamo.reset()
+    assert y.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(y, expected)
+
 # ---- converting an nn.Sequential ----------------------------------------------------------------
 
 def _mlp():

@@ -110,6 +110,15 @@ def _add_bias(program: Program) -> Program:
     return dataclasses.replace(program, params=program.params + (bias,), statements=statements, **extra)
 
 
+def _autocast_dtype(device_type: str):
+    """The dtype autocast gives matmuls on `device_type`, or None where it is off. Outside
+    torch.compile a device autocast does not know (meta) counts as off; under it the check is
+    skipped, since torch 2.11's dynamo cannot trace torch.amp.is_autocast_available."""
+    if not torch.compiler.is_compiling() and not torch.amp.is_autocast_available(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
 class FusedLinear(nn.Module):
     """`nn.Linear` with a fused epilogue.
 
@@ -176,9 +185,8 @@ class FusedLinear(nn.Module):
             raise ShapeError(f"x has {x.shape[-1]} features (its last dimension) but the layer takes "
                              f"in_features={self.in_features}")
         weight, bias = self.weight, self.bias
-        device_type = x.device.type
-        if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
-            dtype = torch.get_autocast_dtype(device_type)
+        dtype = _autocast_dtype(x.device.type)
+        if dtype is not None:
             x, weight = x.to(dtype), weight.to(dtype)
         lead = x.shape[:-1]
         x2 = x.reshape(lead.numel(), self.in_features)   # not -1: in_features may be 0
