@@ -142,3 +142,23 @@ def test_ncu_probe_lists_each_launchs_largest_stall_reasons():
     assert lines[-2] == "  cublas A@B: wait 1250.50, long_scoreboard 2.50, math_pipe_throttle 0.75, barrier 0.10"
     assert lines[-1] == "  identity: -"
 
+
+
+def test_power_probe_counts_the_dram_bytes_beyond_cublas():
+    """The power probe's model charges each workload for the (M, N) operands it reads and the
+    outputs it writes beyond cuBLAS's D: relu_aux reads C and writes F too, a loss reads the
+    labels instead of writing D, a bias row costs nothing."""
+    import torch
+
+    from benchmarks.power_probe import extra_dram_bytes
+    from benchmarks.workloads import WORKLOADS
+    M, N, K = 64, 48, 16
+    tile = M * N * 2
+    expected = {"identity": 0, "bias_gelu": 0, "lincomb": tile, "relu_aux": 2 * tile, "bce_loss": 4,
+                "rowsumsq": 4 * M}
+    for name, extra in expected.items():
+        w = WORKLOADS[name]
+        gen = torch.Generator()
+        gen.manual_seed(0)
+        s = w.build(M, N, K, torch.float16, "cpu", gen)
+        assert extra_dram_bytes(w, s, M, N) == extra, name

@@ -1,0 +1,276 @@
+"""Does the power cap decide the gap to cuBLAS? Times cuBLAS and epifuse's chosen kernel from an
+idle GPU, back to back for a few seconds, reading the board's energy counter and SM clock
+through NVML: the fastest call of the first 0.3 s (before the power limit bites, as tuning
+sees it) and, over the last half, ms per call, clock, power and energy per GEMM.
+
+    PYTHONPATH=src:. python -m benchmarks.power_probe [--cases identity:S1,relu_aux:S2] [--out DIR]
+
+Each case measures cublas, epifuse, epifuse, cublas (the order cancels the GPU's warming) and
+reports per baseline the mean of its two measurements. A device copy's energy per DRAM byte
+(less the idle board power over its time) then predicts what each case's extra DRAM bytes
+(its (M, N) operands and outputs beyond cuBLAS's D) cost: `model` is that energy ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from .run import _epifuse_call
+from .timing import collect_env
+from .workloads import SHAPES, WORKLOADS
+
+DEFAULT_CASES = "identity:S1,identity:S2,bias_gelu:S1,relu_aux:S2"
+NVML_CLOCK_SM = 1
+
+
+class Nvml:
+    """The three NVML calls the probe needs, through ctypes (no Python binding is required)."""
+
+    def __init__(self, index: int = 0):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self._check(self.lib.nvmlInit_v2())
+        self.handle = ctypes.c_void_p()
+        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.handle)))
+
+    @staticmethod
+    def _check(code: int) -> None:
+        if code != 0:
+            raise RuntimeError(f"NVML call failed with code {code}")
+
+    def energy_mj(self) -> int:
+        value = ctypes.c_ulonglong()
+        self._check(self.lib.nvmlDeviceGetTotalEnergyConsumption(self.handle, ctypes.byref(value)))
+        return value.value
+
+    def sm_mhz(self) -> int:
+        value = ctypes.c_uint()
+        self._check(self.lib.nvmlDeviceGetClockInfo(self.handle, NVML_CLOCK_SM, ctypes.byref(value)))
+        return value.value
+
+    def power_w(self) -> float:
+        value = ctypes.c_uint()
+        self._check(self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(value)))
+        return value.value / 1000
+
+    def power_limit_w(self) -> float:
+        value = ctypes.c_uint()
+        self._check(self.lib.nvmlDeviceGetEnforcedPowerLimit(self.handle, ctypes.byref(value)))
+        return value.value / 1000
+
+
+def _chunk_times_ms(fn, calls: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def measure(fn, nvml: Nvml, idle_s: float, sustain_s: float, chunk: int = 10) -> dict:
+    """From `idle_s` of idleness: the first chunk's ms per call (burst), then chunks for
+    `sustain_s`; over the second half of those, ms per call (median chunk), mean SM clock,
+    mean power and energy per call."""
+    torch.cuda.synchronize()
+    time.sleep(idle_s)
+    clocks, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            clocks.append((time.perf_counter(), nvml.sm_mhz()))
+            time.sleep(0.01)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    chunks, t0 = [], time.perf_counter()
+    half_at, energy0, calls_after_half = None, None, 0
+    while time.perf_counter() - t0 < sustain_s:
+        ms = _chunk_times_ms(fn, chunk)
+        now = time.perf_counter()
+        chunks.append((now, ms))
+        if half_at is None and now - t0 >= sustain_s / 2:
+            half_at, energy0 = now, nvml.energy_mj()
+        elif half_at is not None:
+            calls_after_half += chunk
+    energy1, t1 = nvml.energy_mj(), time.perf_counter()
+    stop.set()
+    poller.join()
+    late = [ms for t, ms in chunks if half_at is not None and t > half_at]
+    burst = min(ms for t, ms in chunks[1:] if t - t0 < 0.3) if len(chunks) > 1 else float("nan")
+    mhz = [m for t, m in clocks if half_at is not None and t > half_at]
+    joules = (energy1 - energy0) / 1000 if energy0 is not None else float("nan")
+    return {"burst_ms": burst, "sustained_ms": statistics.median(late) if late else float("nan"),
+            "sustained_mhz": statistics.fmean(mhz) if mhz else float("nan"),
+            "power_w": joules / (t1 - half_at) if half_at else float("nan"),
+            "mj_per_call": 1000 * joules / calls_after_half if calls_after_half else float("nan")}
+
+
+def _mean(a: dict, b: dict) -> dict:
+    return {k: (a[k] + b[k]) / 2 for k in a}
+
+
+def idle_power_w(nvml: Nvml, seconds: float = 3.0) -> float:
+    torch.cuda.synchronize()
+    time.sleep(seconds)
+    samples = []
+    for _ in range(20):
+        samples.append(nvml.power_w())
+        time.sleep(0.05)
+    return statistics.fmean(samples)
+
+
+def dram_mj_per_byte(nvml: Nvml, idle_w: float, idle_s: float, sustain_s: float, mib: int = 1024) -> dict:
+    """A device copy of `mib` MiB: its energy per byte moved (read and written) beyond the idle
+    board power over its time."""
+    src = torch.randn(mib * 2**20 // 2, device="cuda", dtype=torch.float16)
+    dst = torch.empty_like(src)
+    m = measure(lambda: dst.copy_(src), nvml, idle_s, sustain_s, chunk=2)
+    moved = 2 * src.numel() * src.element_size()
+    m["mj_per_byte"] = (m["mj_per_call"] - idle_w * m["sustained_ms"]) / moved
+    m["tb_per_s"] = moved / m["sustained_ms"] / 1e9
+    return m
+
+
+def extra_dram_bytes(w, s, M: int, N: int) -> int:
+    """The bytes a case's epilogue moves beyond cuBLAS's D: its (M, N) operands read, its
+    outputs written, less D."""
+    operands = sum(t.numel() * t.element_size() for t in s.operands.values()
+                   if torch.is_tensor(t) and t.dim() == 2)
+    itemsizes = [torch.empty((), dtype=d).element_size() for d in s.out_dtypes]
+    outputs = sum(math.prod(shape) * size for shape, size in zip(w.expected_shapes(M, N), itemsizes))
+    return operands + outputs - M * N * s.A.element_size()
+
+
+def run_case(epifuse, nvml, workload: str, shape: str, idle_s: float, sustain_s: float) -> dict:
+    w = WORKLOADS[workload]
+    M, N, K = SHAPES[shape]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    s = w.build(M, N, K, torch.float16, "cuda", gen)
+    cublas = w.cublas(s)
+    fused = _epifuse_call(epifuse, w, s, False)[0]
+    fused()   # tunes, or takes the cached choice
+    kernel = epifuse.runtime.tune.HISTORY[-1]["choice"] if epifuse.runtime.tune.HISTORY else "cached"
+    first = {"cublas": measure(cublas, nvml, idle_s, sustain_s), "epifuse": measure(fused, nvml, idle_s, sustain_s)}
+    second = {"epifuse": measure(fused, nvml, idle_s, sustain_s), "cublas": measure(cublas, nvml, idle_s, sustain_s)}
+    return {"workload": workload, "shape": shape, "kernel": kernel, "extra_bytes": extra_dram_bytes(w, s, M, N),
+            "cublas": _mean(first["cublas"], second["cublas"]),
+            "epifuse": _mean(first["epifuse"], second["epifuse"]), "passes": [first, second]}
+
+
+def rank_candidates(epifuse, epilogue: str, shape: str, idle_s: float, sustain_s: float) -> dict:
+    """Every candidate kernel of one probe epilogue (benchmarks.probe.EPILOGUES), timed as
+    tuning times it (do_bench, 15 ms, after `idle_s` idle) and sustained (measure), in order and
+    in reverse order (each kernel's two times averaged), with cuBLAS's A @ B the same ways."""
+    from triton.testing import do_bench
+
+    from .probe import make_args, make_operands
+    M, N, K = SHAPES[shape]
+    A, B, operands = make_operands(M, N, K)
+    args = make_args(epilogue, A, B, operands)
+    calls = {"cublas": lambda: A @ B}
+    for kernel in epifuse.get_kernels(args):
+        if kernel.name != "reference":
+            kernel.run(args)   # compiles
+            calls[repr(kernel)] = (lambda k: lambda: k.run(args))(kernel)
+    times: dict = {name: [] for name in calls}
+    for order in (list(calls), list(reversed(calls))):
+        for name in order:
+            torch.cuda.synchronize()
+            time.sleep(idle_s)
+            tuning = do_bench(calls[name], warmup=3, rep=15, return_mode="median")
+            sustained = measure(calls[name], nvml_handle(), idle_s, sustain_s)["sustained_ms"]
+            times[name].append((tuning, sustained))
+    mean = {name: tuple(sum(t[i] for t in ts) / len(ts) for i in (0, 1)) for name, ts in times.items()}
+    return {"epilogue": epilogue, "shape": shape, "ms": mean}
+
+
+_NVML: list = []
+
+
+def nvml_handle() -> Nvml:
+    if not _NVML:
+        _NVML.append(Nvml(torch.cuda.current_device()))
+    return _NVML[0]
+
+
+def print_candidates(result: dict) -> None:
+    ms = result["ms"]
+    tune_c, sus_c = ms["cublas"]
+    kernels = [k for k in ms if k != "cublas"]
+    by_tuning = min(kernels, key=lambda k: ms[k][0])
+    by_sustained = min(kernels, key=lambda k: ms[k][1])
+    print(f"{result['epilogue']} {result['shape']}: ratios to cuBLAS, tuning-style / sustained")
+    for k in sorted(kernels, key=lambda k: ms[k][1]):
+        mark = ("T" if k == by_tuning else " ") + ("S" if k == by_sustained else " ")
+        print(f"  {mark} {ms[k][0] / tune_c:6.3f} {ms[k][1] / sus_c:6.3f}  {k}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default=DEFAULT_CASES, help="comma list of workload:shape (fp16)")
+    p.add_argument("--idle", type=float, default=3.0, help="seconds idle before each measurement")
+    p.add_argument("--sustain", type=float, default=3.0, help="seconds of back-to-back calls")
+    p.add_argument("--candidates", default="",
+                   help="instead: rank every candidate kernel of these probe epilogue:shape pairs "
+                        "(benchmarks.probe.EPILOGUES) tuning-style and sustained")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import epifuse
+    import epifuse.runtime.tune  # noqa: F401  (its HISTORY names the chosen kernel)
+    nvml = nvml_handle()
+    env = collect_env(epifuse)
+    if args.candidates:
+        ranked = []
+        for case in args.candidates.split(","):
+            epilogue, shape = case.split(":")
+            ranked.append(rank_candidates(epifuse, epilogue, shape, args.idle, args.sustain))
+            print_candidates(ranked[-1])
+        if args.out:
+            path = Path(args.out) / f"candidates_power_{time.strftime('%Y%m%d-%H%M', time.gmtime())}.json"
+            path.write_text(json.dumps({"env": env, "cases": ranked}, indent=1))
+            print(f"wrote {path}")
+        return 0
+    idle_w = idle_power_w(nvml, args.idle)
+    copy = dram_mj_per_byte(nvml, idle_w, args.idle, args.sustain)
+    results = []
+    for case in args.cases.split(","):
+        workload, shape = case.split(":")
+        results.append(run_case(epifuse, nvml, workload, shape, args.idle, args.sustain))
+    print(f"{env.get('gpu')}  power limit {nvml.power_limit_w():.0f} W, idle {idle_w:.0f} W; copy "
+          f"{copy['tb_per_s']:.2f} TB/s at {copy['power_w']:.0f} W: {copy['mj_per_byte'] * 1e9:.1f} pJ per DRAM byte "
+          "beyond idle")
+    print("ratios epifuse / cublas; model: the energy ratio the extra DRAM bytes alone predict")
+    print(f"{'case':<13} {'burst':>6} {'sustained':>9} {'MHz cuBLAS/epifuse':>19} {'W cuBLAS/epifuse':>17} "
+          f"{'energy/call':>11} {'model':>6}  kernel")
+    for r in results:
+        c, e = r["cublas"], r["epifuse"]
+        r["model"] = 1 + r["extra_bytes"] * copy["mj_per_byte"] / c["mj_per_call"]
+        print(f"{r['workload'] + ' ' + r['shape']:<13} {e['burst_ms'] / c['burst_ms']:6.3f} "
+              f"{e['sustained_ms'] / c['sustained_ms']:9.3f} {c['sustained_mhz']:9.0f}/{e['sustained_mhz']:<9.0f}"
+              f" {c['power_w']:8.0f}/{e['power_w']:<8.0f} {e['mj_per_call'] / c['mj_per_call']:11.3f}"
+              f" {r['model']:6.3f}  {r['kernel']}")
+    if args.out:
+        stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
+        path = Path(args.out) / f"power_probe_{stamp}.json"
+        path.write_text(json.dumps({"env": env, "power_limit_w": nvml.power_limit_w(), "idle_w": idle_w,
+                                    "copy": copy, "cases": results}, indent=1))
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
