@@ -33,7 +33,7 @@ NVML_CLOCK_SM = 1
 
 
 class Nvml:
-    """The three NVML calls the probe needs, through ctypes (no Python binding is required)."""
+    """The NVML calls the probe needs, through ctypes (no Python binding is required)."""
 
     def __init__(self, index: int = 0):
         self.lib = ctypes.CDLL("libnvidia-ml.so.1")
@@ -78,9 +78,9 @@ def _chunk_times_ms(fn, calls: int) -> float:
 
 
 def measure(fn, nvml: Nvml, idle_s: float, sustain_s: float, chunk: int = 10) -> dict:
-    """From `idle_s` of idleness: the first chunk's ms per call (burst), then chunks for
-    `sustain_s`; over the second half of those, ms per call (median chunk), mean SM clock,
-    mean power and energy per call."""
+    """After `idle_s` of idleness, chunks of `chunk` calls for `sustain_s`: the fastest chunk's
+    ms per call in the first 0.3 s, the first chunk left out (burst), and over the second half,
+    ms per call (median chunk), mean SM clock, mean power and energy per call."""
     torch.cuda.synchronize()
     time.sleep(idle_s)
     clocks, stop = [], threading.Event()
@@ -168,11 +168,13 @@ def run_case(epifuse, nvml, workload: str, shape: str, idle_s: float, sustain_s:
             "epifuse": _mean(first["epifuse"], second["epifuse"]), "passes": [first, second]}
 
 
-def rank_candidates(epifuse, epilogue: str, shape: str, idle_s: float, sustain_s: float) -> dict:
+def rank_candidates(epifuse, nvml: Nvml, epilogue: str, shape: str, idle_s: float, sustain_s: float) -> dict:
     """Every candidate kernel of one probe epilogue (benchmarks.probe.EPILOGUES), timed as
     tuning times it (do_bench, 15 ms, after `idle_s` idle) and sustained (measure), in order and
     in reverse order (each kernel's two times averaged), with cuBLAS's A @ B the same ways."""
     from triton.testing import do_bench
+
+    from epifuse.runtime.tune import TUNE_REP_MS, TUNE_WARMUP_MS
 
     from .probe import make_args, make_operands
     M, N, K = SHAPES[shape]
@@ -188,8 +190,8 @@ def rank_candidates(epifuse, epilogue: str, shape: str, idle_s: float, sustain_s
         for name in order:
             torch.cuda.synchronize()
             time.sleep(idle_s)
-            tuning = do_bench(calls[name], warmup=3, rep=15, return_mode="median")
-            sustained = measure(calls[name], nvml_handle(), idle_s, sustain_s)["sustained_ms"]
+            tuning = do_bench(calls[name], warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, return_mode="median")
+            sustained = measure(calls[name], nvml, idle_s, sustain_s)["sustained_ms"]
             times[name].append((tuning, sustained))
     mean = {name: tuple(sum(t[i] for t in ts) / len(ts) for i in (0, 1)) for name, ts in times.items()}
     return {"epilogue": epilogue, "shape": shape, "ms": mean}
@@ -233,14 +235,15 @@ def main(argv=None) -> int:
     import epifuse.runtime.tune  # noqa: F401  (its HISTORY names the chosen kernel)
     nvml = nvml_handle()
     env = collect_env(epifuse)
+    stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
     if args.candidates:
         ranked = []
         for case in args.candidates.split(","):
             epilogue, shape = case.split(":")
-            ranked.append(rank_candidates(epifuse, epilogue, shape, args.idle, args.sustain))
+            ranked.append(rank_candidates(epifuse, nvml, epilogue, shape, args.idle, args.sustain))
             print_candidates(ranked[-1])
         if args.out:
-            path = Path(args.out) / f"candidates_power_{time.strftime('%Y%m%d-%H%M', time.gmtime())}.json"
+            path = Path(args.out) / f"candidates_power_{stamp}.json"
             path.write_text(json.dumps({"env": env, "cases": ranked}, indent=1))
             print(f"wrote {path}")
         return 0
@@ -264,7 +267,6 @@ def main(argv=None) -> int:
               f" {c['power_w']:8.0f}/{e['power_w']:<8.0f} {e['mj_per_call'] / c['mj_per_call']:11.3f}"
               f" {r['model']:6.3f}  {r['kernel']}")
     if args.out:
-        stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
         path = Path(args.out) / f"power_probe_{stamp}.json"
         path.write_text(json.dumps({"env": env, "power_limit_w": nvml.power_limit_w(), "idle_w": idle_w,
                                     "copy": copy, "cases": results}, indent=1))

@@ -17,11 +17,12 @@ import subprocess
 import sys
 import tempfile
 
-CLOSE = 1.10
 
-
-def resweep_rank(kernels, time_ms, close: float = CLOSE):
+def resweep_rank(kernels, time_ms, close: float | None = None):
     from triton.testing import do_bench
+
+    from epifuse.runtime.tune import CLOSE
+    close = CLOSE if close is None else close
     timings = []
     for position, kernel in enumerate(kernels):
         try:

@@ -143,7 +143,6 @@ def test_ncu_probe_lists_each_launchs_largest_stall_reasons():
     assert lines[-1] == "  identity: -"
 
 
-
 def test_power_probe_counts_the_dram_bytes_beyond_cublas():
     """The power probe's model charges each workload for the (M, N) operands it reads and the
     outputs it writes beyond cuBLAS's D: relu_aux reads C and writes F too, a loss reads the

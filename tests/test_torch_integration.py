@@ -446,7 +446,6 @@ def test_autocast_on_cpu(dtype):
     assert layer.weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
 
 
-
 def test_autocast_under_compile_does_not_trace_the_availability_check(monkeypatch):
     """torch 2.11's dynamo cannot trace torch.amp.is_autocast_available, and a fullgraph compile of
     a FusedLinear under autocast failed there (seen on the GPU machine); here the check is made
@@ -464,6 +463,7 @@ def test_autocast_under_compile_does_not_trace_the_availability_check(monkeypatc
         torch._dynamo.reset()
     assert y.dtype == expected.dtype == torch.bfloat16
     assert torch.equal(y, expected)
+
 
 # ---- converting an nn.Sequential ----------------------------------------------------------------
 

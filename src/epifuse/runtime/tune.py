@@ -113,6 +113,7 @@ def choose(args, kernels: list):
 
 
 CLOSE = 1.10  # candidates within 10 % of the fastest are timed a second time
+TUNE_WARMUP_MS, TUNE_REP_MS = 3, 15  # each timing (do_bench); benchmarks.power_probe times as tuning does
 
 
 def _time_all(args, kernels):
@@ -127,7 +128,7 @@ def _time_all(args, kernels):
             step = f"{calls[0]}/{len(kernels)}" if calls[0] <= len(kernels) else "again"
             print(f"\repifuse: tuning {step} {kernel!r:60s}", end="", file=sys.stderr, flush=True)
         kernel.run(scratch)
-        return do_bench(lambda: kernel.run(scratch), warmup=3, rep=15, return_mode="median")
+        return do_bench(lambda: kernel.run(scratch), warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, return_mode="median")
 
     timings = rank(kernels, time_ms)
     if not timings:
