@@ -469,3 +469,117 @@ def test_clamp_with_its_min_above_its_max_in_a_sum_of_logs(device):
         args.outputs["loss"].fill_(float("nan"))
         kernel.run(args)
         assert args.outputs["loss"].item() == 0.0, kernel
+
+
+# atomic reductions the tiled and Gluon kernels zero themselves (codegen.zeroing_start)
+ZEROED = ("def epi(accum, C):\n    x = accum * 2.0 + C + 64.0\n    s = sum(x)\n    r = sum(x, dim=1)\n"
+          "    m = mean(x, dim=0)\n    a = amax(x, dim=0)\n    return s, r, m, a\n")
+
+
+def _zeroed_problem(device, rows=M, cols=N, depth=K, dtype=torch.float16):
+    A = integer_tensor(rows, depth, device=device, dtype=dtype)
+    B = integer_tensor(depth, cols, low=-1, high=2, device=device, dtype=dtype)
+    C = integer_tensor(rows, cols, device=device, dtype=torch.float32)
+    outs = dict(s=torch.empty((), device=device), r=torch.empty(rows, device=device),
+                m=torch.empty(cols, device=device), a=torch.empty(cols, device=device))
+    return A, B, C, outs
+
+
+def _count_launches_of_zeroing(args, kernel, launches):
+    """The plan's (arrivals, done) words after `launches` launches of `kernel` on `args`."""
+    plan = args._plans[kernel]
+    sync = plan.owned[-1]
+    assert plan.meta["ANY_ZERO"] and sync.dtype == torch.int64
+    arrivals = plan.values[next(i for i, v in enumerate(plan.values) if v is sync) + 1]
+    assert sync.tolist() == [launches * arrivals, launches]
+
+
+def test_small_atomic_reductions_are_zeroed_by_the_kernel(device, monkeypatch):
+    """fp32 contiguous sums, means and amax start from the first program's zeros, not from a
+    launch before the kernel: destinations full of NaN come out right launch after launch, and
+    the plan's words count the programs' arrivals and the launches."""
+    from epifuse.backends.triton import tiled
+    prepared = []
+    monkeypatch.setattr(tiled, "prepare_reduction", lambda y, *rest: prepared.append(y.name))
+    A, B, C, outs = _zeroed_problem(device)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
+    kernel = next(k for k in epifuse.get_kernels(args) if k.name == "triton_tiled")
+    for launch in (1, 2, 3):
+        for t in outs.values():
+            t.fill_(float("nan"))
+        kernel.run(args)
+        _check(args, "sum")
+        _count_launches_of_zeroing(args, kernel, launch)
+    assert prepared == []
+    assert args._plans[kernel].simple  # nothing runs around the launch
+
+
+@pytest.mark.parametrize("case", ["accumulate", "bf16", "strided", "over the limit"])
+def test_reductions_the_kernel_does_not_zero_start_from_a_launch(case, device, monkeypatch):
+    """An accumulated, non-fp32, non-contiguous or large destination is zeroed (or copied) by a
+    launch before the kernel, as before; the others of the same launch still by the kernel."""
+    from epifuse.backends.triton import tiled
+    prepared = []
+    real = tiled.prepare_reduction
+    monkeypatch.setattr(tiled, "prepare_reduction", lambda y, *rest: (prepared.append(y.name), real(y, *rest)))
+    A, B, C, outs = _zeroed_problem(device)
+    accumulate = case == "accumulate"
+    if case == "bf16":
+        outs["r"] = torch.empty(M, device=device, dtype=torch.bfloat16)
+    elif case == "strided":
+        outs["r"] = torch.empty(M, 2, device=device)[:, 0]
+    elif case == "over the limit":
+        monkeypatch.setattr(tiled, "ZERO_LIMIT", M - 1)
+    for t in outs.values():
+        t.copy_(integer_tensor(*t.shape, low=0, device=device, dtype=torch.float32)) if accumulate else t.fill_(float("nan"))
+    before = {name: t.double().clone() for name, t in outs.items()}
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, accumulate=accumulate, **outs))
+    kernel = next(k for k in epifuse.get_kernels(args) if k.name == "triton_tiled")
+    kernel.run(args)
+    for name, ref in reference_outputs(args).items():
+        if accumulate:
+            ref = torch.maximum(ref, before[name]) if name == "a" else ref + before[name]
+        tolerance = 1e-2 if outs[name].dtype == torch.bfloat16 else 1e-5
+        assert rel_error(outs[name], ref) < tolerance, name
+    expected = ["s", "r", "m", "a"] if accumulate else ["r"]  # M > N: only r is over the limit
+    assert prepared == expected
+    assert args._plans[kernel].meta["ANY_ZERO"] == (not accumulate)
+
+
+def _gluon_and_tiled_kernels(args):
+    from epifuse.backends.triton import pingpong, tiled
+    kernels = [tiled.TritonTiled(tiled.CUDA_CONFIGS[2]),
+               *(pingpong.GluonPingPong(c) for c in (*pingpong.SMALL_GRID_CONFIGS, *pingpong.CUDA_CONFIGS[1:2])),
+               *(pingpong.GluonCooperative(c) for c in pingpong.COOPERATIVE_CONFIGS[:1])]
+    for kernel in kernels:
+        assert kernel.supports(args), (kernel, kernel.supports(args))
+    return kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,cols", [(128, 8192), (1000, 744), (64, 128)])
+def test_in_kernel_zeroing_on_the_gpu(rows, cols):
+    """Every kernel that zeroes its reductions, with consumers that take no tile (a small grid),
+    several tiles per consumer and a single tile: NaN-filled destinations, three launches, then
+    three replays of a captured CUDA graph, each against the float64 reference."""
+    A, B, C, outs = _zeroed_problem("cuda", rows, cols, depth=96)  # rows of A 16-byte aligned for TMA
+    for kernel in _gluon_and_tiled_kernels(epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+            ZEROED, C=C, **outs))):
+        args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
+        for launch in (1, 2, 3):
+            for t in outs.values():
+                t.fill_(float("nan"))
+            kernel.run(args)
+            torch.cuda.synchronize()
+            _check(args, "sum")
+            _count_launches_of_zeroing(args, kernel, launch)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            kernel.run(args)
+        for replay in (1, 2, 3):
+            for t in outs.values():
+                t.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            _check(args, "sum")
+            _count_launches_of_zeroing(args, kernel, 3 + replay)

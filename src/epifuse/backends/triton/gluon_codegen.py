@@ -23,7 +23,8 @@ Every barrier counts one arrival (Gluon arrives once per partition).
 from __future__ import annotations
 
 from ...ir import Graph
-from .codegen import _HEADER, _emit_epilogue, launch_layout
+from .codegen import (_HEADER, _emit_epilogue, launch_layout, zeroing_end, zeroing_meta, zeroing_params,
+                      zeroing_poll, zeroing_start, zeroing_wait)
 from .rules import helper_source
 
 _GLUON_IMPORTS = '''from triton.experimental import gluon
@@ -84,7 +85,7 @@ def _consumer(CID: gl.constexpr, {params}):
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    j = 0
+{zero_start}    j = 0
     for tile in range(pid + CID * nprog, num_pid_m * num_pid_n, 2 * nprog):
         t = 2 * j + CID
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
@@ -93,10 +94,10 @@ def _consumer(CID: gl.constexpr, {params}):
 {prefetch}{zeros}        for kk in range(k_tiles):
             i = base + kk
 {k_step}        mbarrier.arrive(turn_bars.index(1 - CID))
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+{zero_poll}        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty_bars.index((base + k_tiles - 1) % STAGES), pred=k_tiles > 0)
 {tile_rows}{wait}{pieces}        j += 1
-{drain}
+{drain}{zero_end}
 
 @gluon.jit
 def _consumer0({params}):
@@ -154,16 +155,16 @@ def _consumer({params}):
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    i = 0
+{zero_start}    i = 0
     j = 0
     for tile in range(pid, num_pid_m * num_pid_n, nprog):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
 {prefetch}{zeros}        for kk in range(k_tiles):
 {k_step}            i += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+{zero_poll}        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty_bars.index((i + STAGES - 1) % STAGES), pred=k_tiles > 0)
 {tile_rows}{wait}{pieces}        j += 1
-{drain}
+{drain}{zero_end}
 
 @gluon.jit
 def epifuse_kernel(
@@ -276,8 +277,9 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     slots = layout.tma_candidates()
     loads = [p for p in slots if p not in tiles]
     meta = (GEMM_META + ["LOAD_BYTES"] + [f"{p.upper()}_{part}" for p in slots for part in ("TMA", "BUF")]
-            + [f"{p.upper()}_{part}" for p in tiles for part in ("KIND", "LO", "HI", "WAIT")])
-    runtime = ["M", "N", "K", *layout.param_names(), *(f"{p}_desc" for p in slots)]
+            + [f"{p.upper()}_{part}" for p in tiles for part in ("KIND", "LO", "HI", "WAIT")]
+            + zeroing_meta(layout))
+    runtime = ["M", "N", "K", *layout.param_names(), *(f"{p}_desc" for p in slots), *zeroing_params(layout)]
     consumer_runtime = ["a_bufs", "b_bufs", "ready_bars", "empty_bars", "turn_bars", "load_bars",
                         *runtime, *(f"{p}_bufs" for p in slots)]
     params = ", ".join([*consumer_runtime, *(f"{m}: gl.constexpr" for m in meta)])
@@ -316,11 +318,19 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
                                   + "".join(_buffer_of(q, slots, pieces, i, 8) for q in slots) + body
                                   for i, v in enumerate(values))
     template = _CONSUMER if schedule == "pingpong" else _COOPERATIVE
+    warps = 4 if schedule == "pingpong" else 8
+    # the first program's first consumer zeroes; a consumer that took no tile waits before it arrives
+    zero_start = "".join("    " + line + "\n" for line in
+                         zeroing_start(layout, "pid == 0 and CID == 0", "gluon", warps))
+    zero_end = "".join("    " + line + "\n" for line in zeroing_end(layout, "j > 0"))
+    # asked as the last wgmmas finish, waited for with the tile's operands
+    zero_poll = "".join(" " * 8 + line + "\n" for line in zeroing_poll(layout))
+    wait += "".join(" " * 8 + line + "\n" for line in zeroing_wait(layout))
     return (_HEADER.format(key=key, target=f"cuda (Gluon {schedule}, sm_90)",
                            libdevice="from triton.language.extra import libdevice\n")
             + _GLUON_IMPORTS + helper_source(helpers, "cuda")
             + template.format(params=params, args=args, kernel_params=kernel_params, wait=wait,
                               pieces=pieces_text, drain=drain, allocate=allocate, zeros=_ZEROS,
                               k_step=_K_STEP, tile_rows=_TILE_ROWS, ring=_RING, prefetch=prefetch,
-                              load_bars=load_bars,
-                              layouts=_LAYOUTS.format(warps=4 if schedule == "pingpong" else 8)))
+                              load_bars=load_bars, zero_start=zero_start, zero_end=zero_end, zero_poll=zero_poll,
+                              layouts=_LAYOUTS.format(warps=warps)))

@@ -97,6 +97,10 @@ class GluonPingPong(TritonPersistent):
         return f"<{self.name} {self.config}>"
 
     _fallback: dict = {}  # its own smaller configs after an out-of-resources failure
+    zeroes_reductions = True
+
+    def _arrivals(self, grid) -> int:
+        return grid[0] * self.consumers
 
     def supports(self, args, cc: int | None = None) -> Status:
         if args.A.device.type != "cuda" or uses_interpreter(args.A.device):
@@ -304,8 +308,8 @@ def compile_offline(kernel: GluonPingPong, args, capability: int = 90):
                                 source, False)
     layout = launch_layout(args.graph, args.deterministic)
     buffers, _ = kernel._reduction_buffers(args, layout)
-    values, meta, _ = kernel._launch_args(args, layout, buffers)
-    values = kernel._argument_converter(args, layout, values, meta)(values, True)
+    launch = kernel._complete_launch(args, layout, buffers)
+    values, meta = launch.convert(launch.values, True), launch.meta
     target = GPUTarget("cuda", capability, 32)
     backend = make_backend(target)
     fn = module.epifuse_kernel

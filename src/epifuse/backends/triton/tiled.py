@@ -3,6 +3,12 @@
 Runs everywhere Triton runs, the CPU interpreter included (with small tiles there). The
 kernel source is generated from the Graph once per (graph, target) and imported from the
 disk cache; the launcher passes arguments in the order `codegen.launch_layout` fixes.
+
+Small atomic reductions (sums, means and amax into contiguous fp32 destinations, not
+accumulated into) are zeroed by the kernel's first program rather than by a launch before
+it (`codegen.zeroing_start`; the Gluon kernels do the same): the plan owns the two words
+that order the zeros before every program's atomics, so launches of one plan must not
+overlap (two streams running the same GemmArguments at once), as with split-K's workspace.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ from ..base import check_arguments, Kernel, Status, supported, unsupported
 from ...ir import AXES
 from ...shapes import accumulator_types, output_strides
 from ..reference import FP8_MAX, saturate
-from .codegen import emit_kernel, launch_layout
+from .codegen import ZERO_LIMIT, emit_kernel, launch_layout, zeroable
 from .rules import missing_rules
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -228,11 +234,33 @@ class TritonTiled(Kernel):
         if plan is None:
             module, layout = self._module(args)
             buffers, finish = self._reduction_buffers(args, layout)
-            values, meta, grid = self._launch_args(args, layout, buffers)
-            plan = plans[self] = _Plan(module.epifuse_kernel, layout, buffers, finish, values, meta, grid,
-                                       _reduction_steps(args, layout, buffers, finish))
-            plan.convert = self._argument_converter(args, layout, values, meta)
+            launch = self._complete_launch(args, layout, buffers)
+            plan = plans[self] = _Plan(module.epifuse_kernel, layout, buffers, finish, launch,
+                                       _reduction_steps(args, layout, buffers, finish, launch.zeroed))
         return plan
+
+    def _complete_launch(self, args, layout, buffers) -> "_Launch":
+        """The launch's values, constexprs and grid, with in-kernel zeroing's after the others."""
+        values, meta, grid = self._launch_args(args, layout, buffers)
+        convert = self._argument_converter(args, layout, values, meta)
+        zeroed, sync = frozenset(), None
+        outputs = zeroable(layout) if self.zeroes_reductions else []
+        if outputs:
+            launches = args.M > 0 and args.N > 0 and args.L > 0 and all(g > 0 for g in grid)
+            zeroed = frozenset(y.name for y in outputs if launches and _zeroes_in_kernel(args, y))
+            sync = torch.zeros(2, device=args.A.device, dtype=torch.int64)  # (arrivals, done)
+            values = [*values, sync, self._arrivals(grid), *(args.outputs[y.name].numel() for y in outputs)]
+            meta = dict(meta, ANY_ZERO=bool(zeroed),
+                        **{f"{y.prefix.upper()}_ZERO": y.name in zeroed for y in outputs})
+        return _Launch(values, meta, grid, convert, zeroed, sync)
+
+    # The kernel zeroes its small atomic reductions itself (codegen.zeroing_start) instead of
+    # a launch before it; split-K and the persistent Triton kernel leave that to the launch.
+    zeroes_reductions = True
+
+    def _arrivals(self, grid) -> int:
+        """How many programs of `grid` arrive at the end (codegen.zeroing_end)."""
+        return grid[0] * grid[1]
 
     def _argument_converter(self, args, layout, values, meta):
         """See _Plan.convert; the Triton kernels take their values as they are."""
@@ -296,24 +324,45 @@ class TritonTiled(Kernel):
             plan.launch_with = _interpreted_launcher(plan)
 
 
+@dataclass(frozen=True)
+class _Launch:
+    values: list
+    meta: dict
+    grid: tuple
+    convert: object      # see _Plan.convert
+    zeroed: frozenset    # the outputs the kernel zeroes itself (codegen.zeroing_start)
+    sync: object         # their (arrivals, done) words, or None
+
+
+def _zeroes_in_kernel(args, y) -> bool:
+    """Whether the kernel zeroes output `y` (an atomic reduction) at its start: an fp32
+    contiguous destination it starts from zero (not accumulated into), of at most ZERO_LIMIT
+    elements."""
+    dest = args.outputs[y.name]
+    return (not args.accumulate and dest.dtype == torch.float32 and dest.is_contiguous()
+            and 0 < dest.numel() <= ZERO_LIMIT)
+
+
 class _Plan:
     __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid", "fast", "simple",
                  "launch_with", "loaded", "before", "after", "owned", "convert")
 
-    def __init__(self, kernel, layout, buffers, finish, values, meta, grid, steps):
+    def __init__(self, kernel, layout, buffers, finish, launch: _Launch, steps):
         self.kernel, self.layout, self.buffers, self.finish = kernel, layout, buffers, finish
-        self.values, self.meta, self.grid = values, meta, grid
+        self.values, self.meta, self.grid = launch.values, launch.meta, launch.grid
         self.fast = None          # launch with `values`, skipping Triton's binding (CUDA)
         self.launch_with = None   # launch with other values of the same specialization
         self.loaded = False       # compiled and loaded on the GPU (see _loaded_plan)
-        # a launch and nothing else: no reduction to initialize or finish, a non-empty grid
-        self.simple = not finish and all(y.mode == "tile" for y in layout.outputs) and \
-            all(g > 0 for g in grid)
-        self.owned = tuple(work for _, work in finish)  # the reductions' work buffers
+        # a launch and nothing else: no reduction to initialize (but those the kernel zeroes)
+        # or finish, a non-empty grid
+        self.simple = not finish and all(y.mode == "tile" or y.name in launch.zeroed
+                                         for y in layout.outputs) and all(g > 0 for g in self.grid)
+        # the reductions' work buffers and in-kernel zeroing's words
+        self.owned = tuple(work for _, work in finish) + ((launch.sync,) if launch.sync is not None else ())
         self.before, self.after = steps  # see _reduction_steps
         # values -> the kernel's arguments, given whether Triton's JIT will bind them
         # (the Gluon kernel turns tensors into TMA descriptors); None: the values themselves
-        self.convert = None
+        self.convert = launch.convert
 
     def jit_values(self, values) -> list:
         return values if self.convert is None else self.convert(values, True)
@@ -338,13 +387,14 @@ def epilogue_values(args, layout, buffers) -> list:
     return values
 
 
-def _reduction_steps(args, layout, buffers, finish):
+def _reduction_steps(args, layout, buffers, finish, zeroed=frozenset()):
     """What runs before and after the launch for the reductions, as functions of the outputs
     (a name -> tensor mapping: the arguments' own, or a kept launch's new ones): initialize the
-    atomic buffers, then write the partials or the fp32 buffers to their destinations."""
+    atomic buffers the kernel does not zero (`zeroed`), then write the partials or the fp32
+    buffers to their destinations."""
     accumulate = args.accumulate
     atomic = [(y, buffers[y.name][0], args.outputs[y.name], args.reduced_count(y.name))
-              for y in layout.outputs if y.mode == "atomic"]
+              for y in layout.outputs if y.mode == "atomic" and y.name not in zeroed]
     atomic = [(y, None if buffer is dest else buffer, count) for y, buffer, dest, count in atomic]
     finishing = [(y, work, args.reduced_count(y.name)) for y, work in finish]
 
