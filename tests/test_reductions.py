@@ -557,12 +557,14 @@ def _gluon_and_tiled_kernels(args):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,cols", [(128, 8192), (1000, 744), (64, 128)])
-def test_in_kernel_zeroing_on_the_gpu(rows, cols):
+@pytest.mark.parametrize("rows,cols,depth", [(128, 8192, 96), (1000, 744, 96), (64, 128, 96), (65536, 64, 16)])
+def test_in_kernel_zeroing_on_the_gpu(rows, cols, depth):
     """Every kernel that zeroes its reductions, with consumers that take no tile (a small grid),
-    several tiles per consumer and a single tile: NaN-filled destinations, three launches, then
-    three replays of a captured CUDA graph, each against the float64 reference."""
-    A, B, C, outs = _zeroed_problem("cuda", rows, cols, depth=96)  # rows of A 16-byte aligned for TMA
+    several tiles per consumer, a single tile, and the largest row sum it zeroes under tiles
+    that take no time (K = 16: without the wait for the zeros, the ping-pong kernels lose
+    sums): NaN-filled destinations, three launches, then three replays of a captured CUDA
+    graph, each against the float64 reference."""
+    A, B, C, outs = _zeroed_problem("cuda", rows, cols, depth)  # rows of A 16-byte aligned for TMA
     for kernel in _gluon_and_tiled_kernels(epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
             ZEROED, C=C, **outs))):
         args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
@@ -583,3 +585,23 @@ def test_in_kernel_zeroing_on_the_gpu(rows, cols):
             torch.cuda.synchronize()
             _check(args, "sum")
             _count_launches_of_zeroing(args, kernel, 3 + replay)
+
+
+@pytest.mark.gpu
+def test_kept_launches_zero_their_reductions(monkeypatch):
+    """Repeated epifuse.gemm calls with NaN-filled reduction outputs: the kept launch runs
+    nothing but the kernel (its reductions zeroed there), and every call is right."""
+    from epifuse import callsite
+    monkeypatch.setenv("EPIFUSE_TUNE", "0")  # the untimed order: the small-grid ping-pong first
+    A, B, C, _ = _zeroed_problem("cuda", 128, 1024, depth=96)
+    hits = callsite.HITS[0]
+    for call in range(4):
+        outs = {name: torch.full(shape, float("nan"), device="cuda")
+                for name, shape in (("s", ()), ("r", (128,)), ("m", (1024,)), ("a", (1024,)))}
+        epifuse.gemm(A, B, ZEROED, C=C, **outs)
+        args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
+        _check(args, "sum")
+    assert callsite.HITS[0] - hits == 3
+    site = next(reversed(callsite._SITES.values()))
+    assert site.before is None and site.after is None
+

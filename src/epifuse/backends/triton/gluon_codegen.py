@@ -23,8 +23,8 @@ Every barrier counts one arrival (Gluon arrives once per partition).
 from __future__ import annotations
 
 from ...ir import Graph
-from .codegen import (_HEADER, _emit_epilogue, launch_layout, zeroing_end, zeroing_meta, zeroing_params,
-                      zeroing_poll, zeroing_start, zeroing_wait)
+from .codegen import (_HEADER, _emit_epilogue, launch_layout, zeroing_end, zeroing_helpers, zeroing_meta,
+                      zeroing_params, zeroing_poll, zeroing_start, zeroing_wait)
 from .rules import helper_source
 
 _GLUON_IMPORTS = '''from triton.experimental import gluon
@@ -273,6 +273,7 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     consumers = 2 if schedule == "pingpong" else 1
     layout = launch_layout(graph, deterministic)
     lines, helpers = _emit_epilogue(graph, layout, "gluon")
+    helpers |= zeroing_helpers(layout)
     tiles = tile_outputs(layout)
     slots = layout.tma_candidates()
     loads = [p for p in slots if p not in tiles]
@@ -319,10 +320,10 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
                                   for i, v in enumerate(values))
     template = _CONSUMER if schedule == "pingpong" else _COOPERATIVE
     warps = 4 if schedule == "pingpong" else 8
-    # the first program's first consumer zeroes; a consumer that took no tile waits before it arrives
+    # the first program's first consumer zeroes; every consumer arrives, with tiles or without
     zero_start = "".join("    " + line + "\n" for line in
                          zeroing_start(layout, "pid == 0 and CID == 0", "gluon", warps))
-    zero_end = "".join("    " + line + "\n" for line in zeroing_end(layout, "j > 0"))
+    zero_end = "".join("    " + line + "\n" for line in zeroing_end(layout))
     # asked as the last wgmmas finish, waited for with the tile's operands
     zero_poll = "".join(" " * 8 + line + "\n" for line in zeroing_poll(layout))
     wait += "".join(" " * 8 + line + "\n" for line in zeroing_wait(layout))

@@ -390,6 +390,18 @@ def _gelu_tanh(x):
     x2 = x * x
     return tl.fdiv(x, 1.0 + tl.exp2(x * (-2.302208198 + -0.1029432396 * x2)))
 '''},
+    "_load_acquire": {"any": '''
+@triton.jit
+def _load_acquire(ptr):
+    return tl.load(ptr, volatile=True)
+''', "cuda": '''
+@triton.jit
+def _load_acquire(ptr):
+    # ld.acquire: this thread's later accesses are ordered after the write it read (Triton's
+    # loads take no memory order), with no reply to wait for before the value is used
+    return tl.inline_asm_elementwise("ld.global.acquire.gpu.b64 $0, [$1];", "=l,l", [ptr],
+                                     dtype=tl.int64, is_pure=False, pack=1)
+'''},
 }
 
 

@@ -27,7 +27,7 @@ from ..base import check_arguments, Kernel, Status, supported, unsupported
 from ...ir import AXES
 from ...shapes import accumulator_types, output_strides
 from ..reference import FP8_MAX, saturate
-from .codegen import ZERO_LIMIT, emit_kernel, launch_layout, zeroable
+from .codegen import emit_kernel, launch_layout, zeroable
 from .rules import missing_rules
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -41,6 +41,7 @@ TL_TYPES = {
     torch.float8_e4m3fn: "tl.float8e4nv", torch.float8_e5m2: "tl.float8e5",
 }
 INT32_LIMIT = 2**31
+ZERO_LIMIT = 1 << 16  # the most elements of a reduction the kernel zeroes (a launch zeroes larger ones)
 _MISSING = missing_rules()
 # Triton's interpreter patches triton.language globally while a kernel runs: one at a time.
 _INTERPRETER_LOCK = threading.Lock()
@@ -246,9 +247,11 @@ class TritonTiled(Kernel):
         zeroed, sync = frozenset(), None
         outputs = zeroable(layout) if self.zeroes_reductions else []
         if outputs:
+            # run() launches nothing for an empty problem: the launch before it zeroes then
             launches = args.M > 0 and args.N > 0 and args.L > 0 and all(g > 0 for g in grid)
             zeroed = frozenset(y.name for y in outputs if launches and _zeroes_in_kernel(args, y))
-            sync = torch.zeros(2, device=args.A.device, dtype=torch.int64)  # (arrivals, done)
+            # (arrivals, done), passed also where ANY_ZERO is False and the kernel never reads them
+            sync = torch.zeros(2, device=args.A.device, dtype=torch.int64)
             values = [*values, sync, self._arrivals(grid), *(args.outputs[y.name].numel() for y in outputs)]
             meta = dict(meta, ANY_ZERO=bool(zeroed),
                         **{f"{y.prefix.upper()}_ZERO": y.name in zeroed for y in outputs})
@@ -340,7 +343,7 @@ def _zeroes_in_kernel(args, y) -> bool:
     elements."""
     dest = args.outputs[y.name]
     return (not args.accumulate and dest.dtype == torch.float32 and dest.is_contiguous()
-            and 0 < dest.numel() <= ZERO_LIMIT)
+            and dest.numel() <= ZERO_LIMIT)
 
 
 class _Plan:
