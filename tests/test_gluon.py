@@ -126,6 +126,11 @@ def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls,
     if src == ROWS:  # amax folds with an integer atomic max (codegen.reduction_mode)
         assert "atom.global.gpu.relaxed.max.s32" in ptx or "red.global.gpu.relaxed.max.s32" in ptx
     assert "acq_rel" not in ptx and "membar.gl" not in ptx
+    # the kernel zeroes its atomic reductions (codegen.zeroing_start): the first consumer
+    # releases its zeros, every consumer acquires them before its first atomic
+    zeroes = src in (LOSS, ROWS) and not deterministic
+    assert ("atom.global.gpu.release.exch.b64" in ptx) == zeroes
+    assert ("ld.global.acquire.gpu.b64" in ptx) == zeroes
     if src == LOSS:  # 1 + exp(...): the exp flushes subnormal results (rules.ADD_EXP_FLUSHED)
         assert "ex2.approx.ftz.f32" in ptx and not re.search(r"ex2\.approx\.f32\s", ptx)
     if cls is COOPERATIVE:

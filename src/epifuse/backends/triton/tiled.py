@@ -8,7 +8,8 @@ Small atomic reductions (sums, means and amax into contiguous fp32 destinations,
 accumulated into) are zeroed by the kernel's first program rather than by a launch before
 it (`codegen.zeroing_start`; the Gluon kernels do the same): the plan owns the two words
 that order the zeros before every program's atomics, so launches of one plan must not
-overlap (two streams running the same GemmArguments at once), as with split-K's workspace.
+overlap (two streams running the same GemmArguments at once): their programs could wait for
+each other's zeros forever (docs/kernels.md).
 """
 from __future__ import annotations
 
