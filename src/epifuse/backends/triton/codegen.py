@@ -431,12 +431,15 @@ KERNEL_SHAPES = {
 }
 
 
+ZEROING_SHAPES = ("tiled",)  # the Triton kernels that zero their small reductions (zeroing_start)
+
+
 def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: bool = False) -> str:
     """The module source of `epifuse_kernel` ("tiled", "persistent" or "splitk") for `graph` on `target`."""
     gemm_params, meta, mainloop, indent = KERNEL_SHAPES[shape]
     layout = launch_layout(graph, deterministic)
     tma = shape == "persistent"
-    zeroing = shape == "tiled"
+    zeroing = shape in ZEROING_SHAPES
     lines, helpers = _emit_epilogue(graph, layout, "tma" if tma else "pointer")
     if zeroing:
         lines = [*zeroing_poll(layout), *zeroing_wait(layout), *lines, *zeroing_end(layout)]

@@ -121,7 +121,6 @@ class TritonPersistent(TritonTiled):
         return supported(f"persistent TMA {self.config}")
 
     _before_launch = staticmethod(_install_allocator)
-    zeroes_reductions = False
 
     def _config(self, args) -> TileConfig:
         if uses_interpreter(args.A.device):

@@ -97,7 +97,7 @@ class GluonPingPong(TritonPersistent):
         return f"<{self.name} {self.config}>"
 
     _fallback: dict = {}  # its own smaller configs after an out-of-resources failure
-    zeroes_reductions = True
+    zeroes_reductions = True  # gluon_codegen emits zeroing for every schedule
 
     def _arrivals(self, grid) -> int:
         return grid[0] * self.consumers

@@ -60,7 +60,6 @@ class TritonSplitK(TritonTiled):
 
     name = "triton_splitk"
     shape = "splitk"
-    zeroes_reductions = False
 
     def __repr__(self) -> str:
         return f"<triton_splitk {self.config}>"

@@ -28,7 +28,7 @@ from ..base import check_arguments, Kernel, Status, supported, unsupported
 from ...ir import AXES
 from ...shapes import accumulator_types, output_strides
 from ..reference import FP8_MAX, saturate
-from .codegen import emit_kernel, launch_layout, zeroable
+from .codegen import ZEROING_SHAPES, emit_kernel, launch_layout, zeroable
 from .rules import missing_rules
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -258,9 +258,11 @@ class TritonTiled(Kernel):
                         **{f"{y.prefix.upper()}_ZERO": y.name in zeroed for y in outputs})
         return _Launch(values, meta, grid, convert, zeroed, sync)
 
-    # The kernel zeroes its small atomic reductions itself (codegen.zeroing_start) instead of
-    # a launch before it; split-K and the persistent Triton kernel leave that to the launch.
-    zeroes_reductions = True
+    @property
+    def zeroes_reductions(self) -> bool:
+        """Whether the kernel zeroes its small atomic reductions itself (codegen.zeroing_start,
+        whose parameters its source takes) instead of a launch before it."""
+        return self.shape in ZEROING_SHAPES
 
     def _arrivals(self, grid) -> int:
         """How many programs of `grid` arrive at the end (codegen.zeroing_end)."""
