@@ -161,3 +161,17 @@ def test_power_probe_counts_the_dram_bytes_beyond_cublas():
         gen.manual_seed(0)
         s = w.build(M, N, K, torch.float16, "cpu", gen)
         assert extra_dram_bytes(w, s, M, N) == extra, name
+
+
+def test_sass_probe_counts_a_sigmoids_special_functions():
+    """Offline (no GPU): in the cooperative kernel each of 256 threads holds 128 of a 128x256
+    tile's elements, and a sigmoid adds one exp2 and one reciprocal on the SFU for each."""
+    import torch
+
+    from benchmarks import sass_probe
+    A, B = torch.randn(256, 128, dtype=torch.float16), torch.randn(128, 512, dtype=torch.float16)
+    operands = {"bias": torch.randn(512, dtype=torch.float16)}
+    delta = sass_probe.added(sass_probe.KERNELS["coop"], "sigmoid", A, B, operands)
+    assert delta["MUFU.EX2"] == 128 and delta["MUFU.RCP"] == 128, delta
+    assert sass_probe.opcode_counts("        /*0010*/  @!P0 MUFU.EX2 R4, R4 ;\n"
+                                    "        /*0020*/  FFMA R1, R2, R3, R4 ;") == {"MUFU.EX2": 1, "FFMA": 1}
