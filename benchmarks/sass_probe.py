@@ -19,12 +19,11 @@ import re
 import subprocess
 import tempfile
 
-import torch
 
 from epifuse.backends.triton import pingpong
 from epifuse.backends.triton.tiled import TileConfig
 
-from .probe import EPILOGUES, make_args
+from .probe import EPILOGUES, make_args, make_operands
 
 KERNELS = {
     "coop": pingpong.GluonCooperative(TileConfig(128, 256, 64, 8, 8, 3)),
@@ -75,10 +74,7 @@ def main(argv=None):
     parser.add_argument("--epilogues", default="row_bias,sigmoid,bias_gelu")
     parser.add_argument("--kernels", default=",".join(KERNELS))
     ns = parser.parse_args(argv)
-    M, N, K = ns.shape
-    A, B = torch.randn(M, K, dtype=torch.float16), torch.randn(K, N, dtype=torch.float16)
-    operands = {"bias": torch.randn(N, dtype=torch.float16), "C": torch.randn(M, N, dtype=torch.float16),
-                "C2": torch.randn(M, N, dtype=torch.float16), "L": torch.randint(0, 2, (M, N)).half()}
+    A, B, operands = make_operands(*ns.shape, dev="cpu")  # stand-ins for CUDA tensors
     for name in ns.kernels.split(","):
         kernel = KERNELS[name]
         for epilogue in ns.epilogues.split(","):

@@ -126,7 +126,7 @@ def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls,
     if src == ROWS:  # amax folds with an integer atomic max (codegen.reduction_mode)
         assert "atom.global.gpu.relaxed.max.s32" in ptx or "red.global.gpu.relaxed.max.s32" in ptx
     assert "acq_rel" not in ptx and "membar.gl" not in ptx
-    # the kernel zeroes its atomic reductions (codegen.zeroing_start): the first consumer
+    # the kernel zeroes its atomic reductions (codegen.zeroing): the first consumer
     # releases its zeros, every consumer acquires them before its first atomic
     zeroes = src in (LOSS, ROWS) and not deterministic
     assert ("atom.global.gpu.release.exch.b64" in ptx) == zeroes

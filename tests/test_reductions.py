@@ -471,7 +471,7 @@ def test_clamp_with_its_min_above_its_max_in_a_sum_of_logs(device):
         assert args.outputs["loss"].item() == 0.0, kernel
 
 
-# atomic reductions the tiled and Gluon kernels zero themselves (codegen.zeroing_start)
+# atomic reductions the tiled and Gluon kernels zero themselves (codegen.zeroing)
 ZEROED = ("def epi(accum, C):\n    x = accum * 2.0 + C + 64.0\n    s = sum(x)\n    r = sum(x, dim=1)\n"
           "    m = mean(x, dim=0)\n    a = amax(x, dim=0)\n    return s, r, m, a\n")
 

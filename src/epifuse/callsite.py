@@ -8,11 +8,12 @@ runs the full path (checks, tuning, compile); if every tensor its launch took is
 passed, epifuse allocated or the kernel owns, the launch's argument list is kept with the
 positions of the caller's tensors, and with the plan's reduction steps (initialize the atomic
 reductions, sums and amax, that the kernel does not zero itself before the launch; fold the
-partials into the destinations after it). A later call with the same signature copies the list, puts its own tensors in those
-positions, and runs the steps and the launch. Tensors that share storage (an in-place update, an output aliasing an
-input) and empty tensors always take the full path, which checks them. Buffers a kernel owns
-(`kernel.owned_buffers(args)`: split-K's workspace and counters; a plan's reduction work
-buffers and in-kernel zeroing's words) stay with the site and are shared by its calls, which is why the signature includes
+partials into the destinations after it). A later call with the same signature copies the
+list, puts its own tensors in those positions, and runs the steps and the launch. Tensors that
+share storage (an in-place update, an output aliasing an input) and empty tensors always take
+the full path, which checks them. Buffers a kernel owns (`kernel.owned_buffers(args)`:
+split-K's workspace and counters; a plan's reduction work buffers and in-kernel zeroing's
+words) stay with the site and are shared by its calls, which is why the signature includes
 the current CUDA stream: calls on one stream run one after another.
 """
 from __future__ import annotations

@@ -113,12 +113,13 @@ def launch_layout(graph: Graph, deterministic: bool = False) -> Layout:
 # sync_arrivals arrivals of its own launch before it arrives itself, so arrivals //
 # sync_arrivals is n wherever it is read. The first program writes n + 1 to done (a barrier,
 # then a release exchange, after its zeros); every program reads done with acquire loads until
-# it is n + 1 before its first reduction. Nothing is reset, so a CUDA graph replays as it
-# is; launches of one plan must not overlap (programs of two launches that read different n
-# would wait forever). The waits assume that the first
-# program is dispatched before the others (in-order dispatch, which CUDA does not promise but
-# single-pass scans also rely on): a program that waits does so only before its epilogue.
+# it is n + 1 before its first reduction. Nothing is reset, so a CUDA graph replays as it is;
+# launches of one plan must not overlap (programs of two launches that read different n would
+# wait forever). The waits assume that the first program is dispatched before the others
+# (in-order dispatch, which CUDA does not promise but single-pass scans also rely on): a
+# program that waits does so only before its epilogue.
 ZERO_BLOCK = 1024
+_ASK_DONE = "zero_seen = _load_acquire(sync_ptr + 1).to(tl.int32)"
 
 
 def zeroable(layout: "Layout") -> list:
@@ -126,64 +127,51 @@ def zeroable(layout: "Layout") -> list:
     return [y for y in layout.outputs if y.mode == "atomic"]
 
 
-def zeroing_params(layout: "Layout") -> list[str]:
-    """The runtime parameters in-kernel zeroing adds after the others (none without atomics)."""
+@dataclass(frozen=True)
+class Zeroing:
+    """What in-kernel zeroing adds to a kernel's source (all empty without atomic outputs):
+    runtime parameters after the others, constexprs, helpers, and lines for the program's
+    start (read the launch's number; the first program zeroes and publishes), the question
+    whether the zeros are done (asked ahead of the wait that needs the answer, before each
+    tile's epilogue: a wait among the epilogue's lines made ptxas spill the loss epilogue),
+    that wait, and the program's end (arrive, no reply awaited). Lines are unindented."""
+    params: tuple = ()
+    meta: tuple = ()
+    helpers: frozenset = frozenset()
+    start: tuple = ()
+    poll: tuple = ()
+    wait: tuple = ()
+    end: tuple = ()
+
+
+def zeroing(layout: "Layout", first: str, style: str, warps: int = 4) -> Zeroing:
+    """The zeroing of `layout`'s atomic outputs; `first` is the condition that a program is
+    the first, `style` "pointer" or "gluon" (whose consumers have `warps` warps)."""
     outputs = zeroable(layout)
-    return ["sync_ptr", "sync_arrivals", *(f"{y.prefix}_count" for y in outputs)] if outputs else []
-
-
-def zeroing_meta(layout: "Layout") -> list[str]:
-    outputs = zeroable(layout)
-    return ["ANY_ZERO", *(f"{y.prefix.upper()}_ZERO" for y in outputs)] if outputs else []
-
-
-def zeroing_start(layout: "Layout", first: str, style: str, warps: int = 4) -> list[str]:
-    """Lines run at a program's start: read the launch's number, and in the first program
-    (`first`: a condition) zero the destinations and publish that."""
-    if not zeroable(layout):
-        return []
+    if not outputs:
+        return Zeroing()
     lang = "gl" if style == "gluon" else "tl"
     barrier = "gl.thread_barrier()" if style == "gluon" else "tl.debug_barrier()"
     arange = (f"gl.arange(0, {ZERO_BLOCK}, layout=gl.BlockedLayout([4], [32], [{warps}], [0]))"
               if style == "gluon" else f"tl.arange(0, {ZERO_BLOCK})")
-    lines = ["if ANY_ZERO:",
+    start = ["if ANY_ZERO:",
              f"    zero_target = ({lang}.load(sync_ptr, volatile=True) // sync_arrivals + 1).to(tl.int32)",
              f"    if {first}:"]
-    for y in zeroable(layout):
-        lines += [f"        if {y.prefix.upper()}_ZERO:",
+    for y in outputs:
+        start += [f"        if {y.prefix.upper()}_ZERO:",
                   f"            for zero_from in range(0, {y.prefix}_count, {ZERO_BLOCK}):",
                   f"                zero_offs = zero_from + {arange}",
                   f"                {lang}.store({y.prefix}_ptr + zero_offs, 0.0, mask=zero_offs < {y.prefix}_count)"]
-    lines += [f"        {barrier}  # every thread's zeros before the release",
+    start += [f"        {barrier}  # every thread's zeros before the release",
               f"        {lang}.atomic_xchg(sync_ptr + 1, zero_target.to(tl.int64), sem='release', scope='gpu')"]
-    return lines
-
-
-_ASK_DONE = "zero_seen = _load_acquire(sync_ptr + 1).to(tl.int32)"
-
-
-def zeroing_poll(layout: "Layout") -> list[str]:
-    """Lines asking whether the zeros are done, ahead of the wait (zeroing_wait) that needs
-    the answer: before each tile's epilogue. (A wait among the epilogue's lines made ptxas
-    spill the loss epilogue.)"""
-    return ["if ANY_ZERO:", f"    {_ASK_DONE}"] if zeroable(layout) else []
-
-
-def zeroing_wait(layout: "Layout") -> list[str]:
-    if not zeroable(layout):
-        return []
-    return ["if ANY_ZERO:", "    while zero_seen != zero_target:", f"        {_ASK_DONE}"]
-
-
-def zeroing_end(layout: "Layout") -> list[str]:
-    """Lines run at a program's end: arrive (no reply awaited)."""
-    if not zeroable(layout):
-        return []
-    return ["if ANY_ZERO:", "    tl.atomic_add(sync_ptr, 1, sem='relaxed', scope='gpu')"]
-
-
-def zeroing_helpers(layout: "Layout") -> set[str]:
-    return {"_load_acquire"} if zeroable(layout) else set()
+    return Zeroing(
+        params=("sync_ptr", "sync_arrivals", *(f"{y.prefix}_count" for y in outputs)),
+        meta=("ANY_ZERO", *(f"{y.prefix.upper()}_ZERO" for y in outputs)),
+        helpers=frozenset({"_load_acquire"}),
+        start=tuple(start),
+        poll=("if ANY_ZERO:", f"    {_ASK_DONE}"),
+        wait=("if ANY_ZERO:", "    while zero_seen != zero_target:", f"        {_ASK_DONE}"),
+        end=("if ANY_ZERO:", "    tl.atomic_add(sync_ptr, 1, sem='relaxed', scope='gpu')"))
 
 
 _HEADER = '''# Generated by epifuse for graph {key} (target: {target}). Do not edit.
@@ -431,7 +419,7 @@ KERNEL_SHAPES = {
 }
 
 
-ZEROING_SHAPES = ("tiled",)  # the Triton kernels that zero their small reductions (zeroing_start)
+ZEROING_SHAPES = ("tiled",)  # the Triton kernels that zero their small reductions (zeroing)
 
 
 def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: bool = False) -> str:
@@ -439,16 +427,15 @@ def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: 
     gemm_params, meta, mainloop, indent = KERNEL_SHAPES[shape]
     layout = launch_layout(graph, deterministic)
     tma = shape == "persistent"
-    zeroing = shape in ZEROING_SHAPES
+    zero = (zeroing(layout, "tl.program_id(0) == 0 and tl.program_id(1) == 0", "pointer")
+            if shape in ZEROING_SHAPES else Zeroing())
     lines, helpers = _emit_epilogue(graph, layout, "tma" if tma else "pointer")
-    if zeroing:
-        lines = [*zeroing_poll(layout), *zeroing_wait(layout), *lines, *zeroing_end(layout)]
-        helpers |= zeroing_helpers(layout)
-        start = zeroing_start(layout, "tl.program_id(0) == 0 and tl.program_id(1) == 0", "pointer")
-        mainloop = mainloop.replace("\n", "\n" + "".join("    " + line + "\n" for line in start), 1)
+    lines = [*zero.poll, *zero.wait, *lines, *zero.end]
+    helpers |= zero.helpers
+    mainloop = mainloop.replace("\n", "\n" + "".join("    " + line + "\n" for line in zero.start), 1)
     body = "".join(" " * indent + line + "\n" for line in lines)
     meta = meta + [f"{y.prefix.upper()}_{part}" for y in layout.outputs if y.mode == "tile"
-                   for part in ("KIND", "LO", "HI")] + (zeroing_meta(layout) if zeroing else [])
+                   for part in ("KIND", "LO", "HI")] + list(zero.meta)
     if tma:
         meta = meta + [f"{p.upper()}_TMA" for p in layout.tma_candidates()]
         setup = "".join("    " + line + "\n" for line in _tma_descriptors(layout))
@@ -457,7 +444,7 @@ def emit_kernel(graph: Graph, shape: str, target: str, key: str, deterministic: 
                          for i, h in enumerate(("lo", "hi")))
     else:
         halves = _TILED_EPILOGUE_START + body
-    params = ",\n    ".join([*gemm_params, *layout.param_names(), *(zeroing_params(layout) if zeroing else []),
+    params = ",\n    ".join([*gemm_params, *layout.param_names(), *zero.params,
                               *(f"{m}: tl.constexpr" for m in meta)])
     libdevice = "from triton.language.extra import libdevice\n" if target == "cuda" else ""
     # With K == 1 specialized to a constexpr (a K loop of one constant trip), Triton 3.6 on Hopper

@@ -23,8 +23,7 @@ Every barrier counts one arrival (Gluon arrives once per partition).
 from __future__ import annotations
 
 from ...ir import Graph
-from .codegen import (_HEADER, _emit_epilogue, launch_layout, zeroing_end, zeroing_helpers, zeroing_meta,
-                      zeroing_params, zeroing_poll, zeroing_start, zeroing_wait)
+from .codegen import _HEADER, _emit_epilogue, launch_layout, zeroing
 from .rules import helper_source
 
 _GLUON_IMPORTS = '''from triton.experimental import gluon
@@ -272,15 +271,18 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
         raise ValueError(f"unknown Gluon schedule {schedule!r}; one of {SCHEDULES}")
     consumers = 2 if schedule == "pingpong" else 1
     layout = launch_layout(graph, deterministic)
+    warps = 4 if schedule == "pingpong" else 8
+    # the first program's first consumer zeroes; every consumer arrives, with tiles or without
+    zero = zeroing(layout, "pid == 0 and CID == 0", "gluon", warps)
     lines, helpers = _emit_epilogue(graph, layout, "gluon")
-    helpers |= zeroing_helpers(layout)
+    helpers |= zero.helpers
     tiles = tile_outputs(layout)
     slots = layout.tma_candidates()
     loads = [p for p in slots if p not in tiles]
     meta = (GEMM_META + ["LOAD_BYTES"] + [f"{p.upper()}_{part}" for p in slots for part in ("TMA", "BUF")]
             + [f"{p.upper()}_{part}" for p in tiles for part in ("KIND", "LO", "HI", "WAIT")]
-            + zeroing_meta(layout))
-    runtime = ["M", "N", "K", *layout.param_names(), *(f"{p}_desc" for p in slots), *zeroing_params(layout)]
+            + list(zero.meta))
+    runtime = ["M", "N", "K", *layout.param_names(), *(f"{p}_desc" for p in slots), *zero.params]
     consumer_runtime = ["a_bufs", "b_bufs", "ready_bars", "empty_bars", "turn_bars", "load_bars",
                         *runtime, *(f"{p}_bufs" for p in slots)]
     params = ", ".join([*consumer_runtime, *(f"{m}: gl.constexpr" for m in meta)])
@@ -319,14 +321,11 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
                                   + "".join(_buffer_of(q, slots, pieces, i, 8) for q in slots) + body
                                   for i, v in enumerate(values))
     template = _CONSUMER if schedule == "pingpong" else _COOPERATIVE
-    warps = 4 if schedule == "pingpong" else 8
-    # the first program's first consumer zeroes; every consumer arrives, with tiles or without
-    zero_start = "".join("    " + line + "\n" for line in
-                         zeroing_start(layout, "pid == 0 and CID == 0", "gluon", warps))
-    zero_end = "".join("    " + line + "\n" for line in zeroing_end(layout))
+    zero_start = "".join("    " + line + "\n" for line in zero.start)
+    zero_end = "".join("    " + line + "\n" for line in zero.end)
     # asked as the last wgmmas finish, waited for with the tile's operands
-    zero_poll = "".join(" " * 8 + line + "\n" for line in zeroing_poll(layout))
-    wait += "".join(" " * 8 + line + "\n" for line in zeroing_wait(layout))
+    zero_poll = "".join(" " * 8 + line + "\n" for line in zero.poll)
+    wait += "".join(" " * 8 + line + "\n" for line in zero.wait)
     return (_HEADER.format(key=key, target=f"cuda (Gluon {schedule}, sm_90)",
                            libdevice="from triton.language.extra import libdevice\n")
             + _GLUON_IMPORTS + helper_source(helpers, "cuda")

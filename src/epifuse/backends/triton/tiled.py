@@ -6,7 +6,7 @@ disk cache; the launcher passes arguments in the order `codegen.launch_layout` f
 
 Small atomic reductions (sums, means and amax into contiguous fp32 destinations, not
 accumulated into) are zeroed by the kernel's first program rather than by a launch before
-it (`codegen.zeroing_start`; the Gluon kernels do the same): the plan owns the two words
+it (`codegen.zeroing`; the Gluon kernels do the same): the plan owns the two words
 that order the zeros before every program's atomics, so launches of one plan must not
 overlap (two streams running the same GemmArguments at once): their programs could wait for
 each other's zeros forever (docs/kernels.md).
@@ -260,12 +260,12 @@ class TritonTiled(Kernel):
 
     @property
     def zeroes_reductions(self) -> bool:
-        """Whether the kernel zeroes its small atomic reductions itself (codegen.zeroing_start,
+        """Whether the kernel zeroes its small atomic reductions itself (codegen.zeroing,
         whose parameters its source takes) instead of a launch before it."""
         return self.shape in ZEROING_SHAPES
 
     def _arrivals(self, grid) -> int:
-        """How many programs of `grid` arrive at the end (codegen.zeroing_end)."""
+        """How many programs of `grid` arrive at the end (codegen.zeroing)."""
         return grid[0] * grid[1]
 
     def _argument_converter(self, args, layout, values, meta):
@@ -336,7 +336,7 @@ class _Launch:
     meta: dict
     grid: tuple
     convert: object      # see _Plan.convert
-    zeroed: frozenset    # the outputs the kernel zeroes itself (codegen.zeroing_start)
+    zeroed: frozenset    # the outputs the kernel zeroes itself (codegen.zeroing)
     sync: object         # their (arrivals, done) words, or None
 
 
@@ -393,7 +393,7 @@ def epilogue_values(args, layout, buffers) -> list:
     return values
 
 
-def _reduction_steps(args, layout, buffers, finish, zeroed=frozenset()):
+def _reduction_steps(args, layout, buffers, finish, zeroed):
     """What runs before and after the launch for the reductions, as functions of the outputs
     (a name -> tensor mapping: the arguments' own, or a kept launch's new ones): initialize the
     atomic buffers the kernel does not zero (`zeroed`), then write the partials or the fp32
