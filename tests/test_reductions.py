@@ -485,12 +485,14 @@ def _zeroed_problem(device, rows=M, cols=N, depth=K, dtype=torch.float16):
     return A, B, C, outs
 
 
-def _count_launches_of_zeroing(args, kernel, launches):
-    """The plan's (arrivals, done) words after `launches` launches of `kernel` on `args`."""
+def _count_launches_of_zeroing(args, kernel, launches, pair=0):
+    """The plan's (arrivals, done) words of its `pair`-th stream (0: its first) after
+    `launches` launches of `kernel` on `args` on that stream."""
     plan = args._plans[kernel]
-    sync = plan.owned[-1]
+    sync = plan.sync.pairs[pair]
     assert plan.meta["ANY_ZERO"] and sync.dtype == torch.int64
-    arrivals = plan.values[next(i for i, v in enumerate(plan.values) if v is sync) + 1]
+    assert plan.owned[-1] is plan.sync.first is plan.values[plan.sync.index]
+    arrivals = plan.values[plan.sync.index + 1]
     assert sync.tolist() == [launches * arrivals, launches]
 
 
@@ -576,7 +578,7 @@ def test_in_kernel_zeroing_on_the_gpu(rows, cols, depth):
             _check(args, "sum")
             _count_launches_of_zeroing(args, kernel, launch)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph):  # captured on a stream of its own: the plan's second pair
             kernel.run(args)
         for replay in (1, 2, 3):
             for t in outs.values():
@@ -584,7 +586,78 @@ def test_in_kernel_zeroing_on_the_gpu(rows, cols, depth):
             graph.replay()
             torch.cuda.synchronize()
             _check(args, "sum")
-            _count_launches_of_zeroing(args, kernel, 3 + replay)
+            _count_launches_of_zeroing(args, kernel, 3)
+            _count_launches_of_zeroing(args, kernel, replay, pair=1)
+
+
+def test_each_stream_takes_its_own_zeroing_words():
+    """A plan's (arrivals, done) words go by the stream that launches it: the first stream
+    keeps the plan's own values, each further one takes a zeroed pair of its own (made with the
+    plan for the first few streams, so a graph's capture adds no zeroing), without changing
+    the plan's values."""
+    from epifuse.backends.triton.tiled import _StreamWords
+    words = _StreamWords(1, torch.device("cpu"))
+    values = ["x", words.first, 7]
+    assert words.values_for(values, 100) is values
+    assert words.values_for(values, 100) is values
+    second = words.values_for(values, 200)
+    assert second is not values and values[1] is words.first and second[1] is words.pairs[1]
+    assert second[0] == "x" and second[2] == 7 and second[1].tolist() == [0, 0]
+    assert words.values_for(second, 200) is second
+    assert words.values_for(second, 100)[1] is words.first
+    seen = {id(words.first), id(second[1])}
+    for stream in range(300, 300 + words.STREAMS):
+        pair = words.values_for(values, stream)[1]
+        assert id(pair) not in seen and pair.tolist() == [0, 0]
+        seen.add(id(pair))
+    late = words.values_for(values, 300 + words.STREAMS - 1)[1]
+    assert late.untyped_storage().data_ptr() != words.first.untyped_storage().data_ptr()
+    late.add_(5)
+    assert all(p.tolist() == [0, 0] for p in words.pairs)
+
+
+_TWO_STREAMS_SCRIPT = """
+import torch, epifuse
+from test_reductions import ZEROED, _check, _gluon_and_tiled_kernels, _zeroed_problem
+A, B, C, outs = _zeroed_problem("cuda", 4096, 2048, 2048)
+make = lambda: epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
+streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+for kernel in _gluon_and_tiled_kernels(make()):
+    args = make()
+    kernel.compile(args)
+    torch.cuda.synchronize()
+    for launch in range({launches}):
+        with torch.cuda.stream(streams[launch % 2]):
+            kernel.run(args)
+    torch.cuda.synchronize()
+    plan = args._plans[kernel]
+    arrivals = plan.values[plan.sync.index + 1]
+    for pair in (0, 1):
+        assert plan.sync.pairs[pair].tolist() == [{launches} // 2 * arrivals, {launches} // 2], (kernel, pair)
+    for t in outs.values():
+        t.fill_(float("nan"))
+    kernel.run(args)
+    torch.cuda.synchronize()
+    _check(args, "sum")
+    print("ok", kernel, flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_overlapping_launches_on_two_streams_finish(tmp_path):
+    """One GemmArguments launched again and again on two streams at once (their launches
+    overlap): every launch finishes, since each stream counts its launches in its own words,
+    each stream's words count its launches, and a launch after them is right. In a subprocess
+    with a timeout, so that programs waiting forever fail this test rather than hang the run."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "two_streams.py"
+    script.write_text(_TWO_STREAMS_SCRIPT.format(launches=40))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    assert result.stdout.count("ok <") == 4, result.stdout  # tiled, two ping-pongs, cooperative
 
 
 @pytest.mark.gpu

@@ -113,9 +113,10 @@ def launch_layout(graph: Graph, deterministic: bool = False) -> Layout:
 # sync_arrivals arrivals of its own launch before it arrives itself, so arrivals //
 # sync_arrivals is n wherever it is read. The first program writes n + 1 to done (a barrier,
 # then a release exchange, after its zeros); every program reads done with acquire loads until
-# it is n + 1 before its first reduction. Nothing is reset, so a CUDA graph replays as it is;
-# launches of one plan must not overlap (programs of two launches that read different n would
-# wait forever). The waits assume that the first program is dispatched before the others
+# it is n + 1 before its first reduction. Nothing is reset, so a CUDA graph replays as it is.
+# Launches that share the words must not overlap (programs of two launches that read different
+# n would wait forever): launches on one stream do not, and the plan gives each stream its own
+# words (tiled._StreamWords). The waits assume that the first program is dispatched before the others
 # (in-order dispatch, which CUDA does not promise but single-pass scans also rely on): a
 # program that waits does so only before its epilogue.
 ZERO_BLOCK = 1024

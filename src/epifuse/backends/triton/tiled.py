@@ -6,10 +6,11 @@ disk cache; the launcher passes arguments in the order `codegen.launch_layout` f
 
 Small atomic reductions (sums, means and amax into contiguous fp32 destinations, not
 accumulated into) are zeroed by the kernel's first program rather than by a launch before
-it (`codegen.zeroing`; the Gluon kernels do the same): the plan owns the two words
-that order the zeros before every program's atomics, so launches of one plan must not
-overlap (two streams running the same GemmArguments at once): their programs could wait for
-each other's zeros forever (docs/kernels.md).
+it (`codegen.zeroing`; the Gluon kernels do the same): the plan owns the two words that
+order the zeros before every program's atomics, a pair for each CUDA stream it is launched on
+(_StreamWords), so that launches of one plan on two streams that overlap never count
+themselves by each other's arrivals, which could make their programs wait forever for zeros
+no program stores (docs/kernels.md).
 """
 from __future__ import annotations
 
@@ -252,8 +253,9 @@ class TritonTiled(Kernel):
             launches = args.M > 0 and args.N > 0 and args.L > 0 and all(g > 0 for g in grid)
             zeroed = frozenset(y.name for y in outputs if launches and _zeroes_in_kernel(args, y))
             # (arrivals, done), passed also where ANY_ZERO is False and the kernel never reads them
-            sync = torch.zeros(2, device=args.A.device, dtype=torch.int64)
-            values = [*values, sync, self._arrivals(grid), *(args.outputs[y.name].numel() for y in outputs)]
+            sync = _StreamWords(len(values), args.A.device)
+            values = [*values, sync.first, self._arrivals(grid),
+                      *(args.outputs[y.name].numel() for y in outputs)]
             meta = dict(meta, ANY_ZERO=bool(zeroed),
                         **{f"{y.prefix.upper()}_ZERO": y.name in zeroed for y in outputs})
         return _Launch(values, meta, grid, convert, zeroed, sync)
@@ -322,8 +324,11 @@ class TritonTiled(Kernel):
         interpret = uses_interpreter(args.A.device)
         if self._before_launch is not None and not interpret:
             self._before_launch()
+        values = plan.values
+        if plan.sync is not None and not interpret:
+            values = plan.sync.values_for(values, torch._C._cuda_getCurrentRawStream(args.A.device.index))
         with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
-            compiled = plan.kernel[plan.grid](*plan.jit_values(plan.values), **plan.meta)
+            compiled = plan.kernel[plan.grid](*plan.jit_values(values), **plan.meta)
         if not interpret:
             plan.fast = _direct_launcher(plan, compiled, args.A.device.index or 0, self._before_launch)
         else:
@@ -337,7 +342,48 @@ class _Launch:
     grid: tuple
     convert: object      # see _Plan.convert
     zeroed: frozenset    # the outputs the kernel zeroes itself (codegen.zeroing)
-    sync: object         # their (arrivals, done) words, or None
+    sync: object         # their (arrivals, done) words (_StreamWords), or None
+
+
+_WORDS_LOCK = threading.Lock()
+
+
+class _StreamWords:
+    """In-kernel zeroing's (arrivals, done) words of a plan: one pair per CUDA stream that
+    launches it. A launch counts itself by its own stream's arrivals, so launches of one plan
+    on two streams may overlap (the same GemmArguments run from two threads, or a graph replay
+    beside an eager call): with one shared pair, a launch that started before the other's
+    programs had all arrived would take the other's number, and programs of it would wait
+    forever for a `done` no program stores. Their outputs still race, as those of any kernel
+    run twice at once on one output do. Launches on one stream run in order; a captured graph
+    keeps the words of the stream it was captured on. The first STREAMS pairs are zeroed with
+    the plan, so that a pair taken during a graph's capture adds no zeroing to the graph."""
+
+    STREAMS = 4
+    __slots__ = ("index", "pairs", "first", "by_stream")
+
+    def __init__(self, index: int, device: torch.device):
+        self.index = index      # the words' position in the launch's values
+        self.pairs = list(torch.zeros(self.STREAMS, 2, device=device, dtype=torch.int64).unbind())
+        self.first = self.pairs[0]  # the pair the plan's own values carry: the first stream's
+        self.by_stream: dict = {}
+
+    def values_for(self, values: list, stream: int) -> list:
+        """`values` with the words of `stream` (a raw CUDA stream) in their place: the same
+        list when they are there already."""
+        words = self.by_stream.get(stream)
+        if words is None:
+            with _WORDS_LOCK:
+                words = self.by_stream.get(stream)
+                if words is None:
+                    taken = len(self.by_stream)
+                    words = self.pairs[taken] if taken < self.STREAMS else torch.zeros_like(self.first)
+                    self.by_stream[stream] = words
+        if values[self.index] is words:
+            return values
+        values = list(values)
+        values[self.index] = words
+        return values
 
 
 def _zeroes_in_kernel(args, y) -> bool:
@@ -351,7 +397,7 @@ def _zeroes_in_kernel(args, y) -> bool:
 
 class _Plan:
     __slots__ = ("kernel", "layout", "buffers", "finish", "values", "meta", "grid", "fast", "simple",
-                 "launch_with", "loaded", "before", "after", "owned", "convert")
+                 "launch_with", "loaded", "before", "after", "owned", "convert", "sync")
 
     def __init__(self, kernel, layout, buffers, finish, launch: _Launch, steps):
         self.kernel, self.layout, self.buffers, self.finish = kernel, layout, buffers, finish
@@ -364,7 +410,8 @@ class _Plan:
         self.simple = not finish and all(y.mode == "tile" or y.name in launch.zeroed
                                          for y in layout.outputs) and all(g > 0 for g in self.grid)
         # the reductions' work buffers and in-kernel zeroing's words
-        self.owned = tuple(work for _, work in finish) + ((launch.sync,) if launch.sync is not None else ())
+        self.owned = tuple(work for _, work in finish) + ((launch.sync.first,) if launch.sync is not None else ())
+        self.sync = launch.sync  # in-kernel zeroing's words, per stream (_StreamWords), or None
         self.before, self.after = steps  # see _reduction_steps
         # values -> the kernel's arguments, given whether Triton's JIT will bind them
         # (the Gluon kernel turns tensors into TMA descriptors); None: the values themselves
@@ -430,6 +477,7 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     convert = plan.convert
     current_device = torch._C._cuda_getDevice
     described = _described_launcher(compiled)  # None for kernels without host TMA descriptors
+    sync = getattr(plan, "sync", None)  # grouped plans have none
 
     def launch_with(values):
         if current_device() != device:  # the kernel is loaded on `device`: launch it there
@@ -437,12 +485,15 @@ def _direct_launcher(plan, compiled, device: int, before=None):
                 return launch_with(values)
         if before is not None:
             before()
+        stream = raw_stream(device)
+        if sync is not None:
+            values = sync.values_for(values, stream)
         if convert is not None:
             values = convert(values, False)
         if described is not None:
-            described(grid, raw_stream(device), function, packed, [*values, *constexprs])
+            described(grid, stream, function, packed, [*values, *constexprs])
         else:
-            run(grid[0], grid[1], grid[2], raw_stream(device), function, packed, None, None, None,
+            run(grid[0], grid[1], grid[2], stream, function, packed, None, None, None,
                 *values, *constexprs)
     plan.launch_with = launch_with
     values = list(plan.values)
