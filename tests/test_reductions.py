@@ -485,11 +485,11 @@ def _zeroed_problem(device, rows=M, cols=N, depth=K, dtype=torch.float16):
     return A, B, C, outs
 
 
-def _count_launches_of_zeroing(args, kernel, launches, pair=0):
-    """The plan's (arrivals, done) words of its `pair`-th stream (0: its first) after
-    `launches` launches of `kernel` on `args` on that stream."""
+def _count_launches_of_zeroing(args, kernel, launches, words=None):
+    """The (arrivals, done) words `words` (the plan's own pair, which the stream that made the
+    plan launches with, when None) after `launches` launches of `kernel` on `args` with them."""
     plan = args._plans[kernel]
-    sync = plan.sync.pairs[pair]
+    sync = plan.sync.first if words is None else words
     assert plan.meta["ANY_ZERO"] and sync.dtype == torch.int64
     assert plan.owned[-1] is plan.sync.first is plan.values[plan.sync.index]
     arrivals = plan.values[plan.sync.index + 1]
@@ -578,8 +578,10 @@ def test_in_kernel_zeroing_on_the_gpu(rows, cols, depth):
             _check(args, "sum")
             _count_launches_of_zeroing(args, kernel, launch)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # captured on a stream of its own: the plan's second pair
+        with torch.cuda.graph(graph):  # the capture takes a pair of its own
             kernel.run(args)
+        captured = args._plans[kernel].sync.captured
+        assert len(captured) == 1
         for replay in (1, 2, 3):
             for t in outs.values():
                 t.fill_(float("nan"))
@@ -587,33 +589,35 @@ def test_in_kernel_zeroing_on_the_gpu(rows, cols, depth):
             torch.cuda.synchronize()
             _check(args, "sum")
             _count_launches_of_zeroing(args, kernel, 3)
-            _count_launches_of_zeroing(args, kernel, replay, pair=1)
+            _count_launches_of_zeroing(args, kernel, replay, words=captured[0])
 
 
 def test_each_stream_takes_its_own_zeroing_words():
-    """A plan's (arrivals, done) words go by the stream that launches it: the first stream
-    keeps the plan's own values, each further one takes a zeroed pair of its own (made with the
-    plan for the first few streams, so a graph's capture adds no zeroing), without changing
-    the plan's values."""
+    """A plan's (arrivals, done) words go by what launches it: the stream that made the plan
+    keeps the plan's own pair, each other stream gets a new zeroed pair (zeroed on that stream),
+    each graph capture a pair of its own that nothing else takes (zeroed with the plan for the
+    first few, so a capture adds no zeroing to the graph); the plan's values never change."""
     from epifuse.backends.triton.tiled import _StreamWords
     words = _StreamWords(1, torch.device("cpu"))
+    assert words.home is None  # no streams on the CPU
+    words.home = 100
     values = ["x", words.first, 7]
-    assert words.values_for(values, 100) is values
-    assert words.values_for(values, 100) is values
-    second = words.values_for(values, 200)
-    assert second is not values and values[1] is words.first and second[1] is words.pairs[1]
-    assert second[0] == "x" and second[2] == 7 and second[1].tolist() == [0, 0]
-    assert words.values_for(second, 200) is second
-    assert words.values_for(second, 100)[1] is words.first
-    seen = {id(words.first), id(second[1])}
-    for stream in range(300, 300 + words.STREAMS):
-        pair = words.values_for(values, stream)[1]
-        assert id(pair) not in seen and pair.tolist() == [0, 0]
-        seen.add(id(pair))
-    late = words.values_for(values, 300 + words.STREAMS - 1)[1]
-    assert late.untyped_storage().data_ptr() != words.first.untyped_storage().data_ptr()
-    late.add_(5)
-    assert all(p.tolist() == [0, 0] for p in words.pairs)
+    assert words.values_for(values, 100, False) is values
+    assert words.values_for(values, 100, False) is values
+    second = words.values_for(values, 200, False)
+    assert second is not values and values[1] is words.first and second[0] == "x" and second[2] == 7
+    assert second[1] is not words.first and second[1].tolist() == [0, 0]
+    assert all(second[1] is not spare for spare in words.spares)
+    assert words.values_for(second, 200, False) is second
+    assert words.values_for(second, 100, False)[1] is words.first
+    spares = list(words.spares)
+    taken = [words.values_for(values, stream, True)[1] for stream in (100, 200, 100, 300, 100)]
+    assert [id(t) for t in taken[:4]] == [id(t) for t in reversed(spares)] and len({id(t) for t in taken}) == 5
+    assert all(t.tolist() == [0, 0] for t in taken) and words.spares == []
+    assert [id(t) for t in words.captured] == [id(t) for t in taken]
+    assert all(t is not words.first and t is not second[1] for t in taken)
+    assert words.values_for(values, 300, False)[1] is not taken[3]  # a capture's pair is its own
+    assert words.values_for(values, 100, False) is values
 
 
 _TWO_STREAMS_SCRIPT = """
@@ -622,18 +626,34 @@ from test_reductions import ZEROED, _check, _gluon_and_tiled_kernels, _zeroed_pr
 A, B, C, outs = _zeroed_problem("cuda", 4096, 2048, 2048)
 make = lambda: epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
 streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+big = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
 for kernel in _gluon_and_tiled_kernels(make()):
     args = make()
+    for s in streams:  # leave freed blocks full of garbage where the streams' pairs may land
+        with torch.cuda.stream(s):
+            garbage = torch.full((64,), 12345, device="cuda", dtype=torch.int64)
+        del garbage
+    for _ in range(20):  # the plan's own zeros queue behind a busy default stream
+        big @ big
     kernel.compile(args)
-    torch.cuda.synchronize()
     for launch in range({launches}):
         with torch.cuda.stream(streams[launch % 2]):
             kernel.run(args)
     torch.cuda.synchronize()
     plan = args._plans[kernel]
     arrivals = plan.values[plan.sync.index + 1]
-    for pair in (0, 1):
-        assert plan.sync.pairs[pair].tolist() == [{launches} // 2 * arrivals, {launches} // 2], (kernel, pair)
+    for s in streams:
+        words = plan.sync.by_stream[s.cuda_stream]
+        assert words.tolist() == [{launches} // 2 * arrivals, {launches} // 2], (kernel, words)
+    graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
+    for graph in graphs:  # both captured on torch.cuda.graph's one capture stream
+        with torch.cuda.graph(graph):
+            kernel.run(args)
+    for replay in range({launches}):
+        with torch.cuda.stream(streams[replay % 2]):
+            graphs[replay % 2].replay()
+    torch.cuda.synchronize()
+    assert [w.tolist() for w in plan.sync.captured] == [[{launches} // 2 * arrivals, {launches} // 2]] * 2
     for t in outs.values():
         t.fill_(float("nan"))
     kernel.run(args)
@@ -646,9 +666,11 @@ for kernel in _gluon_and_tiled_kernels(make()):
 @pytest.mark.gpu
 def test_overlapping_launches_on_two_streams_finish(tmp_path):
     """One GemmArguments launched again and again on two streams at once (their launches
-    overlap): every launch finishes, since each stream counts its launches in its own words,
-    each stream's words count its launches, and a launch after them is right. In a subprocess
-    with a timeout, so that programs waiting forever fail this test rather than hang the run."""
+    overlap), its plan made while the default stream is busy, then two CUDA graphs of it
+    replayed at once on the two streams: every launch finishes, since each stream and each
+    capture counts its launches in words of its own, zeroed before they are used; the words
+    count their launches, and a launch after them is right. In a subprocess with a timeout,
+    so that programs waiting forever fail this test rather than hang the run."""
     import os
     import subprocess
     import sys

@@ -326,7 +326,8 @@ class TritonTiled(Kernel):
             self._before_launch()
         values = plan.values
         if plan.sync is not None and not interpret:
-            values = plan.sync.values_for(values, torch._C._cuda_getCurrentRawStream(args.A.device.index))
+            values = plan.sync.values_for(values, torch._C._cuda_getCurrentRawStream(args.A.device.index),
+                                          torch._C._cuda_isCurrentStreamCapturing())
         with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
             compiled = plan.kernel[plan.grid](*plan.jit_values(values), **plan.meta)
         if not interpret:
@@ -349,41 +350,59 @@ _WORDS_LOCK = threading.Lock()
 
 
 class _StreamWords:
-    """In-kernel zeroing's (arrivals, done) words of a plan: one pair per CUDA stream that
-    launches it. A launch counts itself by its own stream's arrivals, so launches of one plan
-    on two streams may overlap (the same GemmArguments run from two threads, or a graph replay
-    beside an eager call): with one shared pair, a launch that started before the other's
-    programs had all arrived would take the other's number, and programs of it would wait
-    forever for a `done` no program stores. Their outputs still race, as those of any kernel
-    run twice at once on one output do. Launches on one stream run in order; a captured graph
-    keeps the words of the stream it was captured on. The first STREAMS pairs are zeroed with
-    the plan, so that a pair taken during a graph's capture adds no zeroing to the graph."""
+    """In-kernel zeroing's (arrivals, done) words of a plan: a pair for each CUDA stream that
+    launches it eagerly and one for each CUDA graph capture of a launch. A launch counts itself
+    by its own pair's arrivals, so launches of one plan may overlap (the same GemmArguments run
+    from two threads, two graphs replayed at once, a replay beside an eager call): with one
+    shared pair a launch that started before the other's programs had all arrived would take
+    the other's number, and programs of it would wait forever for a `done` no program stores.
+    Their outputs still race, as those of any kernel run twice at once on one output do.
 
-    STREAMS = 4
-    __slots__ = ("index", "pairs", "first", "by_stream")
+    The plan's own pair is zeroed with the plan and serves the stream that made it (and the
+    interpreter); any other stream's pair is zeroed on that stream before its first launch, so
+    that no work on another stream needs to be ordered before it. A capture takes a pair of
+    its own, never reused: one of SPARES zeroed with the plan (torch.cuda.graph synchronizes
+    before capturing), or else one zeroed inside the graph, at every replay. What stays
+    unsafe: one graph replayed on two streams at once, and a stream handle that a destroyed
+    stream's unfinished launch used being given to a new stream."""
+
+    SPARES = 4
+    __slots__ = ("index", "first", "home", "spares", "by_stream", "captured")
 
     def __init__(self, index: int, device: torch.device):
-        self.index = index      # the words' position in the launch's values
-        self.pairs = list(torch.zeros(self.STREAMS, 2, device=device, dtype=torch.int64).unbind())
-        self.first = self.pairs[0]  # the pair the plan's own values carry: the first stream's
+        self.index = index  # the words' position in the launch's values
+        self.first = torch.zeros(2, device=device, dtype=torch.int64)  # in the plan's values
+        self.spares = list(torch.zeros(self.SPARES, 2, device=device, dtype=torch.int64).unbind())
+        # the stream those zeros were queued on (none where they are queued into a graph being
+        # captured, which zeroes them only when it replays)
+        cuda = device.type == "cuda" and not torch._C._cuda_isCurrentStreamCapturing()
+        self.home = torch._C._cuda_getCurrentRawStream(device.index) if cuda else None
         self.by_stream: dict = {}
+        self.captured: list = []  # the captures' pairs, kept alive with the plan
 
-    def values_for(self, values: list, stream: int) -> list:
-        """`values` with the words of `stream` (a raw CUDA stream) in their place: the same
-        list when they are there already."""
-        words = self.by_stream.get(stream)
+    def values_for(self, values: list, stream: int, capturing: bool) -> list:
+        """`values` with the words for a launch on `stream` (a raw CUDA stream), or for one
+        being captured into a CUDA graph, in their place: the same list when they are there."""
+        words = None if capturing else self.by_stream.get(stream)
         if words is None:
             with _WORDS_LOCK:
-                words = self.by_stream.get(stream)
-                if words is None:
-                    taken = len(self.by_stream)
-                    words = self.pairs[taken] if taken < self.STREAMS else torch.zeros_like(self.first)
-                    self.by_stream[stream] = words
+                words = self._take(stream, capturing)
         if values[self.index] is words:
             return values
         values = list(values)
         values[self.index] = words
         return values
+
+    def _take(self, stream: int, capturing: bool) -> torch.Tensor:
+        if capturing:
+            words = self.spares.pop() if self.spares else torch.zeros_like(self.first)
+            self.captured.append(words)
+            return words
+        words = self.by_stream.get(stream)
+        if words is None:
+            # zeros queued on this stream, before its first launch
+            words = self.by_stream[stream] = self.first if stream == self.home else torch.zeros_like(self.first)
+        return words
 
 
 def _zeroes_in_kernel(args, y) -> bool:
@@ -478,6 +497,7 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     current_device = torch._C._cuda_getDevice
     described = _described_launcher(compiled)  # None for kernels without host TMA descriptors
     sync = getattr(plan, "sync", None)  # grouped plans have none
+    capturing = torch._C._cuda_isCurrentStreamCapturing
 
     def launch_with(values):
         if current_device() != device:  # the kernel is loaded on `device`: launch it there
@@ -487,7 +507,7 @@ def _direct_launcher(plan, compiled, device: int, before=None):
             before()
         stream = raw_stream(device)
         if sync is not None:
-            values = sync.values_for(values, stream)
+            values = sync.values_for(values, stream, capturing())
         if convert is not None:
             values = convert(values, False)
         if described is not None:
