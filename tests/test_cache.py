@@ -322,6 +322,34 @@ def test_tuning_sees_through_a_drifting_clock():
     assert ranked[0][0] == pytest.approx((101.0 + 107.0) / 2)
 
 
+def test_tuning_records_every_timing_in_order(monkeypatch):
+    """A tuning's history keeps each timing as it ran (the first pass, then the contenders
+    again in reverse order), so that a report can tell a drifting clock from a faster kernel."""
+    import triton.testing
+    times = iter([100.0, 98.0, 150.0, 97.0, 104.0])
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: next(times) / 1e3)
+    monkeypatch.setenv("EPIFUSE_QUIET", "1")
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def __repr__(self):
+            return f"<{self.name}>"
+
+        def run(self, args):
+            pass
+    A = torch.ones(8, 8)
+    args = epifuse.GemmArguments(A, A, epilogue=epifuse.EpilogueArguments(
+        "def e(accum):\n    D = accum\n    return D\n", D=torch.empty(8, 8)))
+    kernels = [Fake("first"), Fake("second"), Fake("slow")]
+    assert tune._time_all(args, kernels) is kernels[1]
+    entry = tune.HISTORY[-1]
+    assert entry["calls_us"] == [["<first>", 100.0], ["<second>", 98.0], ["<slow>", 150.0],
+                                 ["<second>", 97.0], ["<first>", 104.0]]
+    assert entry["timings_us"] == pytest.approx({"<second>": 97.5, "<first>": 102.0, "<slow>": 150.0})
+
+
 def test_tuning_drops_kernels_that_fail():
     time_ms, calls = _drifting_timer({"a": 10.0, "b": 5.0, "c": 10.5}, drift=0.0, fails=("b",))
     ranked = tune.rank(["a", "b", "c"], time_ms)

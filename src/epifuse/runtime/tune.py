@@ -120,22 +120,26 @@ def _time_all(args, kernels):
     from triton.testing import do_bench
     scratch = _scratch_args(args)
     quiet = bool(os.environ.get("EPIFUSE_QUIET"))
-    calls = [0]
+    attempts = [0]
+    calls: list = []  # (kernel, us) of every timing, in the order they ran
 
     def time_ms(kernel) -> float:
-        calls[0] += 1
+        attempts[0] += 1
         if not quiet:
-            step = f"{calls[0]}/{len(kernels)}" if calls[0] <= len(kernels) else "again"
+            step = f"{attempts[0]}/{len(kernels)}" if attempts[0] <= len(kernels) else "again"
             print(f"\repifuse: tuning {step} {kernel!r:60s}", end="", file=sys.stderr, flush=True)
         kernel.run(scratch)
-        return do_bench(lambda: kernel.run(scratch), warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, return_mode="median")
+        ms = do_bench(lambda: kernel.run(scratch), warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, return_mode="median")
+        calls.append((repr(kernel), ms * 1e3))
+        return ms
 
     timings = rank(kernels, time_ms)
     if not timings:
         return kernels[0]
     ms, _, best = timings[0]
     HISTORY.append({"problem": f"{args.M}x{args.N}x{args.K}", "choice": repr(best),
-                    "timings_us": {repr(k): t * 1e3 for t, _, k in timings}})
+                    "timings_us": {repr(k): t * 1e3 for t, _, k in timings},
+                    "calls_us": [[name, us] for name, us in calls]})
     if not quiet:
         print(f"\repifuse: chose {best!r} ({ms * 1e3:.1f} us) of {len(timings)} for "
               f"{args.M}x{args.N}x{args.K}", file=sys.stderr)
