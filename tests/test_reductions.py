@@ -620,6 +620,21 @@ def test_each_stream_takes_its_own_zeroing_words():
     assert words.values_for(values, 100, False) is values
 
 
+def test_a_plan_made_during_a_capture_keeps_no_zeros_for_later(monkeypatch):
+    """Zeros queued while a graph is captured happen only where that graph replays: a plan
+    made then has no home stream and no spares, so every stream and every later capture gets a
+    pair zeroed where it is used."""
+    from epifuse.backends.triton import tiled
+    monkeypatch.setattr(tiled, "_capturing", lambda device: True)
+    words = tiled._StreamWords(0, torch.device("cpu"))
+    assert words.home is None and words.spares == []
+    values = [words.first]
+    pairs = [words.values_for(values, 100, True)[0], words.values_for(values, 100, True)[0],
+             words.values_for(values, 100, False)[0]]
+    assert len({id(p) for p in (*pairs, words.first)}) == 4
+    assert all(p.tolist() == [0, 0] for p in pairs)
+
+
 _TWO_STREAMS_SCRIPT = """
 import torch, epifuse
 from test_reductions import ZEROED, _check, _gluon_and_tiled_kernels, _zeroed_problem

@@ -361,10 +361,12 @@ class _StreamWords:
     The plan's own pair is zeroed with the plan and serves the stream that made it (and the
     interpreter); any other stream's pair is zeroed on that stream before its first launch, so
     that no work on another stream needs to be ordered before it. A capture takes a pair of
-    its own, never reused: one of SPARES zeroed with the plan (torch.cuda.graph synchronizes
-    before capturing), or else one zeroed inside the graph, at every replay. What stays
-    unsafe: one graph replayed on two streams at once, and a stream handle that a destroyed
-    stream's unfinished launch used being given to a new stream."""
+    its own, never reused: one of SPARES zeroed with the plan (torch.cuda.graph, its graphed
+    callables and torch.compile's graph trees synchronize before capturing; a raw
+    CUDAGraph.capture_begin on a stream not ordered after the plan's must do so itself), or
+    else one zeroed inside the graph, at every replay. What stays unsafe: one graph replayed
+    on two streams at once, and a stream handle that a destroyed stream's unfinished launch
+    used being given to a new stream."""
 
     SPARES = 4
     __slots__ = ("index", "first", "home", "spares", "by_stream", "captured")
@@ -372,11 +374,13 @@ class _StreamWords:
     def __init__(self, index: int, device: torch.device):
         self.index = index  # the words' position in the launch's values
         self.first = torch.zeros(2, device=device, dtype=torch.int64)  # in the plan's values
-        self.spares = list(torch.zeros(self.SPARES, 2, device=device, dtype=torch.int64).unbind())
-        # the stream those zeros were queued on (none where they are queued into a graph being
-        # captured, which zeroes them only when it replays)
-        cuda = device.type == "cuda" and not torch._C._cuda_isCurrentStreamCapturing()
-        self.home = torch._C._cuda_getCurrentRawStream(device.index) if cuda else None
+        # Zeros queued while a graph is captured happen only when that graph replays: a plan
+        # made during a capture has no home stream and no spares (each capture then zeroes
+        # its own pair in its own graph).
+        captured = _capturing(device)
+        self.spares = [] if captured else list(torch.zeros(self.SPARES, 2, device=device, dtype=torch.int64).unbind())
+        # the stream the plan's zeros were queued on
+        self.home = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" and not captured else None
         self.by_stream: dict = {}
         self.captured: list = []  # the captures' pairs, kept alive with the plan
 
@@ -403,6 +407,11 @@ class _StreamWords:
             # zeros queued on this stream, before its first launch
             words = self.by_stream[stream] = self.first if stream == self.home else torch.zeros_like(self.first)
         return words
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current stream of `device` (the current device) is capturing a CUDA graph."""
+    return device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()
 
 
 def _zeroes_in_kernel(args, y) -> bool:
