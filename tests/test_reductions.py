@@ -678,6 +678,45 @@ for kernel in _gluon_and_tiled_kernels(make()):
 """
 
 
+_CAPTURED_PLAN_SCRIPT = """
+import torch, epifuse
+from test_reductions import ZEROED, _check, _zeroed_problem
+A, B, C, _ = _zeroed_problem("cuda", 1024, 1024, 256)
+outs = {name: torch.empty(shape, device="cuda") for name, shape in (("s", ()), ("r", (1024,)), ("m", (1024,)), ("a", (1024,)))}
+side = torch.cuda.Stream()
+with torch.cuda.stream(side):  # tuning and compiles, outside any capture
+    epifuse.gemm(A, B, ZEROED, C=C, **outs)
+torch.cuda.synchronize()
+graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
+for graph in graphs:  # the first capture makes the plan (a new stream: a new call site)
+    with torch.cuda.graph(graph):
+        epifuse.gemm(A, B, ZEROED, C=C, **outs)
+for graph in (graphs[1], graphs[0], graphs[1], graphs[0]):
+    for t in outs.values():
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs)), "sum")
+print("replays ok")
+"""
+
+
+@pytest.mark.gpu
+def test_graphs_of_a_plan_made_during_a_capture(tmp_path):
+    """Two graphs of one epifuse.gemm call whose plan was made during the first capture (its
+    zeros exist only in that graph), the second replayed first: every replay is right and
+    finishes. In a subprocess with a timeout, as above."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "captured_plan.py"
+    script.write_text(_CAPTURED_PLAN_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    assert "replays ok" in result.stdout, result.stdout
+
+
 @pytest.mark.gpu
 def test_overlapping_launches_on_two_streams_finish(tmp_path):
     """One GemmArguments launched again and again on two streams at once (their launches
