@@ -8,9 +8,9 @@ Small atomic reductions (sums, means and amax into contiguous fp32 destinations,
 accumulated into) are zeroed by the kernel's first program rather than by a launch before
 it (`codegen.zeroing`; the Gluon kernels do the same): the plan owns the two words that
 order the zeros before every program's atomics, a pair for each CUDA stream it is launched on
-(_StreamWords), so that launches of one plan on two streams that overlap never count
-themselves by each other's arrivals, which could make their programs wait forever for zeros
-no program stores (docs/kernels.md).
+and for each CUDA graph capture (_StreamWords), so that overlapping launches of one plan never
+count themselves by each other's arrivals, which could make their programs wait forever for
+zeros no program stores (docs/kernels.md).
 """
 from __future__ import annotations
 
