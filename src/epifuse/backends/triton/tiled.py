@@ -373,12 +373,12 @@ class _StreamWords:
 
     def __init__(self, index: int, device: torch.device):
         self.index = index  # the words' position in the launch's values
-        self.first = torch.zeros(2, device=device, dtype=torch.int64)  # in the plan's values
         # Zeros queued while a graph is captured happen only when that graph replays: a plan
         # made during a capture has no home stream and no spares (each capture then zeroes
         # its own pair in its own graph).
         captured = _capturing(device)
-        self.spares = [] if captured else list(torch.zeros(self.SPARES, 2, device=device, dtype=torch.int64).unbind())
+        first, *spares = torch.zeros(1 if captured else 1 + self.SPARES, 2, device=device, dtype=torch.int64).unbind()
+        self.first, self.spares = first, spares  # the plan's values carry `first`
         # the stream the plan's zeros were queued on
         self.home = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" and not captured else None
         self.by_stream: dict = {}
