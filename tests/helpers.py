@@ -78,3 +78,32 @@ def run_spawned(target, count: int, *args) -> list:
     for p in processes:
         p.join(timeout=60)
     return results
+
+
+def check_reductions(args, kind):
+    """Every output of `args` against float64: max/min/amax exactly, sums and means relative to
+    the same fold of |x| (fold_error) where a magnitude is known, else relatively."""
+    magnitudes = magnitude_outputs(args)
+    for name, ref in reference_outputs(args).items():
+        out = args.outputs[name]
+        if kind in ("max", "min", "amax"):
+            expected = ref.to(out.dtype).double()
+            assert torch.allclose(out.double(), expected, rtol=0, atol=0, equal_nan=True), name
+        else:
+            error = fold_error(out, ref, magnitudes[name]) if name in magnitudes else rel_error(out, ref)
+            assert error < 1e-5, (name, error)
+
+
+def run_python(source: str, timeout: float):
+    """Run `source` in a fresh Python process that imports what this one does (its sys.path),
+    so that a crash or a hang fails one test, not the whole run; the CompletedProcess."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    with tempfile.TemporaryDirectory() as folder:  # a file: a long source is over the argument limit
+        script = os.path.join(folder, "script.py")
+        with open(script, "w") as f:
+            f.write(source)
+        return subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=timeout, env=env)

@@ -12,7 +12,7 @@ import torch
 
 import epifuse
 from epifuse.ops import clamp, log, sigmoid, sum
-from helpers import fold_error, integer_tensor, magnitude_outputs, reference_outputs, rel_error
+from helpers import check_reductions, fold_error, integer_tensor, magnitude_outputs, reference_outputs, rel_error
 
 M, N, K, L = 100, 72, 50, 2
 KINDS = ["sum", "mean", "max", "min", "amax"]
@@ -40,18 +40,6 @@ def _gemm_inputs(rank, device, dtype=torch.float16):
             integer_tensor(*shape_b, low=-1, high=2, device=device, dtype=dtype))
 
 
-def _check(args, kind):
-    magnitudes = magnitude_outputs(args)
-    for name, ref in reference_outputs(args).items():
-        out = args.outputs[name]
-        if kind in ("max", "min", "amax"):
-            expected = ref.to(out.dtype).double()
-            assert torch.allclose(out.double(), expected, rtol=0, atol=0, equal_nan=True), name
-        else:
-            error = fold_error(out, ref, magnitudes[name]) if name in magnitudes else rel_error(out, ref)
-            assert error < 1e-5, (name, error)
-
-
 def _run(A, B, src, deterministic=False, accumulate=False, **tensors):
     epi = epifuse.EpilogueArguments(src, deterministic=deterministic, accumulate=accumulate, **tensors)
     args = epifuse.GemmArguments(A, B, epilogue=epi)
@@ -71,7 +59,7 @@ def test_reduction_kind_axis_destination(kind, rank, dim, shapes, device):
     src = f"def epi(accum, C):\n    x = accum * 2.0 + C{shift}\n    r = {call}\n    return r\n"
     for shape in shapes:
         r = torch.full(shape, float("nan"), device=device)  # no user pre-fill needed
-        _check(_run(A, B, src, C=C, r=r), kind)
+        check_reductions(_run(A, B, src, C=C, r=r), kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -79,7 +67,7 @@ def test_method_spelling_and_keepdim(kind, device):
     A, B = _gemm_inputs(2, device)
     r = torch.empty(M, 1, device=device)
     src = f"def epi(accum):\n    r = accum.{kind}(dim=1, keepdim=True)\n    return r\n"
-    _check(_run(A, B, src, r=r), kind)
+    check_reductions(_run(A, B, src, r=r), kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -90,7 +78,7 @@ def test_deterministic_mode_is_bitwise_repeatable(kind, device):
     for _ in range(2):
         r, s = torch.empty(N, device=device), torch.empty(1, device=device)
         args = _run(A, B, src, deterministic=True, r=r, s=s)
-        _check(args, kind)
+        check_reductions(args, kind)
         results.append((r.clone(), s.clone()))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
@@ -105,7 +93,7 @@ def test_nan_propagates(kind, device):
     args = _run(A, B, src, C=C, r=r, c=c)
     assert torch.isnan(r[3]) and torch.isnan(c[5])
     assert not torch.isnan(r[torch.arange(M, device=device) != 3]).any()
-    _check(args, kind) if kind != "mean" else None
+    check_reductions(args, kind) if kind != "mean" else None
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -116,7 +104,7 @@ def test_padding_lanes_never_contribute(kind, device):
         src = (f"def epi(accum, s):\n    x = s * (abs(accum) + 1.0)\n"
                f"    r = {kind}(x, dim=1)\n    c = {kind}(x, dim=0)\n    t = {kind}(x)\n    return r, c, t\n")
         r, c, t = torch.empty(M, device=device), torch.empty(N, device=device), torch.empty(1, device=device)
-        _check(_run(A, B, src, s=sign, r=r, c=c, t=t), kind)
+        check_reductions(_run(A, B, src, s=sign, r=r, c=c, t=t), kind)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -134,7 +122,7 @@ def test_amax_folds_with_an_integer_atomic_max(deterministic, device):
     src = "def epi(accum, C):\n    r = amax(accum + C, dim=1)\n    c = amax(accum + C, dim=0)\n    return r, c\n"
     r, c = torch.empty(M, device=device), torch.empty(N, device=device, dtype=torch.float16)
     args = _run(A, B, src, deterministic=deterministic, C=C, r=r, c=c)
-    _check(args, "amax")
+    check_reductions(args, "amax")
     assert torch.isnan(r[3]) and torch.isnan(r[20]) and r[7] == float("inf")
     assert torch.isnan(c[5]) and torch.isnan(c[9]) and c[70] == float("inf")
     exact = "def epi(accum):\n    r = amax(accum, dim=1)\n    t = amax(accum * 0.5)\n    return r, t\n"
@@ -469,288 +457,3 @@ def test_clamp_with_its_min_above_its_max_in_a_sum_of_logs(device):
         args.outputs["loss"].fill_(float("nan"))
         kernel.run(args)
         assert args.outputs["loss"].item() == 0.0, kernel
-
-
-# atomic reductions the tiled and Gluon kernels zero themselves (codegen.zeroing)
-ZEROED = ("def epi(accum, C):\n    x = accum * 2.0 + C + 64.0\n    s = sum(x)\n    r = sum(x, dim=1)\n"
-          "    m = mean(x, dim=0)\n    a = amax(x, dim=0)\n    return s, r, m, a\n")
-
-
-def _zeroed_problem(device, rows=M, cols=N, depth=K, dtype=torch.float16):
-    A = integer_tensor(rows, depth, device=device, dtype=dtype)
-    B = integer_tensor(depth, cols, low=-1, high=2, device=device, dtype=dtype)
-    C = integer_tensor(rows, cols, device=device, dtype=torch.float32)
-    outs = dict(s=torch.empty((), device=device), r=torch.empty(rows, device=device),
-                m=torch.empty(cols, device=device), a=torch.empty(cols, device=device))
-    return A, B, C, outs
-
-
-def _count_launches_of_zeroing(args, kernel, launches, words=None):
-    """The (arrivals, done) words `words` (the plan's own pair, which the stream that made the
-    plan launches with, when None) after `launches` launches of `kernel` on `args` with them."""
-    plan = args._plans[kernel]
-    sync = plan.sync.first if words is None else words
-    assert plan.meta["ANY_ZERO"] and sync.dtype == torch.int64
-    assert plan.owned[-1] is plan.sync.first is plan.values[plan.sync.index]
-    arrivals = plan.values[plan.sync.index + 1]
-    assert sync.tolist() == [launches * arrivals, launches]
-
-
-def test_small_atomic_reductions_are_zeroed_by_the_kernel(device, monkeypatch):
-    """fp32 contiguous sums, means and amax start from the first program's zeros, not from a
-    launch before the kernel: destinations full of NaN come out right launch after launch, and
-    the plan's words count the programs' arrivals and the launches."""
-    from epifuse.backends.triton import tiled
-    prepared = []
-    monkeypatch.setattr(tiled, "prepare_reduction", lambda y, *rest: prepared.append(y.name))
-    A, B, C, outs = _zeroed_problem(device)
-    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
-    kernel = next(k for k in epifuse.get_kernels(args) if k.name == "triton_tiled")
-    for launch in (1, 2, 3):
-        for t in outs.values():
-            t.fill_(float("nan"))
-        kernel.run(args)
-        _check(args, "sum")
-        _count_launches_of_zeroing(args, kernel, launch)
-    assert prepared == []
-    assert args._plans[kernel].simple  # nothing runs around the launch
-
-
-@pytest.mark.parametrize("case", ["accumulate", "bf16", "strided", "over the limit"])
-def test_reductions_the_kernel_does_not_zero_start_from_a_launch(case, device, monkeypatch):
-    """An accumulated, non-fp32, non-contiguous or large destination is zeroed (or copied) by a
-    launch before the kernel, as before; the others of the same launch still by the kernel."""
-    from epifuse.backends.triton import tiled
-    prepared = []
-    real = tiled.prepare_reduction
-    monkeypatch.setattr(tiled, "prepare_reduction", lambda y, *rest: (prepared.append(y.name), real(y, *rest)))
-    A, B, C, outs = _zeroed_problem(device)
-    accumulate = case == "accumulate"
-    if case == "bf16":
-        outs["r"] = torch.empty(M, device=device, dtype=torch.bfloat16)
-    elif case == "strided":
-        outs["r"] = torch.empty(M, 2, device=device)[:, 0]
-    elif case == "over the limit":
-        monkeypatch.setattr(tiled, "ZERO_LIMIT", M - 1)
-    for t in outs.values():
-        t.copy_(integer_tensor(*t.shape, low=0, device=device, dtype=torch.float32)) if accumulate else t.fill_(float("nan"))
-    before = {name: t.double().clone() for name, t in outs.items()}
-    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, accumulate=accumulate, **outs))
-    kernel = next(k for k in epifuse.get_kernels(args) if k.name == "triton_tiled")
-    kernel.run(args)
-    for name, ref in reference_outputs(args).items():
-        if accumulate:
-            ref = torch.maximum(ref, before[name]) if name == "a" else ref + before[name]
-        tolerance = 1e-2 if outs[name].dtype == torch.bfloat16 else 1e-5
-        assert rel_error(outs[name], ref) < tolerance, name
-    expected = ["s", "r", "m", "a"] if accumulate else ["r"]  # M > N: only r is over the limit
-    assert prepared == expected
-    assert args._plans[kernel].meta["ANY_ZERO"] == (not accumulate)
-
-
-def _gluon_and_tiled_kernels(args):
-    from epifuse.backends.triton import pingpong, tiled
-    kernels = [tiled.TritonTiled(tiled.CUDA_CONFIGS[2]),
-               *(pingpong.GluonPingPong(c) for c in (*pingpong.SMALL_GRID_CONFIGS, *pingpong.CUDA_CONFIGS[1:2])),
-               *(pingpong.GluonCooperative(c) for c in pingpong.COOPERATIVE_CONFIGS[:1])]
-    for kernel in kernels:
-        assert kernel.supports(args), (kernel, kernel.supports(args))
-    return kernels
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows,cols,depth", [(128, 8192, 96), (1000, 744, 96), (64, 128, 96), (65536, 64, 16)])
-def test_in_kernel_zeroing_on_the_gpu(rows, cols, depth):
-    """Every kernel that zeroes its reductions, with consumers that take no tile (a small grid),
-    several tiles per consumer, a single tile, and the largest row sum it zeroes under tiles
-    that take no time (K = 16: without the wait for the zeros, the ping-pong kernels lose
-    sums): NaN-filled destinations, three launches, then three replays of a captured CUDA
-    graph, each against the float64 reference."""
-    A, B, C, outs = _zeroed_problem("cuda", rows, cols, depth)  # rows of A 16-byte aligned for TMA
-    for kernel in _gluon_and_tiled_kernels(epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
-            ZEROED, C=C, **outs))):
-        args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
-        for launch in (1, 2, 3):
-            for t in outs.values():
-                t.fill_(float("nan"))
-            kernel.run(args)
-            torch.cuda.synchronize()
-            _check(args, "sum")
-            _count_launches_of_zeroing(args, kernel, launch)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # the capture takes a pair of its own
-            kernel.run(args)
-        captured = args._plans[kernel].sync.captured
-        assert len(captured) == 1
-        for replay in (1, 2, 3):
-            for t in outs.values():
-                t.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            _check(args, "sum")
-            _count_launches_of_zeroing(args, kernel, 3)
-            _count_launches_of_zeroing(args, kernel, replay, words=captured[0])
-
-
-def test_each_stream_takes_its_own_zeroing_words():
-    """A plan's (arrivals, done) words go by what launches it: the stream that made the plan
-    keeps the plan's own pair, each other stream gets a new zeroed pair (zeroed on that stream),
-    each graph capture a pair of its own that nothing else takes (zeroed with the plan for the
-    first few, so a capture adds no zeroing to the graph); the plan's values never change."""
-    from epifuse.backends.triton.tiled import _StreamWords
-    words = _StreamWords(1, torch.device("cpu"))
-    assert words.home is None  # no streams on the CPU
-    words.home = 100
-    values = ["x", words.first, 7]
-    assert words.values_for(values, 100, False) is values
-    assert words.values_for(values, 100, False) is values
-    second = words.values_for(values, 200, False)
-    assert second is not values and values[1] is words.first and second[0] == "x" and second[2] == 7
-    assert second[1] is not words.first and second[1].tolist() == [0, 0]
-    assert all(second[1] is not spare for spare in words.spares)
-    assert words.values_for(second, 200, False) is second
-    assert words.values_for(second, 100, False)[1] is words.first
-    spares = list(words.spares)
-    taken = [words.values_for(values, stream, True)[1] for stream in (100, 200, 100, 300, 100)]
-    assert [id(t) for t in taken[:4]] == [id(t) for t in reversed(spares)] and len({id(t) for t in taken}) == 5
-    assert all(t.tolist() == [0, 0] for t in taken) and words.spares == []
-    assert [id(t) for t in words.captured] == [id(t) for t in taken]
-    assert all(t is not words.first and t is not second[1] for t in taken)
-    assert words.values_for(values, 300, False)[1] is not taken[3]  # a capture's pair is its own
-    assert words.values_for(values, 100, False) is values
-
-
-def test_a_plan_made_during_a_capture_keeps_no_zeros_for_later(monkeypatch):
-    """Zeros queued while a graph is captured happen only where that graph replays: a plan
-    made then has no home stream and no spares, so every stream and every later capture gets a
-    pair zeroed where it is used."""
-    from epifuse.backends.triton import tiled
-    monkeypatch.setattr(tiled, "_capturing", lambda device: True)
-    words = tiled._StreamWords(0, torch.device("cpu"))
-    assert words.home is None and words.spares == []
-    values = [words.first]
-    pairs = [words.values_for(values, 100, True)[0], words.values_for(values, 100, True)[0],
-             words.values_for(values, 100, False)[0]]
-    assert len({id(p) for p in (*pairs, words.first)}) == 4
-    assert all(p.tolist() == [0, 0] for p in pairs)
-
-
-_TWO_STREAMS_SCRIPT = """
-import torch, epifuse
-from test_reductions import ZEROED, _check, _gluon_and_tiled_kernels, _zeroed_problem
-A, B, C, outs = _zeroed_problem("cuda", 4096, 2048, 2048)
-make = lambda: epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
-streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-big = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
-for kernel in _gluon_and_tiled_kernels(make()):
-    args = make()
-    for s in streams:  # leave freed blocks full of garbage where the streams' pairs may land
-        with torch.cuda.stream(s):
-            garbage = torch.full((64,), 12345, device="cuda", dtype=torch.int64)
-        del garbage
-    for _ in range(20):  # the plan's own zeros queue behind a busy default stream
-        big @ big
-    kernel.compile(args)
-    for launch in range({launches}):
-        with torch.cuda.stream(streams[launch % 2]):
-            kernel.run(args)
-    torch.cuda.synchronize()
-    plan = args._plans[kernel]
-    arrivals = plan.values[plan.sync.index + 1]
-    for s in streams:
-        words = plan.sync.by_stream[s.cuda_stream]
-        assert words.tolist() == [{launches} // 2 * arrivals, {launches} // 2], (kernel, words)
-    graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
-    for graph in graphs:  # both captured on torch.cuda.graph's one capture stream
-        with torch.cuda.graph(graph):
-            kernel.run(args)
-    for replay in range({launches}):
-        with torch.cuda.stream(streams[replay % 2]):
-            graphs[replay % 2].replay()
-    torch.cuda.synchronize()
-    assert [w.tolist() for w in plan.sync.captured] == [[{launches} // 2 * arrivals, {launches} // 2]] * 2
-    for t in outs.values():
-        t.fill_(float("nan"))
-    kernel.run(args)
-    torch.cuda.synchronize()
-    _check(args, "sum")
-    print("ok", kernel, flush=True)
-"""
-
-
-_CAPTURED_PLAN_SCRIPT = """
-import torch, epifuse
-from test_reductions import ZEROED, _check, _zeroed_problem
-A, B, C, _ = _zeroed_problem("cuda", 1024, 1024, 256)
-outs = {name: torch.empty(shape, device="cuda") for name, shape in (("s", ()), ("r", (1024,)), ("m", (1024,)), ("a", (1024,)))}
-side = torch.cuda.Stream()
-with torch.cuda.stream(side):  # tuning and compiles, outside any capture
-    epifuse.gemm(A, B, ZEROED, C=C, **outs)
-torch.cuda.synchronize()
-graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
-for graph in graphs:  # the first capture makes the plan (a new stream: a new call site)
-    with torch.cuda.graph(graph):
-        epifuse.gemm(A, B, ZEROED, C=C, **outs)
-for graph in (graphs[1], graphs[0], graphs[1], graphs[0]):
-    for t in outs.values():
-        t.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    _check(epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs)), "sum")
-print("replays ok")
-"""
-
-
-@pytest.mark.gpu
-def test_graphs_of_a_plan_made_during_a_capture(tmp_path):
-    """Two graphs of one epifuse.gemm call whose plan was made during the first capture (its
-    zeros exist only in that graph), the second replayed first: every replay is right and
-    finishes. In a subprocess with a timeout, as above."""
-    import os
-    import subprocess
-    import sys
-    script = tmp_path / "captured_plan.py"
-    script.write_text(_CAPTURED_PLAN_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
-    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
-    assert "replays ok" in result.stdout, result.stdout
-
-
-@pytest.mark.gpu
-def test_overlapping_launches_on_two_streams_finish(tmp_path):
-    """One GemmArguments launched again and again on two streams at once (their launches
-    overlap), its plan made while the default stream is busy, then two CUDA graphs of it
-    replayed at once on the two streams: every launch finishes, since each stream and each
-    capture counts its launches in words of its own, zeroed before they are used; the words
-    count their launches, and a launch after them is right. In a subprocess with a timeout,
-    so that programs waiting forever fail this test rather than hang the run."""
-    import os
-    import subprocess
-    import sys
-    script = tmp_path / "two_streams.py"
-    script.write_text(_TWO_STREAMS_SCRIPT.format(launches=40))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
-    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
-    assert result.stdout.count("ok <") == 4, result.stdout  # tiled, two ping-pongs, cooperative
-
-
-@pytest.mark.gpu
-def test_kept_launches_zero_their_reductions(monkeypatch):
-    """Repeated epifuse.gemm calls with NaN-filled reduction outputs: the kept launch runs
-    nothing but the kernel (its reductions zeroed there), and every call is right."""
-    from epifuse import callsite
-    monkeypatch.setenv("EPIFUSE_TUNE", "0")  # the untimed order: the small-grid ping-pong first
-    A, B, C, _ = _zeroed_problem("cuda", 128, 1024, depth=96)
-    hits = callsite.HITS[0]
-    for call in range(4):
-        outs = {name: torch.full(shape, float("nan"), device="cuda")
-                for name, shape in (("s", ()), ("r", (128,)), ("m", (1024,)), ("a", (1024,)))}
-        epifuse.gemm(A, B, ZEROED, C=C, **outs)
-        args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
-        _check(args, "sum")
-    assert callsite.HITS[0] - hits == 3
-    site = next(reversed(callsite._SITES.values()))
-    assert site.before is None and site.after is None
-

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import re
-import sys
 import time
 import tokenize
 
@@ -25,7 +24,7 @@ import epifuse
 from epifuse import EpilogueArguments, EpilogueError, GemmArguments
 from epifuse.frontend import IDENTIFIER, parse
 from epifuse.runtime.cache import cache_dir
-from helpers import integer_tensor, reference_outputs
+from helpers import integer_tensor, reference_outputs, run_python
 
 M, N, K = 9, 11, 5
 
@@ -312,19 +311,14 @@ sys.exit(0 if all(r in ("parsed", "rejected") for r in results) else 1)
 """
 
 
-def test_nesting_in_a_thread_with_a_small_stack(tmp_path):
+def test_nesting_in_a_thread_with_a_small_stack():
     """Threads may have small C stacks (256 KiB here), where CPython's parser crashes the process
     on a few thousand nested operators before raising anything: epifuse must refuse such
     sources first. Run in a subprocess, so that a crash fails this test, not the whole run."""
-    import os
-    import subprocess
     wanted = ["parentheses-5000", "nested-calls-3000", "nested-methods-2000", "unary-minus-10000",
               "invert-10000", "not-10000", "list-nest-1000", "sum-20000-terms", "power-tower-3000",
               "where-nest-300", "comparison-chain-5000"]
-    script = tmp_path / "small_stack.py"
-    script.write_text(_SMALL_STACK_SCRIPT.format(sources={k: BIG_SOURCES[k] for k in wanted}))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    result = run_python(_SMALL_STACK_SCRIPT.format(sources={k: BIG_SOURCES[k] for k in wanted}), timeout=300)
     assert result.returncode == 0, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
 
 
