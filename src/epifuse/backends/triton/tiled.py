@@ -326,8 +326,9 @@ class TritonTiled(Kernel):
             self._before_launch()
         values = plan.values
         if plan.sync is not None and not interpret:
-            values = plan.sync.values_for(values, torch._C._cuda_getCurrentRawStream(args.A.device.index),
-                                          torch._C._cuda_isCurrentStreamCapturing())
+            device = args.A.device
+            values = plan.sync.values_for(values, torch._C._cuda_getCurrentRawStream(device.index),
+                                          _capturing(device))
         with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
             compiled = plan.kernel[plan.grid](*plan.jit_values(values), **plan.meta)
         if not interpret:
@@ -380,7 +381,8 @@ class _StreamWords:
         first, *spares = torch.zeros(1 if captured else 1 + self.SPARES, 2, device=device, dtype=torch.int64).unbind()
         self.first, self.spares = first, spares  # the plan's values carry `first`
         # the stream the plan's zeros were queued on
-        self.home = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" and not captured else None
+        cuda_home = device.type == "cuda" and not captured
+        self.home = torch._C._cuda_getCurrentRawStream(device.index) if cuda_home else None
         self.by_stream: dict = {}
         self.captured: list = []  # the captures' pairs, kept alive with the plan
 
