@@ -184,6 +184,7 @@ class TritonGrouped(Kernel):
 class _GroupedPlan:
     __slots__ = ("fast", "grid", "groups", "kernel", "launch_with", "layout", "meta", "simple", "values")
     convert = None  # its values are the kernel's arguments as they are (see tiled._Plan.convert)
+    sync = None     # its reductions start from a launch before it (no in-kernel zeroing's words)
 
     def __init__(self, kernel, layout, groups, values, meta, grid):
         self.kernel, self.layout, self.groups = kernel, layout, groups

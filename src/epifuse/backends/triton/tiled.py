@@ -507,7 +507,7 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     convert = plan.convert
     current_device = torch._C._cuda_getDevice
     described = _described_launcher(compiled)  # None for kernels without host TMA descriptors
-    sync = getattr(plan, "sync", None)  # grouped plans have none
+    sync = plan.sync
     capturing = torch._C._cuda_isCurrentStreamCapturing
 
     def launch_with(values):
