@@ -38,42 +38,53 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 SHAPES = {"S1": (4096, 4096, 4096), "S2": (16384, 4096, 1024), "S3": (8192, 8192, 8192)}
-CONFIGS = {  # name: (tile M, tile N, cluster M, cluster N)
-    "128x256_c1x1": (128, 256, 1, 1),
-    "128x256_c2x1": (128, 256, 2, 1),
-    "128x256_c1x2": (128, 256, 1, 2),
+CONFIGS = {  # name: (tile M, tile N, cluster M, cluster N, ping-pong)
+    "coop128x256_c1x1": (128, 256, 1, 1, False),
+    "coop128x256_c2x1": (128, 256, 2, 1, False),
+    "coop128x256_c1x2": (128, 256, 1, 2, False),
+    "pp128x128_c1x1": (128, 128, 1, 1, True),
+    "pp128x128_c2x1": (128, 128, 2, 1, True),
 }
+ACTIVATIONS = ("identity", "gelu")
 SMEM_BYTES = 227 * 1024
 THREADS_PER_WARPGROUP = 128
 
 
 class PersistentGemm:
-    """D[M, N] = A[M, K] @ B[K, N]; A K-major, B N-major (torch's row-major B), D N-major."""
+    """D[M, N] = act(A[M, K] @ B[K, N]); A K-major, B N-major (torch's row-major B), D N-major.
 
-    def __init__(self, tile_mn=(128, 256), cluster_mn=(1, 1), epi_n=32, epi_stages=4, group=8):
+    Cooperative (`pingpong=False`): both consumer warpgroups work on one tile, 64 rows each, and
+    write it together. Ping-pong: each consumer warpgroup owns every other tile of its CTA, so
+    one writes its tile while the other multiplies the next."""
+
+    def __init__(self, tile_mn=(128, 256), cluster_mn=(1, 1), pingpong=False, activation="identity",
+                 epi_n=32, epi_stages=4, group=8):
         self.tile_m, self.tile_n = tile_mn
         self.cluster_mn = cluster_mn
+        self.pingpong = pingpong
+        self.activation = activation
         self.epi_tile = (self.tile_m, epi_n)
         self.epi_stages = epi_stages
         self.group = group
-        self.consumer_groups = self.tile_m // 64
-        self.threads = THREADS_PER_WARPGROUP * (1 + self.consumer_groups)
-        self.store_warp = 4  # the first consumer warp issues the TMA stores
+        self.mma_groups = 1 if pingpong else self.tile_m // 64  # warpgroups that share one tile
+        self.teams = 2 if pingpong else 1  # consumer teams, each with tiles of its own
+        self.threads = THREADS_PER_WARPGROUP * (1 + self.mma_groups * self.teams)
 
     def _plan(self, a_dtype, b_dtype, d_dtype, a_major, b_major, d_major):
         """Everything static that depends on the operands: the MMA, tile K, stage count and
         the shared-memory layouts."""
         self.mma = sm90.make_trivial_tiled_mma(
             a_dtype, b_dtype, a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode(),
-            cutlass.Float32, (self.consumer_groups, 1, 1), tiler_mn=(64, self.tile_n))
+            cutlass.Float32, (self.mma_groups, 1, 1), tiler_mn=(64, self.tile_n))
         tile_k = cute.size(self.mma.shape_mnk, mode=[2]) * 4
         self.tile = (self.tile_m, self.tile_n, tile_k)
         stage_bytes = (self.tile_m + self.tile_n) * tile_k * a_dtype.width // 8
-        epi_bytes = self.epi_tile[0] * self.epi_tile[1] * d_dtype.width // 8 * self.epi_stages
+        d_buffers = self.epi_stages * self.teams  # each team stores from buffers of its own
+        epi_bytes = self.epi_tile[0] * self.epi_tile[1] * d_dtype.width // 8 * d_buffers
         self.stages = (SMEM_BYTES - epi_bytes - 1024) // stage_bytes
         self.a_layout = sm90.make_smem_layout_a(a_major, self.tile, a_dtype, self.stages)
         self.b_layout = sm90.make_smem_layout_b(b_major, self.tile, b_dtype, self.stages)
-        self.d_layout = sm90.make_smem_layout_epi(d_dtype, d_major, self.epi_tile, self.epi_stages)
+        self.d_layout = sm90.make_smem_layout_epi(d_dtype, d_major, self.epi_tile, d_buffers)
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
@@ -105,6 +116,7 @@ class PersistentGemm:
         @cute.struct
         class Shared:
             load_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            turn_barriers: cute.struct.MemRange[cutlass.Int64, 2]
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.a_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(self.b_layout)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_layout)], 1024]
@@ -138,13 +150,20 @@ class PersistentGemm:
         storage = SmemAllocator().allocate(self.shared)
         stage_bytes = (cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0)))
                        + cute.size_in_bytes(self.ab_dtype, cute.slice_(b_layout, (None, None, 0))))
-        consumer_warps = self.consumer_groups * 4
+        consumer_warps = self.mma_groups * 4  # the warps that read one stage
         loads = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.load_barriers.data_ptr(), num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             # every consumer warp frees a stage in each CTA that multicast into it
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps * (cm + cn - 1)),
             tx_count=stage_bytes, cta_layout_vmnk=cute.make_layout((1, cm, cn, 1)), defer_sync=True)
+        # Ping-pong teams take turns at their main loops. Without turns, a team that skips
+        # the other's tile would wait on a stage's barrier many phases ahead of the loader,
+        # and a barrier's phase parity cannot tell those phases apart.
+        turns = [pipeline.PipelineOrder.create(
+            barrier_storage=storage.turn_barriers.data_ptr(), depth=1, length=2, group_id=team,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP),
+            defer_sync=True) for team in range(self.teams)] if self.teams == 2 else [None]
         pipeline.pipeline_init_arrive(cluster_shape_mn=(cm, cn), is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
@@ -168,10 +187,17 @@ class PersistentGemm:
             if warp == 0:
                 self.load_tiles(tma_a, tma_b, tAsA, tAgA, tBsB, tBgB, a_peers, b_peers, loads,
                                 schedule, k_tiles)
+        elif warpgroup <= self.mma_groups:
+            cute.arch.warpgroup_reg_alloc(232)
+            self.multiply_and_store(mma, sA, sB, sD, gD, tma_d, loads, turns[0], schedule, k_tiles,
+                                    tidx - THREADS_PER_WARPGROUP, warp, 0)
         else:
             cute.arch.warpgroup_reg_alloc(232)
-            self.multiply_and_store(mma, sA, sB, sD, gD, tma_d, loads, schedule, k_tiles,
-                                    tidx - THREADS_PER_WARPGROUP, warp)
+            self.multiply_and_store(mma, sA, sB, sD, gD, tma_d, loads, turns[-1], schedule, k_tiles,
+                                    tidx - 2 * THREADS_PER_WARPGROUP, warp, 1)
+
+    def activate(self, x):
+        return _gelu_tanh(x) if self.activation == "gelu" else x
 
     @cute.jit
     def load_tiles(self, tma_a, tma_b, tAsA, tAgA, tBsB, tBgB, a_peers, b_peers, loads, schedule,
@@ -198,8 +224,12 @@ class PersistentGemm:
         loads.producer_tail(state)
 
     @cute.jit
-    def multiply_and_store(self, mma, sA, sB, sD, gD, tma_d, loads, schedule, k_tiles, consumer_tidx,
-                           warp):
+    def multiply_and_store(self, mma, sA, sB, sD, gD, tma_d, loads, turn, schedule, k_tiles, consumer_tidx,
+                           warp, team: cutlass.Constexpr):
+        """One team's tiles: every tile of the CTA (cooperative), or every other (ping-pong);
+        `consumer_tidx` counts from the team's first thread."""
+        team_threads = self.mma_groups * THREADS_PER_WARPGROUP
+        store_warp = (1 + team * self.mma_groups) * 4  # the team's first warp issues its TMA stores
         thread_mma = mma.get_slice(consumer_tidx // THREADS_PER_WARPGROUP * THREADS_PER_WARPGROUP)
         fA = mma.make_fragment_A(thread_mma.partition_A(sA))
         fB = mma.make_fragment_B(thread_mma.partition_B(sB))
@@ -218,18 +248,24 @@ class PersistentGemm:
         piece_shape = cute.shape(thread_store.partition_S(sD))[:3]
         piece_f32 = cute.make_rmem_tensor(piece_shape, cutlass.Float32)
         piece_out = cute.make_rmem_tensor(piece_shape, self.d_dtype)
-        piece_size = cute.size(piece_f32)
-        consumers = pipeline.NamedBarrier(barrier_id=1, num_threads=self.consumer_groups * THREADS_PER_WARPGROUP)
+        values = cute.size(piece_shape[0])
+        consumers = pipeline.NamedBarrier(barrier_id=1 + team, num_threads=team_threads)
         stores = pipeline.PipelineTmaStore.create(
             num_stages=self.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     self.consumer_groups * THREADS_PER_WARPGROUP))
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, team_threads))
 
         scheduler = utils.StaticPersistentTileScheduler.create(
             schedule, cute.arch.block_idx(), cute.arch.grid_dim())
         work = scheduler.initial_work_tile_info()
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         free = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        turn_state = pipeline.PipelineState(1, cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(team == 0))
+        if cutlass.const_expr(team == 1):  # the other team's first tile, and its stages
+            scheduler.advance_to_next_work()
+            work = scheduler.get_current_work()
+            for _ in range(k_tiles):
+                read.advance()
+                free.advance()
         while work.is_valid_tile:
             tile_d = gD[(None, None, *work.tile_idx)]
             acc.fill(0.0)
@@ -237,6 +273,8 @@ class PersistentGemm:
             cute.nvgpu.warpgroup.fence()
             # The stages' states advance in this body, not in a helper: a state that a called
             # function advances is not carried to the loop's next iteration.
+            if cutlass.const_expr(self.teams == 2):
+                turn.wait(turn_state)
             loads.consumer_wait(read)
             for kb in cutlass.range_constexpr(k_blocks):
                 cute.gemm(mma, acc, fA[(None, None, kb, read.index)], fB[(None, None, kb, read.index)], acc)
@@ -251,6 +289,11 @@ class PersistentGemm:
                 cute.nvgpu.warpgroup.wait_group(1)  # the previous stage's WGMMAs have finished
                 loads.consumer_release(free)
                 free.advance()
+            if cutlass.const_expr(self.teams == 2):
+                # every stage of this tile has landed: the other team's turn. The state advances
+                # here (arrive would advance the copy): a loop carries only what its body advances
+                turn.arrive(turn_state.clone())
+                turn_state.advance()
             cute.nvgpu.warpgroup.wait_group(0)
             loads.consumer_release(free)
             free.advance()
@@ -262,21 +305,35 @@ class PersistentGemm:
             piece_grid = cute.make_layout(pieces_d.shape[1], stride=(pieces_d.shape[1][1], 1))
             before = scheduler.num_tiles_executed * n_pieces
             for p in cutlass.range_constexpr(n_pieces):
-                for v in cutlass.range_constexpr(piece_size):
-                    piece_f32[v] = acc_pieces[p * piece_size + v]
-                piece_out.store(piece_f32.load().to(self.d_dtype))
-                buffer = (before + p) % self.epi_stages
+                # a piece is (stmatrix values, 64-row halves, 16-column groups); the retiled
+                # accumulator is ((values, all column groups), halves, 1)
+                for m in cutlass.range_constexpr(piece_shape[1]):
+                    for n in cutlass.range_constexpr(piece_shape[2]):
+                        for v in cutlass.range_constexpr(values):
+                            piece_f32[(v, m, n)] = acc_pieces[((v, p * piece_shape[2] + n), m, 0)]
+                piece_out.store(self.activate(piece_f32.load()).to(self.d_dtype))
+                buffer = team * self.epi_stages + (before + p) % self.epi_stages
                 cute.copy(to_smem, piece_out, piece_dst[(None, None, None, buffer)])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 consumers.arrive_and_wait()
-                if warp == self.store_warp:
+                if warp == store_warp:
                     cute.copy(tma_d, smem_pieces[(None, buffer)], gmem_pieces[(None, piece_grid.get_hier_coord(p))])
                     stores.producer_commit()
                     stores.producer_acquire()
                 consumers.arrive_and_wait()
-            scheduler.advance_to_next_work()
+            if cutlass.const_expr(self.teams == 2):  # skip the other team's next tile
+                for _ in range(k_tiles):
+                    read.advance()
+                    free.advance()
+            scheduler.advance_to_next_work(advance_count=self.teams)
             work = scheduler.get_current_work()
         stores.producer_tail()
+
+
+@cute.jit
+def _gelu_tanh(x):
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return 0.5 * x * (1.0 + cute.math.tanh(inner, fastmath=True))
 
 
 def _views(a, b, d):
@@ -288,59 +345,96 @@ def _views(a, b, d):
             from_dlpack(d.as_strided((M, N, 1), (N, 1, M * N)), assumed_align=16))
 
 
-def compile_offline(config, shape):
+def _gemm_for(config, activation):
+    tm, tn, cm, cn, pingpong = CONFIGS[config]
+    return PersistentGemm((tm, tn), (cm, cn), pingpong=pingpong, activation=activation), cm * cn
+
+
+def compile_offline(config, activation, shape):
     """Compile for sm_90a without a GPU (CUTE_DSL_ARCH=sm_90a), with fake tensors of `shape`."""
     from cutlass.cute.runtime import make_fake_tensor
     from cuda.bindings import driver
-    tm, tn, cm, cn = CONFIGS[config]
     M, N, K = shape
     a = make_fake_tensor(cutlass.Float16, (M, K, 1), (K, 1, M * K), assumed_align=16)
     b = make_fake_tensor(cutlass.Float16, (N, K, 1), (1, N, N * K), assumed_align=16)
     d = make_fake_tensor(cutlass.Float16, (M, N, 1), (N, 1, M * N), assumed_align=16)
-    return cute.compile(PersistentGemm((tm, tn), (cm, cn)), a, b, d, 132 // (cm * cn), driver.CUstream(0))
+    gemm, cluster_size = _gemm_for(config, activation)
+    return cute.compile(gemm, a, b, d, 132 // cluster_size, driver.CUstream(0))
 
 
-def run_on_gpu(shapes, configs, out):
+def _epifuse_identity(accum):
+    D = accum
+    return D
+
+
+def _epifuse_gelu(accum):
+    D = gelu(accum, approximate="tanh")  # noqa: F821 - parsed by epifuse, never run
+    return D
+
+
+def _timed_against_cublas(fn, a, b):
+    """Three alternations of cuBLAS and `fn` (so drift under the power limit falls on both)."""
+    import torch
+    from triton.testing import do_bench
+    cublas_ms, ms = [], []
+    for _ in range(3):
+        cublas_ms.append(do_bench(lambda: torch.matmul(a, b), warmup=25, rep=200))
+        ms.append(do_bench(fn, warmup=25, rep=200))
+    return cublas_ms, ms
+
+
+def run_on_gpu(shapes, configs, activations, with_epifuse, out):
     import torch
     from cuda.bindings import driver
-    from triton.testing import do_bench
     torch.manual_seed(0)
     rows = []
     gpu = torch.cuda.get_device_name()
+
+    def record(row):
+        row["ratio"] = min(row["ms"]) / min(row["cublas_ms"])
+        rows.append(row)
+        print(f"{row['shape']} {row['activation']:8s} {row['kernel']:18s} ratio {row['ratio']:.3f} "
+              f"cublas {min(row['cublas_ms'])*1e3:.0f} us kernel {min(row['ms'])*1e3:.0f} us "
+              f"rel_err {row['rel_err']:.1e}", flush=True)
+
     for shape_name in shapes:
         M, N, K = SHAPES[shape_name]
         a = torch.randn(M, K, device="cuda", dtype=torch.float16)
         b = torch.randn(K, N, device="cuda", dtype=torch.float16)
-        expect = (a.double() @ b.double())
-        for config in configs:
-            tm, tn, cm, cn = CONFIGS[config]
-            d = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
-            views = _views(a, b, d)
-            stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
-            clusters = utils.HardwareInfo().get_max_active_clusters(cm * cn)
-            start = time.perf_counter()
-            gemm = cute.compile(PersistentGemm((tm, tn), (cm, cn)), *views, clusters, stream)
-            compile_s = time.perf_counter() - start
-            gemm(*views, stream)
-            torch.cuda.synchronize()
-            rel = ((d.double() - expect).norm() / expect.norm()).item()
-            cublas_ms, cute_ms = [], []
-            for _ in range(3):  # alternate, so drift under the power limit falls on both
-                cublas_ms.append(do_bench(lambda: torch.matmul(a, b), warmup=25, rep=200))
-                cute_ms.append(do_bench(lambda: gemm(*views, stream), warmup=25, rep=200))
-            row = {"shape": shape_name, "M": M, "N": N, "K": K, "config": config,
-                   "cublas_ms": cublas_ms, "cute_ms": cute_ms,
-                   "ratio": min(cute_ms) / min(cublas_ms), "rel_err": rel, "compile_s": compile_s,
-                   "clusters": clusters}
-            rows.append(row)
-            print(f"{shape_name} {config:14s} ratio {row['ratio']:.3f} cublas {min(cublas_ms)*1e3:.0f} us "
-                  f"cute {min(cute_ms)*1e3:.0f} us rel_err {rel:.1e} compile {compile_s:.1f} s", flush=True)
+        product = a.double() @ b.double()
+        for activation in activations:
+            expect = torch.nn.functional.gelu(product, approximate="tanh") if activation == "gelu" else product
+            base = {"shape": shape_name, "M": M, "N": N, "K": K, "activation": activation}
+            for config in configs:
+                d = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
+                views = _views(a, b, d)
+                stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
+                gemm, cluster_size = _gemm_for(config, activation)
+                clusters = utils.HardwareInfo().get_max_active_clusters(cluster_size)
+                start = time.perf_counter()
+                compiled = cute.compile(gemm, *views, clusters, stream)
+                compile_s = time.perf_counter() - start
+                compiled(*views, stream)
+                torch.cuda.synchronize()
+                rel = ((d.double() - expect).norm() / expect.norm()).item()
+                cublas_ms, ms = _timed_against_cublas(lambda: compiled(*views, stream), a, b)
+                record(dict(base, kernel="cute_" + config, cublas_ms=cublas_ms, ms=ms, rel_err=rel,
+                            compile_s=compile_s, clusters=clusters))
+            if with_epifuse:
+                import epifuse
+                from epifuse.runtime import tune
+                epi = _epifuse_gelu if activation == "gelu" else _epifuse_identity
+                d = epifuse.gemm(a, b, epi)  # one output: the tensor itself
+                torch.cuda.synchronize()
+                rel = ((d.double() - expect).norm() / expect.norm()).item()
+                cublas_ms, ms = _timed_against_cublas(lambda: epifuse.gemm(a, b, epi), a, b)
+                record(dict(base, kernel="epifuse", cublas_ms=cublas_ms, ms=ms, rel_err=rel,
+                            choice=str(tune.HISTORY[-1]["choice"]) if tune.HISTORY else None))
     if out:
         os.makedirs(out, exist_ok=True)
-        import cutlass as _c
         path = os.path.join(out, f"cute_probe_{time.strftime('%Y%m%d-%H%M%S')}_{gpu.replace(' ', '-')}.json")
         with open(path, "w") as f:
-            json.dump({"gpu": gpu, "torch": torch.__version__, "cutlass_dsl": getattr(_c, "__version__", "?"),
+            json.dump({"gpu": gpu, "torch": torch.__version__, "cutlass_dsl": getattr(cutlass, "__version__", "?"),
                        "rows": rows}, f, indent=1)
     return rows
 
@@ -349,17 +443,20 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="S1,S2,S3")
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--activations", default=",".join(ACTIVATIONS))
+    parser.add_argument("--epifuse", action="store_true", help="time epifuse.gemm on the same epilogues")
     parser.add_argument("--compile-only", action="store_true", help="compile for sm_90a, no GPU")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    configs = args.configs.split(",")
+    configs, activations = args.configs.split(","), args.activations.split(",")
     if args.compile_only:
         for config in configs:
-            start = time.perf_counter()
-            compile_offline(config, SHAPES["S1"])
-            print(f"{config}: compiled for sm_90a in {time.perf_counter() - start:.1f} s")
+            for activation in activations:
+                start = time.perf_counter()
+                compile_offline(config, activation, SHAPES["S1"])
+                print(f"{config} {activation}: compiled for sm_90a in {time.perf_counter() - start:.1f} s")
         return
-    run_on_gpu(args.shapes.split(","), configs, args.out)
+    run_on_gpu(args.shapes.split(","), configs, activations, args.epifuse, args.out)
 
 
 if __name__ == "__main__":
