@@ -1,31 +1,35 @@
-"""CuTe DSL probe: a plain persistent Hopper GEMM (D = A @ B, fp16 in, fp32 accumulate, fp16
+"""CuTe DSL probe: persistent Hopper GEMMs (D = act(A @ B), fp16 in, fp32 accumulate, fp16
 out), written for epifuse's question "does a CuTe DSL backend reach what Triton and Gluon cannot"
 (RESULTS.md, "What limits each miss"). It measures what Gluon 3.6 does not expose: thread-block
 clusters whose CTAs share one TMA load of A or B through multicast, so L2 delivers fewer bytes
-per tile under the power limit.
+per tile under the power limit; and a ping-pong schedule written by hand.
 
-The kernel, one CTA per SM (persistent, static tile schedule):
-- warp 0 loads A and B tiles with TMA into a ring of `stages` shared-memory buffers; in a cluster
-  of (cm, cn) CTAs each CTA loads 1/cn of its A tile and 1/cm of its B tile and multicasts them to
+The kernels, one CTA of three warpgroups per SM (persistent, static tile schedule):
+- warp 0 loads A and B tiles with TMA into a ring of shared-memory stages; in a cluster of
+  (cm, cn) CTAs each CTA loads 1/cn of its A tile and 1/cm of its B tile and multicasts them to
   the CTAs of its cluster row or column;
-- two consumer warpgroups (128 x N tile, 64 rows each) run WGMMA on each stage as it lands,
-  releasing it back to the loader (and to the CTAs that multicast into it);
-- the consumers then write the tile in (128 x `epi_n`) pieces: registers -> fp16 -> shared memory
-  (stmatrix) -> TMA store, `epi_stages` pieces in flight, while warp 0 already loads the next tile.
+- cooperative: two consumer warpgroups run WGMMA on one 128x256 tile (64 rows each) as its
+  stages land, then write it in 128x32 pieces: registers -> activation -> fp16 -> shared memory
+  (stmatrix) -> TMA store, 4 pieces in flight, while warp 0 already loads the next tile;
+- ping-pong: each consumer warpgroup owns every other 128x128 tile and writes it while the
+  other multiplies; the two take turns at their main loops.
+Results: RESULTS.md 2026-11-26 11:02 and 11:19, cute_probe_*.json, ncu_cute_probe_*.txt.
 
 It is not wired into epifuse's kernel selection: nvidia-cutlass-dsl is not a dependency, and this
-file only runs where it is importable.
-
-GPU (the wheels are not on the GPU image; see RESULTS.md 2026-11-26 08:45 for carrying them):
-    PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:. python -m benchmarks.cute_probe --out $OUT
-CPU, compile only (checks the kernel builds for sm_90a without a GPU):
+file only runs where it is importable. The GPU image lacks it: unzip the four cp312 wheels
+(nvidia-cutlass-dsl 4.8.1 and its libs-base, libs-core and libs-cu13) into one folder, pack it
+with `tar -cJ` (66 MB with xz -9e), split it in two and carry the halves in two back-to-back
+calls (a call carries 64 MiB with the checkout), then on the GPU machine join, unpack to /tmp
+and run
+    PYTHONPATH=/tmp/site312:/tmp/site312/nvidia_cutlass_dsl/dsl_packages:.:src \
+        python -m benchmarks.cute_probe --shapes S1,S2,S3 --epifuse --out $OUT
+CPU, compile only (checks the kernels build for sm_90a without a GPU):
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=...:. python -m benchmarks.cute_probe --compile-only
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 
