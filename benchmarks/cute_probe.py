@@ -16,13 +16,13 @@ The kernels, one CTA of three warpgroups per SM (persistent, static tile schedul
 Results: RESULTS.md 2026-11-26 11:02 and 11:19, cute_probe_*.json, ncu_cute_probe_*.txt.
 
 It is not wired into epifuse's kernel selection: nvidia-cutlass-dsl is not a dependency, and this
-file only runs where it is importable. The GPU image lacks it: unzip the four cp312 wheels
-(nvidia-cutlass-dsl 4.8.1 and its libs-base, libs-core and libs-cu13) into one folder, pack it
-with `tar -cJ` (66 MB with xz -9e), split it in two and carry the halves in two back-to-back
-calls (a call carries 64 MiB with the checkout), then on the GPU machine join, unpack to /tmp
-and run
-    PYTHONPATH=/tmp/site312:/tmp/site312/nvidia_cutlass_dsl/dsl_packages:.:src \
-        python -m benchmarks.cute_probe --shapes S1,S2,S3 --epifuse --out $OUT
+file only runs where it is importable. The GPU image lacks it and cannot download it;
+benchmarks/cute_dsl_carry.sh packs it here into two halves and unpacks them there, in two calls
+made back to back on one warm machine:
+    bash benchmarks/cute_dsl_carry.sh pack                                 # here, once
+    bash benchmarks/cute_dsl_carry.sh first                                # call 1, carry .cute1
+    source benchmarks/cute_dsl_carry.sh second && \\
+        python -m benchmarks.cute_probe --shapes S1,S2,S3 --epifuse --out $OUT   # call 2, carry .cute2
 CPU, compile only (checks the kernels build for sm_90a without a GPU):
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=...:. python -m benchmarks.cute_probe --compile-only
 """
