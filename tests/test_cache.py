@@ -318,30 +318,58 @@ def test_tuning_sees_through_a_drifting_clock():
     time_ms, calls = _drifting_timer({"first": 100.0, "second": 98.0, "slow": 150.0}, drift=3.0)
     ranked = tune.rank(["first", "second", "slow"], time_ms)
     assert [k for _, _, k in ranked] == ["second", "first", "slow"]
-    assert calls == ["first", "second", "slow", "first", "second", "first"]
-    assert ranked[0][0] == pytest.approx((101.0 + 110.0) / 2)
+    assert calls == ["first", "second", "slow", "first", "first", "second"]
+    assert ranked[0][0] == pytest.approx((101.0 + 113.0) / 2)
+
+
+def test_tuning_times_contenders_again_in_the_reverse_of_their_kept_times():
+    """The first kernel's kept time is the last of the first pass, so it is the first to be
+    timed again: under a steady drift the truly faster first kernel (by 2 %) wins. Timed again
+    in the kernels' order instead, its two times would fall later than the second's and the
+    drift (3 % a timing) would hand the second kernel the win."""
+    time_ms, calls = _drifting_timer({"first": 100.0, "second": 102.0}, drift=3.0)
+    ranked = tune.rank(["first", "second"], time_ms)
+    assert calls == ["first", "second", "first", "first", "second"]
+    assert [k for _, _, k in ranked] == ["first", "second"]
+    assert [t for t, _, _ in ranked] == pytest.approx([(106.0 + 109.0) / 2, (105.0 + 114.0) / 2])
 
 
 def test_tuning_times_the_first_kernel_again_once_the_gpu_works():
     """The first timings of a tuning may run faster than any later one (an idle GPU's clock):
-    the first kernel is timed again at the end of the pass, so that a lead it owes to the
-    clock does not exclude the others from the second timing."""
+    the first kernel is timed again at the end of the pass and that time replaces its first,
+    so that a lead it owes to the clock (here 15 %, more than `close`) does not exclude the
+    others from the second timing."""
     costs = {"first": 100.0, "second": 95.0, "third": 130.0}
     calls = []
 
     def time_ms(kernel):
         calls.append(kernel)
-        return costs[kernel] * (0.88 if len(calls) == 1 else 1.0)
+        return costs[kernel] * (0.85 if len(calls) == 1 else 1.0)
+    assert 95.0 > 85.0 * tune.CLOSE  # without the second timing, the second kernel is excluded
     ranked = tune.rank(["first", "second", "third"], time_ms)
     assert [k for _, _, k in ranked] == ["second", "first", "third"]
-    assert calls == ["first", "second", "third", "first", "second", "first"]
+    assert [t for t, _, _ in ranked] == pytest.approx([95.0, 100.0, 130.0])
+    assert calls == ["first", "second", "third", "first", "first", "second"]
+
+
+def test_tuning_drops_a_first_kernel_that_cannot_be_timed_again():
+    """Its one time ran on a cooler GPU and is not comparable with the others'."""
+    calls = []
+
+    def time_ms(kernel):
+        calls.append(kernel)
+        if kernel == "first" and len(calls) > 1:
+            raise RuntimeError("out of resources")
+        return {"first": 80.0, "second": 100.0, "third": 105.0}[kernel]
+    ranked = tune.rank(["first", "second", "third"], time_ms)
+    assert [k for _, _, k in ranked] == ["second", "third"]
 
 
 def test_tuning_records_every_timing_in_order(monkeypatch):
-    """A tuning's history keeps each timing as it ran (the first pass, then the contenders
-    again in reverse order), so that a report can tell a drifting clock from a faster kernel."""
+    """A tuning's history keeps each timing as it ran (the first pass, the first kernel again,
+    then the contenders again), so that a report can tell a drifting clock from a faster kernel."""
     import triton.testing
-    times = iter([100.0, 98.0, 150.0, 97.0, 104.0, 101.0])
+    times = iter([100.0, 98.0, 150.0, 97.0, 101.0, 104.0])
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: next(times) / 1e3)
     monkeypatch.setenv("EPIFUSE_QUIET", "1")
 
@@ -361,7 +389,7 @@ def test_tuning_records_every_timing_in_order(monkeypatch):
     assert tune._time_all(args, kernels) is kernels[0]
     entry = tune.HISTORY[-1]
     assert entry["calls_us"] == [["<first>", 100.0], ["<second>", 98.0], ["<slow>", 150.0],
-                                 ["<first>", 97.0], ["<second>", 104.0], ["<first>", 101.0]]
+                                 ["<first>", 97.0], ["<first>", 101.0], ["<second>", 104.0]]
     assert entry["timings_us"] == pytest.approx({"<first>": 99.0, "<second>": 101.0, "<slow>": 150.0})
 
 

@@ -148,29 +148,35 @@ def _time_all(args, kernels):
 
 def rank(kernels, time_ms, close: float = CLOSE) -> list[tuple[float, int, object]]:
     """(time, position, kernel) of every kernel `time_ms` can time (one that raises, say a
-    config that fails to compile, is dropped), fastest first. The GPU heats up and slows down
-    while tuning runs, which favours whichever candidate runs first, so those within `close`
-    of the fastest are timed again in reverse order and ranked by the mean of their two times:
-    a drift that is linear in time then adds the same to each. The first kernel timed is
-    timed again at the end of the first pass, and that time replaces its first: at 8192^3 on
-    an H100 a tuning's first timing ran 10-20 % faster than the same kernel timed again later
-    (RESULTS.md, 2026-11-26 10:33), more than `close`, so it alone was chosen."""
+    config that fails to compile, is dropped), fastest first.
+
+    The first kernel is timed again at the end of the first pass, and that time replaces its
+    first: at 8192^3 on an H100 a tuning's first timing ran 10-20 % faster than the same kernel
+    timed again later (RESULTS.md, 2026-11-26 10:33), more than `close`, so it alone was
+    chosen. A first kernel that cannot be timed again is dropped, not kept at that time.
+    The GPU also heats up and slows down while tuning runs, so the kernels within `close` of
+    the fastest are timed again, in the reverse of the order their kept times ran, and ranked
+    by the mean of their two times: a drift that is linear in time then adds about the same to
+    each."""
     timings = []
     for position, kernel in enumerate(kernels):
         try:
             timings.append([time_ms(kernel), position, kernel])
         except Exception:  # noqa: BLE001 - not chosen, whatever went wrong
             continue
+    ran_at = {id(entry): order for order, entry in enumerate(timings)}
     if len(timings) > 1:  # the first timing ran before the GPU reached its working clock
+        first = timings[0]
         try:
-            timings[0][0] = time_ms(timings[0][2])
-        except Exception:  # noqa: BLE001 - keep its first time
-            pass
+            first[0] = time_ms(first[2])
+            ran_at[id(first)] = len(timings)
+        except Exception:  # noqa: BLE001 - its one time is not comparable with the others
+            timings.pop(0)
     if timings:
         fastest = min(t for t, _, _ in timings)
         contenders = [entry for entry in timings if entry[0] <= fastest * close]
         if len(contenders) > 1:
-            for entry in reversed(contenders):
+            for entry in sorted(contenders, key=lambda e: ran_at[id(e)], reverse=True):
                 try:
                     entry[0] = (entry[0] + time_ms(entry[2])) / 2
                 except Exception:  # noqa: BLE001 - keep its first time
