@@ -459,6 +459,24 @@ def run_on_gpu(shapes, configs, activations, with_epifuse, out):
     return rows
 
 
+def launch_for_profiler(config, activation, shape_name, launches=3):
+    """Compile one kernel and launch it `launches` times on random inputs, nothing else timed:
+    for ncu, e.g. `ncu --kernel-name regex:cutlass --launch-skip 2 --launch-count 1 ...`."""
+    import torch
+    from cuda.bindings import driver
+    M, N, K = SHAPES[shape_name]
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    b = torch.randn(K, N, device="cuda", dtype=torch.float16)
+    d = torch.empty(M, N, device="cuda", dtype=torch.float16)
+    views = _views(a, b, d)
+    stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
+    gemm, cluster_size = _gemm_for(config, activation)
+    compiled = cute.compile(gemm, *views, utils.HardwareInfo().get_max_active_clusters(cluster_size), stream)
+    for _ in range(launches):
+        compiled(*views, stream)
+    torch.cuda.synchronize()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="S1,S2,S3")
@@ -466,9 +484,14 @@ def main(argv=None):
     parser.add_argument("--activations", default=",".join(ACTIVATIONS))
     parser.add_argument("--epifuse", action="store_true", help="time epifuse.gemm on the same epilogues")
     parser.add_argument("--compile-only", action="store_true", help="compile for sm_90a, no GPU")
+    parser.add_argument("--profile", action="store_true",
+                        help="launch the first config, activation and shape three times, for ncu")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     configs, activations = args.configs.split(","), args.activations.split(",")
+    if args.profile:
+        launch_for_profiler(configs[0], activations[0], args.shapes.split(",")[0])
+        return
     if args.compile_only:
         for config in configs:
             for activation in activations:
