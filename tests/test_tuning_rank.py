@@ -1,0 +1,110 @@
+"""How tuning ranks its candidates (runtime/tune.rank and the history _time_all keeps), on CPU
+with fake timers: a GPU that heats up while tuning runs, a first timing on a cooler GPU, and
+kernels that fail to run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import epifuse
+from epifuse.runtime import tune
+
+
+def _drifting_timer(costs, drift, fails=()):
+    """A fake timer: each kernel's true cost plus `drift` per earlier call (a GPU heating up)."""
+    calls = []
+
+    def time_ms(kernel):
+        calls.append(kernel)
+        if kernel in fails:
+            raise RuntimeError("out of resources")
+        return costs[kernel] + drift * (len(calls) - 1)
+    return time_ms, calls
+
+
+def test_tuning_sees_through_a_drifting_clock():
+    """The truly faster kernel wins although the first pass, timed on a cooler GPU, favours
+    the one that ran first; a far slower kernel is timed once."""
+    time_ms, calls = _drifting_timer({"first": 100.0, "second": 98.0, "slow": 150.0}, drift=3.0)
+    ranked = tune.rank(["first", "second", "slow"], time_ms)
+    assert [k for _, _, k in ranked] == ["second", "first", "slow"]
+    assert calls == ["first", "second", "slow", "first", "first", "second"]
+    assert ranked[0][0] == pytest.approx((101.0 + 113.0) / 2)
+
+
+def test_tuning_times_contenders_again_in_the_reverse_of_their_kept_times():
+    """The first kernel's kept time is the last of the first pass, so it is the first to be
+    timed again: under a steady drift the truly faster first kernel (by 2 %) wins. Timed again
+    in the kernels' order instead, its two times would fall later than the second's and the
+    drift (3 % a timing) would hand the second kernel the win."""
+    time_ms, calls = _drifting_timer({"first": 100.0, "second": 102.0}, drift=3.0)
+    ranked = tune.rank(["first", "second"], time_ms)
+    assert calls == ["first", "second", "first", "first", "second"]
+    assert [k for _, _, k in ranked] == ["first", "second"]
+    assert [t for t, _, _ in ranked] == pytest.approx([(106.0 + 109.0) / 2, (105.0 + 114.0) / 2])
+
+
+def test_tuning_times_the_first_kernel_again_once_the_gpu_works():
+    """The first timings of a tuning may run faster than any later one (an idle GPU's clock):
+    the first kernel is timed again at the end of the pass and that time replaces its first,
+    so that a lead it owes to the clock (here 15 %, more than `close`) does not exclude the
+    others from the second timing."""
+    costs = {"first": 100.0, "second": 95.0, "third": 130.0}
+    calls = []
+
+    def time_ms(kernel):
+        calls.append(kernel)
+        return costs[kernel] * (0.85 if len(calls) == 1 else 1.0)
+    assert 95.0 > 85.0 * tune.CLOSE  # without the second timing, the second kernel is excluded
+    ranked = tune.rank(["first", "second", "third"], time_ms)
+    assert [k for _, _, k in ranked] == ["second", "first", "third"]
+    assert [t for t, _, _ in ranked] == pytest.approx([95.0, 100.0, 130.0])
+    assert calls == ["first", "second", "third", "first", "first", "second"]
+
+
+def test_tuning_drops_a_first_kernel_that_cannot_be_timed_again():
+    """Its one time ran on a cooler GPU and is not comparable with the others'."""
+    calls = []
+
+    def time_ms(kernel):
+        calls.append(kernel)
+        if kernel == "first" and len(calls) > 1:
+            raise RuntimeError("out of resources")
+        return {"first": 80.0, "second": 100.0, "third": 105.0}[kernel]
+    ranked = tune.rank(["first", "second", "third"], time_ms)
+    assert [k for _, _, k in ranked] == ["second", "third"]
+
+
+def test_tuning_records_every_timing_in_order(monkeypatch):
+    """A tuning's history keeps each timing as it ran (the first pass, the first kernel again,
+    then the contenders again), so that a report can tell a drifting clock from a faster kernel."""
+    import triton.testing
+    times = iter([100.0, 98.0, 150.0, 97.0, 101.0, 104.0])
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: next(times) / 1e3)
+    monkeypatch.setenv("EPIFUSE_QUIET", "1")
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def __repr__(self):
+            return f"<{self.name}>"
+
+        def run(self, args):
+            pass
+    A = torch.ones(8, 8)
+    args = epifuse.GemmArguments(A, A, epilogue=epifuse.EpilogueArguments(
+        "def e(accum):\n    D = accum\n    return D\n", D=torch.empty(8, 8)))
+    kernels = [Fake("first"), Fake("second"), Fake("slow")]
+    assert tune._time_all(args, kernels) is kernels[0]
+    entry = tune.HISTORY[-1]
+    assert entry["calls_us"] == [["<first>", 100.0], ["<second>", 98.0], ["<slow>", 150.0],
+                                 ["<first>", 97.0], ["<first>", 101.0], ["<second>", 104.0]]
+    assert entry["timings_us"] == pytest.approx({"<first>": 99.0, "<second>": 101.0, "<slow>": 150.0})
+
+
+def test_tuning_drops_kernels_that_fail():
+    time_ms, calls = _drifting_timer({"a": 10.0, "b": 5.0, "c": 10.5}, drift=0.0, fails=("b",))
+    ranked = tune.rank(["a", "b", "c"], time_ms)
+    assert [k for _, _, k in ranked] == ["a", "c"]
+    assert tune.rank(["b"], time_ms) == []
