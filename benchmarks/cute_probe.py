@@ -376,6 +376,23 @@ def _epifuse_gelu(accum):
     return D
 
 
+def _compile_on_gpu(config, activation, views):
+    """The kernel of `config` compiled for the current GPU and stream, for tensors like `views`:
+    (compiled, stream, clusters, compile seconds)."""
+    import torch
+    from cuda.bindings import driver
+    stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
+    gemm, cluster_size = _gemm_for(config, activation)
+    clusters = utils.HardwareInfo().get_max_active_clusters(cluster_size)
+    start = time.perf_counter()
+    compiled = cute.compile(gemm, *views, clusters, stream)
+    return compiled, stream, clusters, time.perf_counter() - start
+
+
+def _rel_err(out, expect):
+    return ((out.double() - expect).norm() / expect.norm()).item()
+
+
 def _unit_scale_error(compiled, a, b, activation, stream):
     """The kernel's relative error against float64 on A scaled by 1/sqrt(K), where the products
     are about unit size: at the timed inputs' scale (products of size sqrt(K)) GELU is ReLU to
@@ -387,7 +404,7 @@ def _unit_scale_error(compiled, a, b, activation, stream):
     torch.cuda.synchronize()
     product = a.double() @ b.double()
     expect = torch.nn.functional.gelu(product, approximate="tanh") if activation == "gelu" else product
-    return ((d.double() - expect).norm() / expect.norm()).item()
+    return _rel_err(d, expect)
 
 
 def _timed_against_cublas(fn, a, b):
@@ -403,7 +420,6 @@ def _timed_against_cublas(fn, a, b):
 
 def run_on_gpu(shapes, configs, activations, with_epifuse, out):
     import torch
-    from cuda.bindings import driver
     torch.manual_seed(0)
     rows = []
     gpu = torch.cuda.get_device_name()
@@ -426,15 +442,10 @@ def run_on_gpu(shapes, configs, activations, with_epifuse, out):
             for config in configs:
                 d = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
                 views = _views(a, b, d)
-                stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
-                gemm, cluster_size = _gemm_for(config, activation)
-                clusters = utils.HardwareInfo().get_max_active_clusters(cluster_size)
-                start = time.perf_counter()
-                compiled = cute.compile(gemm, *views, clusters, stream)
-                compile_s = time.perf_counter() - start
+                compiled, stream, clusters, compile_s = _compile_on_gpu(config, activation, views)
                 compiled(*views, stream)
                 torch.cuda.synchronize()
-                rel = ((d.double() - expect).norm() / expect.norm()).item()
+                rel = _rel_err(d, expect)
                 rel_unit = _unit_scale_error(compiled, a, b, activation, stream)
                 cublas_ms, ms = _timed_against_cublas(lambda: compiled(*views, stream), a, b)
                 record(dict(base, kernel="cute_" + config, cublas_ms=cublas_ms, ms=ms, rel_err=rel,
@@ -446,7 +457,7 @@ def run_on_gpu(shapes, configs, activations, with_epifuse, out):
                 tunings = len(tune.HISTORY)
                 d = epifuse.gemm(a, b, epi)  # one output: the tensor itself
                 torch.cuda.synchronize()
-                rel = ((d.double() - expect).norm() / expect.norm()).item()
+                rel = _rel_err(d, expect)
                 cublas_ms, ms = _timed_against_cublas(lambda: epifuse.gemm(a, b, epi), a, b)
                 record(dict(base, kernel="epifuse", cublas_ms=cublas_ms, ms=ms, rel_err=rel,
                             choice=tune.HISTORY[-1]["choice"] if len(tune.HISTORY) > tunings else "kept"))
@@ -463,15 +474,12 @@ def launch_for_profiler(config, activation, shape_name, launches=3):
     """Compile one kernel and launch it `launches` times on random inputs, nothing else timed:
     for ncu, e.g. `ncu --kernel-name regex:cutlass --launch-skip 2 --launch-count 1 ...`."""
     import torch
-    from cuda.bindings import driver
     M, N, K = SHAPES[shape_name]
     a = torch.randn(M, K, device="cuda", dtype=torch.float16)
     b = torch.randn(K, N, device="cuda", dtype=torch.float16)
     d = torch.empty(M, N, device="cuda", dtype=torch.float16)
     views = _views(a, b, d)
-    stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
-    gemm, cluster_size = _gemm_for(config, activation)
-    compiled = cute.compile(gemm, *views, utils.HardwareInfo().get_max_active_clusters(cluster_size), stream)
+    compiled, stream, _, _ = _compile_on_gpu(config, activation, views)
     for _ in range(launches):
         compiled(*views, stream)
     torch.cuda.synchronize()
