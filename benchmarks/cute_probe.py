@@ -13,7 +13,13 @@ The kernels, one CTA of three warpgroups per SM (persistent, static tile schedul
   (stmatrix) -> TMA store, 4 pieces in flight, while warp 0 already loads the next tile;
 - ping-pong: each consumer warpgroup owns every other 128x128 tile and writes it while the
   other multiplies; the two take turns at their main loops.
-Results: RESULTS.md 2026-11-26 11:02 and 11:19, cute_probe_*.json, ncu_cute_probe_*.txt.
+Variants: `_grouped` walks the tiles in Triton's grouped order; `_nocluster` launches without a
+cluster attribute. A (1, 1, 1) cluster launch places CTAs so that L2's request coalescer merges
+few of their reads (13 % against 43 % for the same ping-pong kernel), which left the ping-pong
+L2-bound (RESULTS.md, 2026-11-26 12:32-12:49).
+Results: RESULTS.md 2026-11-26 11:02, 11:19 and 12:32-12:49, cute_probe_*.json, ncu_cute_probe_*.txt,
+ncu_lrc_*.txt. For ncu: `ncu --profile-from-start off ... python -m benchmarks.cute_probe --profile
+--configs A,B [--gluon "<epifuse kernel repr>;..."]`.
 
 It is not wired into epifuse's kernel selection: nvidia-cutlass-dsl is not a dependency, and this
 file only runs where it is importable. The GPU image lacks it and cannot download it;
@@ -42,12 +48,18 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 SHAPES = {"S1": (4096, 4096, 4096), "S2": (16384, 4096, 1024), "S3": (8192, 8192, 8192)}
-CONFIGS = {  # name: (tile M, tile N, cluster M, cluster N, ping-pong)
-    "coop128x256_c1x1": (128, 256, 1, 1, False),
-    "coop128x256_c2x1": (128, 256, 2, 1, False),
-    "coop128x256_c1x2": (128, 256, 1, 2, False),
-    "pp128x128_c1x1": (128, 128, 1, 1, True),
-    "pp128x128_c2x1": (128, 128, 2, 1, True),
+CONFIGS = {  # name: PersistentGemm's arguments besides the activation
+    "coop128x256_c1x1": dict(tile_mn=(128, 256)),
+    "coop128x256_c2x1": dict(tile_mn=(128, 256), cluster_mn=(2, 1)),
+    "coop128x256_c1x2": dict(tile_mn=(128, 256), cluster_mn=(1, 2)),
+    "pp128x128_c1x1": dict(tile_mn=(128, 128), pingpong=True),
+    "pp128x128_c2x1": dict(tile_mn=(128, 128), cluster_mn=(2, 1), pingpong=True),
+    "coop128x256_c1x1_grouped": dict(tile_mn=(128, 256), grouped=True),
+    "pp128x128_c1x1_grouped": dict(tile_mn=(128, 128), pingpong=True, grouped=True),
+    "coop128x256_nocluster": dict(tile_mn=(128, 256), cluster_launch=False),
+    "pp128x128_nocluster": dict(tile_mn=(128, 128), pingpong=True, cluster_launch=False),
+    "coop128x256_nocluster_grouped": dict(tile_mn=(128, 256), cluster_launch=False, grouped=True),
+    "pp128x128_nocluster_grouped": dict(tile_mn=(128, 128), pingpong=True, cluster_launch=False, grouped=True),
 }
 ACTIVATIONS = ("identity", "gelu")
 SMEM_BYTES = 227 * 1024
@@ -62,9 +74,16 @@ class PersistentGemm:
     one writes its tile while the other multiplies the next."""
 
     def __init__(self, tile_mn=(128, 256), cluster_mn=(1, 1), pingpong=False, activation="identity",
-                 epi_n=32, epi_stages=4, group=8):
+                 epi_n=32, epi_stages=4, group=8, grouped=False, cluster_launch=True):
         self.tile_m, self.tile_n = tile_mn
         self.cluster_mn = cluster_mn
+        # grouped: tiles in Triton's order (runs of `group` tile rows, walked along N) instead of
+        # the DSL scheduler's (runs of `group` tile columns, walked along M); 1x1 clusters only
+        assert not grouped or cluster_mn == (1, 1)
+        self.grouped = grouped
+        # cluster_launch=False: a plain launch (no cluster attribute); 1x1 clusters only
+        assert cluster_launch or cluster_mn == (1, 1)
+        self.cluster_launch = cluster_launch
         self.pingpong = pingpong
         self.activation = activation
         self.epi_tile = (self.tile_m, epi_n)
@@ -114,7 +133,8 @@ class PersistentGemm:
             cute.slice_(self.d_layout, (None, None, 0)), self.epi_tile)
 
         tiles = cute.zipped_divide(d, tiler=(self.tile[0], self.tile[1]))[(0, (None, None, None))].shape
-        schedule = utils.PersistentTileSchedulerParams(tiles, (cm, cn, 1), self.group, True)
+        # grouped: the scheduler walks the tiles column by column and _grouped_tile reorders them
+        schedule = utils.PersistentTileSchedulerParams(tiles, (cm, cn, 1), 1 if self.grouped else self.group, True)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(schedule, max_clusters)
 
         @cute.struct
@@ -128,7 +148,7 @@ class PersistentGemm:
         self.shared = Shared
         self.kernel(tma_a, tA, tma_b, tB, tma_d, tD, self.mma, cute.make_layout((cm, cn, 1)),
                     self.a_layout, self.b_layout, self.d_layout, schedule).launch(
-            grid=grid, block=[self.threads, 1, 1], cluster=(cm, cn, 1), min_blocks_per_mp=1,
+            grid=grid, block=[self.threads, 1, 1], cluster=(cm, cn, 1) if self.cluster_launch else None, min_blocks_per_mp=1,
             stream=stream)
 
     @cute.kernel
@@ -212,6 +232,8 @@ class PersistentGemm:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         while work.is_valid_tile:
             m, n, l = work.tile_idx
+            if cutlass.const_expr(self.grouped):
+                m, n = _grouped_tile(m, n, cute.size(tAgA, mode=[1]), cute.size(tBgB, mode=[1]), self.group)
             a_tiles = tAgA[(None, m, None, l)]
             b_tiles = tBgB[(None, n, None, l)]
             for k in range(k_tiles):
@@ -271,7 +293,10 @@ class PersistentGemm:
                 read.advance()
                 free.advance()
         while work.is_valid_tile:
-            tile_d = gD[(None, None, *work.tile_idx)]
+            m, n, l = work.tile_idx
+            if cutlass.const_expr(self.grouped):
+                m, n = _grouped_tile(m, n, cute.size(gD, mode=[2]), cute.size(gD, mode=[3]), self.group)
+            tile_d = gD[(None, None, m, n, l)]
             acc.fill(0.0)
             mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             cute.nvgpu.warpgroup.fence()
@@ -335,6 +360,16 @@ class PersistentGemm:
 
 
 @cute.jit
+def _grouped_tile(m, n, num_m, num_n, group: cutlass.Constexpr):
+    """The scheduler's column-major tile (m, n) renumbered in Triton's grouped order."""
+    tile = m + n * num_m
+    in_group = group * num_n
+    first_m = tile // in_group * group
+    rows = cutlass.min(num_m - first_m, group)
+    return first_m + tile % in_group % rows, tile % in_group // rows
+
+
+@cute.jit
 def _gelu_tanh(x):
     inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
     return 0.5 * x * (1.0 + cute.math.tanh(inner, fastmath=True))
@@ -350,8 +385,8 @@ def _views(a, b, d):
 
 
 def _gemm_for(config, activation):
-    tm, tn, cm, cn, pingpong = CONFIGS[config]
-    return PersistentGemm((tm, tn), (cm, cn), pingpong=pingpong, activation=activation), cm * cn
+    gemm = PersistentGemm(activation=activation, **CONFIGS[config])
+    return gemm, gemm.cluster_mn[0] * gemm.cluster_mn[1]
 
 
 def compile_offline(config, activation, shape):
@@ -470,19 +505,35 @@ def run_on_gpu(shapes, configs, activations, with_epifuse, out):
     return rows
 
 
-def launch_for_profiler(config, activation, shape_name, launches=3):
-    """Compile one kernel and launch it `launches` times on random inputs, nothing else timed:
-    for ncu, e.g. `ncu --kernel-name regex:cutlass --launch-skip 2 --launch-count 1 ...`."""
+def launch_for_profiler(configs, activation, shape_name, gluon=()):
+    """Each of `configs` (and each epifuse kernel whose repr is in `gluon`, on the same epilogue)
+    launched twice, then once between cudaProfilerStart and cudaProfilerStop, on the same random
+    inputs: for `ncu --profile-from-start off ...`, which then sees one launch of each."""
     import torch
+
+    import epifuse
     M, N, K = SHAPES[shape_name]
     a = torch.randn(M, K, device="cuda", dtype=torch.float16)
     b = torch.randn(K, N, device="cuda", dtype=torch.float16)
-    d = torch.empty(M, N, device="cuda", dtype=torch.float16)
-    views = _views(a, b, d)
-    compiled, stream, _, _ = _compile_on_gpu(config, activation, views)
-    for _ in range(launches):
-        compiled(*views, stream)
+    launches = []
+    for config in configs:
+        d = torch.empty(M, N, device="cuda", dtype=torch.float16)
+        views = _views(a, b, d)
+        compiled, stream, _, _ = _compile_on_gpu(config, activation, views)
+        launches.append((config, (lambda c, v, s: lambda: c(*v, s))(compiled, views, stream)))
+    epi = _epifuse_gelu if activation == "gelu" else _epifuse_identity
+    args = epifuse.GemmArguments(a, b, epilogue=epifuse.EpilogueArguments(epi, D=torch.empty(M, N, device="cuda", dtype=torch.float16)))
+    launches += [(repr(k), (lambda k: lambda: k.run(args))(k)) for k in epifuse.get_kernels(args) if repr(k) in gluon]
+    for _, launch in launches:
+        launch()
+        launch()
     torch.cuda.synchronize()
+    for name, launch in launches:
+        print(f"profiling {name}", flush=True)
+        torch.cuda.cudart().cudaProfilerStart()
+        launch()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
 
 
 def main(argv=None):
@@ -493,12 +544,16 @@ def main(argv=None):
     parser.add_argument("--epifuse", action="store_true", help="time epifuse.gemm on the same epilogues")
     parser.add_argument("--compile-only", action="store_true", help="compile for sm_90a, no GPU")
     parser.add_argument("--profile", action="store_true",
-                        help="launch the first config, activation and shape three times, for ncu")
+                        help="for ncu --profile-from-start off: one profiled launch of each config (first "
+                             "activation and shape)")
+    parser.add_argument("--gluon", default="",
+                        help="with --profile: epifuse kernels to profile beside them, by repr, ';'-separated")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     configs, activations = args.configs.split(","), args.activations.split(",")
     if args.profile:
-        launch_for_profiler(configs[0], activations[0], args.shapes.split(",")[0])
+        launch_for_profiler(configs, activations[0], args.shapes.split(",")[0],
+                            [g for g in args.gluon.split(";") if g])
         return
     if args.compile_only:
         for config in configs:

@@ -26,14 +26,21 @@ from epifuse.debug import ncu_csv_rows
 
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "WarpStateStats")
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+# The L2 request coalescer merges SMs' reads of one sector that arrive together: the share it
+# merged (1 - sectors read from L2 / sectors delivered) decides how busy L2 is for the same
+# tiles (RESULTS.md, 2026-11-26 12:32-12:49: 13 % in a cluster launch, 42-55 % without).
+LRC_TO_SMS, LRC_FROM_L2 = "lrc__xbar2gpc_sectors_op_read.sum", "lrc__lts2lrc_sectors_op_read.sum"
+COALESCED = "coalesced %"
 EXTRA_METRICS = ("lts__t_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
-                 "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed")
+                 "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+                 LRC_TO_SMS, LRC_FROM_L2)
 COLUMNS = [  # (header, metric, scale)
     ("us", "gpu__time_duration.sum", 1e-3),
     ("MHz", "gpc__cycles_elapsed.avg.per_second", 1e-6),
     ("tensor%", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", 1),
     ("L2%", "lts__throughput.avg.pct_of_peak_sustained_elapsed", 1),
     ("L2 MB", "lts__t_bytes.sum", 1e-6),
+    ("coal%", COALESCED, 1),
     ("DRAM%", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1),
     ("rd MB", "dram__bytes_read.sum", 1e-6),
     ("wr MB", "dram__bytes_write.sum", 1e-6),
@@ -98,8 +105,8 @@ def table(text: str, labels: list[str]) -> str:
         cells = []
         for _, metric, scale in COLUMNS:
             try:
-                cells.append(f"{float(row[col[metric]].replace(',', '')) * scale:8.1f}")
-            except (KeyError, ValueError):
+                cells.append(f"{_value(row, col, metric) * scale:8.1f}")
+            except (KeyError, ValueError, ZeroDivisionError):
                 cells.append(f"{'-':>8}")
         label = labels[n] if n < len(labels) else "?"
         out.append("  ".join(cells) + f"  {label} / {row[col.get('Kernel Name', 0)][:70]}")
@@ -108,6 +115,12 @@ def table(text: str, labels: list[str]) -> str:
         out += ["", "stalls (warps per issued instruction, the four largest)"]
         out += [f"  {labels[n] if n < len(labels) else '?'}: {line or '-'}" for n, line in enumerate(stalls)]
     return "\n".join(out)
+
+
+def _value(row: list[str], col: dict, metric: str) -> float:
+    if metric == COALESCED:
+        return 100 * (1 - _value(row, col, LRC_FROM_L2) / _value(row, col, LRC_TO_SMS))
+    return float(row[col[metric]].replace(",", ""))
 
 
 def stall_line(header: list[str], row: list[str], top: int = 4) -> str:

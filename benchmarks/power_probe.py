@@ -9,6 +9,9 @@ Each case measures cublas, epifuse, epifuse, cublas (the order cancels the GPU's
 reports per baseline the mean of its two measurements. A device copy's energy per DRAM byte
 (less the idle board power over its time) then predicts what each case's extra DRAM bytes
 (its (M, N) operands and outputs beyond cuBLAS's D) cost: `model` is that energy ratio.
+
+`--candidates` ranks every candidate kernel as tuning times it and sustained; `--timeline`
+shows, per candidate, how many milliseconds of back-to-back calls pass before the limit bites.
 """
 from __future__ import annotations
 
@@ -197,6 +200,46 @@ def rank_candidates(epifuse, nvml: Nvml, epilogue: str, shape: str, idle_s: floa
     return {"epilogue": epilogue, "shape": shape, "ms": mean}
 
 
+TIMELINE_WINDOWS_S = ((0, .015), (.015, .05), (.05, .1), (.1, .2), (.2, .4), (.4, .8), (.8, 1.5))
+
+
+def timeline(epifuse, epilogue: str, shape: str, kernels: list[str], idle_s: float) -> dict:
+    """How soon the power limit bites: after `idle_s` idle, chunks of 10 calls for 1.5 s of each
+    candidate kernel named in `kernels` (by repr; all when empty) and of cuBLAS's A @ B, twice
+    (in order, then reversed), and each chunk's ms per call by when it ended; per window of
+    TIMELINE_WINDOWS_S, the median chunk of each pass. Tuning's timings (TUNE_REP_MS) fall in
+    the first window."""
+    from .probe import make_args, make_operands
+    M, N, K = SHAPES[shape]
+    A, B, operands = make_operands(M, N, K)
+    args = make_args(epilogue, A, B, operands)
+    calls = {"cublas": lambda: A @ B}
+    for kernel in epifuse.get_kernels(args):
+        if kernel.name != "reference" and (not kernels or repr(kernel) in kernels):
+            kernel.run(args)  # compiles
+            calls[repr(kernel)] = (lambda k: lambda: k.run(args))(kernel)
+    windows: dict = {name: [] for name in calls}
+    for order in (list(calls), list(reversed(calls))):
+        for name in order:
+            torch.cuda.synchronize()
+            time.sleep(idle_s)
+            start, chunks = time.perf_counter(), []
+            while time.perf_counter() - start < TIMELINE_WINDOWS_S[-1][1]:
+                ms = _chunk_times_ms(calls[name], 10)
+                chunks.append((time.perf_counter() - start, ms))
+            windows[name].append([statistics.median([ms for t, ms in chunks if lo <= t < hi] or [math.nan])
+                                  for lo, hi in TIMELINE_WINDOWS_S])
+    return {"epilogue": epilogue, "shape": shape, "windows_s": TIMELINE_WINDOWS_S, "ms_by_pass": windows}
+
+
+def print_timeline(result: dict) -> None:
+    print(f"{result['epilogue']} {result['shape']}: us per call (mean of two passes) in each window, "
+          "seconds since the calls began: " + " ".join(f"{lo}-{hi}" for lo, hi in result["windows_s"]))
+    for name, passes in result["ms_by_pass"].items():
+        mean = [sum(p[i] for p in passes) / len(passes) * 1e3 for i in range(len(result["windows_s"]))]
+        print(f"  {name[:64]:64s} " + " ".join(f"{us:6.1f}" for us in mean))
+
+
 _NVML: list = []
 
 
@@ -226,6 +269,10 @@ def main(argv=None) -> int:
     p.add_argument("--candidates", default="",
                    help="instead: rank every candidate kernel of these probe epilogue:shape pairs "
                         "(benchmarks.probe.EPILOGUES) tuning-style and sustained")
+    p.add_argument("--timeline", default="",
+                   help="instead: how soon the power limit bites, per candidate kernel of these probe "
+                        "epilogue:shape pairs (and cuBLAS)")
+    p.add_argument("--kernels", default="", help="with --timeline: only these kernels, by repr, ';'-separated")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -236,6 +283,18 @@ def main(argv=None) -> int:
     nvml = nvml_handle()
     env = collect_env(epifuse)
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
+    if args.timeline:
+        kernels = [k for k in args.kernels.split(";") if k]
+        lines = []
+        for case in args.timeline.split(","):
+            epilogue, shape = case.split(":")
+            lines.append(timeline(epifuse, epilogue, shape, kernels, args.idle))
+            print_timeline(lines[-1])
+        if args.out:
+            path = Path(args.out) / f"sustain_timeline_{stamp}.json"
+            path.write_text(json.dumps({"env": env, "cases": lines}, indent=1))
+            print(f"wrote {path}")
+        return 0
     if args.candidates:
         ranked = []
         for case in args.candidates.split(","):

@@ -130,6 +130,18 @@ def test_ncu_probe_table_reads_the_raw_csv():
     assert ncu_probe.table("no csv here", []) == "no kernels in the ncu output"
 
 
+def test_ncu_probe_gives_the_share_of_reads_the_l2_request_coalescer_merged():
+    from benchmarks import ncu_probe
+    text = ('"ID","Kernel Name","lrc__xbar2gpc_sectors_op_read.sum","lrc__lts2lrc_sectors_op_read.sum"\n'
+            '"","","sector","sector"\n'
+            '"0","epifuse_kernel","50,000,000","20,000,000"\n'
+            '"1","cutlass_kernel","50,000,000","50,000,000"\n'
+            '"2","nothing_read","0","0"\n')
+    lines = ncu_probe.table(text, ["coop", "cluster", "none"]).splitlines()
+    coalesced = [h for h, _, _ in ncu_probe.COLUMNS].index("coal%")
+    assert [line.split()[coalesced] for line in lines[1:]] == ["60.0", "0.0", "-"]
+
+
 def test_ncu_probe_lists_each_launchs_largest_stall_reasons():
     from benchmarks import ncu_probe
     stalled = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
