@@ -14,9 +14,9 @@ The kernels, one CTA of three warpgroups per SM (persistent, static tile schedul
 - ping-pong: each consumer warpgroup owns every other 128x128 tile and writes it while the
   other multiplies; the two take turns at their main loops.
 Variants: `_grouped` walks the tiles in Triton's grouped order; `_nocluster` launches without a
-cluster attribute. A (1, 1, 1) cluster launch places CTAs so that L2's request coalescer merges
-few of their reads (13 % against 43 % for the same ping-pong kernel), which left the ping-pong
-L2-bound (RESULTS.md, 2026-11-26 12:32-12:49).
+cluster attribute. Launched as (1, 1, 1) clusters, the ping-pong's reads were merged by L2's
+request coalescer far less often (13 % against 43 % launched plainly; presumably the CTAs land
+on other SMs), which left it L2-bound (RESULTS.md, 2026-11-26 12:32-12:49).
 Results: RESULTS.md 2026-11-26 11:02, 11:19 and 12:32-12:49, cute_probe_*.json, ncu_cute_probe_*.txt,
 ncu_lrc_*.txt. For ncu: `ncu --profile-from-start off ... python -m benchmarks.cute_probe --profile
 --configs A,B [--gluon "<epifuse kernel repr>;..."]`.

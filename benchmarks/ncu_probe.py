@@ -28,7 +28,8 @@ SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "WarpStateS
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 # The L2 request coalescer merges SMs' reads of one sector that arrive together: the share it
 # merged (1 - sectors read from L2 / sectors delivered) decides how busy L2 is for the same
-# tiles (RESULTS.md, 2026-11-26 12:32-12:49: 13 % in a cluster launch, 42-55 % without).
+# tiles (RESULTS.md, 2026-11-26 12:32-12:54: 13 % for cute_probe's kernel launched as a (1, 1, 1)
+# cluster, 43 % for the same kernel launched plainly).
 LRC_TO_SMS, LRC_FROM_L2 = "lrc__xbar2gpc_sectors_op_read.sum", "lrc__lts2lrc_sectors_op_read.sum"
 COALESCED = "coalesced %"
 EXTRA_METRICS = ("lts__t_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
