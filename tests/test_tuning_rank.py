@@ -108,3 +108,49 @@ def test_tuning_drops_kernels_that_fail():
     ranked = tune.rank(["a", "b", "c"], time_ms)
     assert [k for _, _, k in ranked] == ["a", "c"]
     assert tune.rank(["b"], time_ms) == []
+
+
+class _TiledFake:
+    def __init__(self, name, block_m, block_n):
+        self.name = name
+        self.config = type("Config", (), {"block_m": block_m, "block_n": block_n})()
+
+    def __repr__(self):
+        return f"<{self.name}>"
+
+    def run(self, args):
+        pass
+
+
+@pytest.mark.parametrize("coop_us, sms_idle, chosen", [
+    (102.0, False, "coop"),      # 2 % slower in tuning, a third fewer operand bytes: it wins
+    (104.0, False, "pingpong"),  # 4 % slower: the faster one stays
+    (102.0, True, "pingpong"),   # a grid that leaves SMs idle: time alone decides
+])
+def test_within_three_percent_the_kernel_reading_fewer_operand_bytes_wins(monkeypatch, coop_us, sms_idle, chosen):
+    import triton.testing
+
+    from epifuse.backends.triton import persistent
+    # the first pass, the first kernel again, then both again (the first kernel first)
+    times = iter([100.0, coop_us, 100.0, 100.0, coop_us])
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: next(times) / 1e3)
+    monkeypatch.setattr(persistent, "leaves_sms_idle", lambda args: sms_idle)
+    monkeypatch.setenv("EPIFUSE_QUIET", "1")
+    A = torch.ones(8, 8)
+    args = epifuse.GemmArguments(A, A, epilogue=epifuse.EpilogueArguments(
+        "def e(accum):\n    D = accum\n    return D\n", D=torch.empty(8, 8)))
+    kernels = [_TiledFake("pingpong", 128, 128), _TiledFake("coop", 128, 256)]
+    assert repr(tune._time_all(args, kernels)) == f"<{chosen}>"
+    assert tune.HISTORY[-1]["choice"] == f"<{chosen}>"
+    assert tune.HISTORY[-1]["timings_us"] == pytest.approx({"<pingpong>": 100.0, "<coop>": coop_us})
+
+
+def test_the_lighter_kernel_is_preferred_only_among_near_ties():
+    pingpong, coop, small = _TiledFake("pp", 128, 128), _TiledFake("coop", 128, 256), _TiledFake("s", 64, 128)
+    timings = [(1.00, 0, pingpong), (1.01, 2, small), (1.02, 1, coop)]
+    assert [k for _, _, k in tune.lighter_first(timings)] == [coop, pingpong, small]
+    assert [k for _, _, k in tune.lighter_first(timings, within=1.005)] == [pingpong, small, coop]
+    untiled = [(1.00, 0, "untiled"), (1.01, 1, pingpong)]  # no config: its bytes are unknown
+    assert [k for _, _, k in tune.lighter_first(untiled)] == ["untiled", pingpong]
+    assert [k for _, _, k in tune.lighter_first(untiled[::-1])] == [pingpong, "untiled"]
+    assert tune.lighter_first([]) == []

@@ -113,6 +113,11 @@ def choose(args, kernels: list):
 
 
 CLOSE = 1.10  # candidates within 10 % of the fastest are timed a second time
+# Within 3 % of the fastest, the kernel whose tiles read the fewest operand bytes per output wins:
+# tuning's 15 ms timings end before the power limit bites, and under it 128x128 ping-pong tiles
+# (a third more L2 reads than 128x256) ran 2-7 % slower at S1 and S3 than the cooperative
+# 128x256 tiles they had tied with; in an A/B the S1 and S3 means fell 2-3 % (RESULTS.md, 2026-11-26 12:58).
+LIGHTER_WITHIN = 1.03
 TUNE_WARMUP_MS, TUNE_REP_MS = 3, 15  # each timing (do_bench); benchmarks.power_probe times as tuning does
 
 
@@ -136,6 +141,9 @@ def _time_all(args, kernels):
     timings = rank(kernels, time_ms)
     if not timings:
         return kernels[0]
+    from ..backends.triton.persistent import leaves_sms_idle
+    if not leaves_sms_idle(args):  # where SMs would idle, fewer and larger tiles are no gain
+        timings = lighter_first(timings)
     ms, _, best = timings[0]
     HISTORY.append({"problem": f"{args.M}x{args.N}x{args.K}", "choice": repr(best),
                     "timings_us": {repr(k): t * 1e3 for t, _, k in timings},
@@ -144,6 +152,26 @@ def _time_all(args, kernels):
         print(f"\repifuse: chose {best!r} ({ms * 1e3:.1f} us) of {len(timings)} for "
               f"{args.M}x{args.N}x{args.K}", file=sys.stderr)
     return best
+
+
+def operand_bytes_per_output(kernel) -> float:
+    """The A and B elements a tile reads per output element, 1/BLOCK_M + 1/BLOCK_N (infinite for
+    a kernel without tiles)."""
+    config = getattr(kernel, "config", None)
+    if config is None:
+        return float("inf")
+    return 1 / config.block_m + 1 / config.block_n
+
+
+def lighter_first(timings: list, within: float = LIGHTER_WITHIN) -> list:
+    """`timings` (rank's, fastest first) with the kernel that reads the fewest operand bytes per
+    output among those within `within` of the fastest moved to the front (the faster on a tie).
+    A fastest kernel without tiles keeps its place: its bytes are not known."""
+    if not timings or operand_bytes_per_output(timings[0][2]) == float("inf"):
+        return timings
+    near = [entry for entry in timings if entry[0] <= timings[0][0] * within]
+    pick = min(near, key=lambda entry: (operand_bytes_per_output(entry[2]), entry[0]))
+    return [pick, *(entry for entry in timings if entry is not pick)]
 
 
 def rank(kernels, time_ms, close: float = CLOSE) -> list[tuple[float, int, object]]:
