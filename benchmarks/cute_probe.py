@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import cutlass
@@ -506,7 +507,8 @@ def run_on_gpu(shapes, configs, activations, with_epifuse, out):
 
 
 def launch_for_profiler(configs, activation, shape_name, gluon=()):
-    """Each of `configs` (and each epifuse kernel whose repr is in `gluon`, on the same epilogue)
+    """Each of `configs` (and each epifuse kernel whose repr is in `gluon`, on the same epilogue:
+    identity or tanh-GELU, no bias)
     launched twice, then once between cudaProfilerStart and cudaProfilerStop, on the same random
     inputs: for `ncu --profile-from-start off ...`, which then sees one launch of each."""
     import torch
@@ -524,6 +526,8 @@ def launch_for_profiler(configs, activation, shape_name, gluon=()):
     epi = _epifuse_gelu if activation == "gelu" else _epifuse_identity
     args = epifuse.GemmArguments(a, b, epilogue=epifuse.EpilogueArguments(epi, D=torch.empty(M, N, device="cuda", dtype=torch.float16)))
     launches += [(repr(k), (lambda k: lambda: k.run(args))(k)) for k in epifuse.get_kernels(args) if repr(k) in gluon]
+    for name in set(gluon) - {name for name, _ in launches}:
+        print(f"cute_probe: epifuse has no kernel {name} for this epilogue", file=sys.stderr)
     for _, launch in launches:
         launch()
         launch()

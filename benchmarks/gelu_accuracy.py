@@ -9,6 +9,7 @@ formula shows: that is where the two differ.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -20,8 +21,11 @@ def _epifuse_bias_gelu(accum, bias):
     return D
 
 
-def main() -> None:
+def main() -> int:
     import epifuse
+    if not torch.cuda.is_available():
+        print("gelu_accuracy: needs a CUDA GPU", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
     M = N = K = 4096
     A = torch.randn(M, K, device="cuda", dtype=torch.float16)
@@ -45,7 +49,8 @@ def main() -> None:
             rel = (out.double()[inside] - tanh_ref[inside]).abs() / tanh_ref[inside].abs()
             cells.append(f"{rel.median().item():11.2e} {rel.max().item():11.2e}")
         print(f"{lo:>6}..{hi:<6} {int(inside.sum()):9d}  " + "  ".join(cells))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Where do a GEMM's bytes go? One launch each of cuBLAS (A @ B, and addmm with a C tile) and of
 chosen epifuse kernels at one shape, profiled by Nsight Compute: time, L2 and DRAM traffic and
-throughput, tensor-pipe activity, each kernel's name (cuBLAS's says its tile and cluster), and
+throughput, the share of reads L2's request coalescer merged (coal%), tensor-pipe activity, each kernel's name (cuBLAS's says its tile and cluster), and
 what its warps were stalled on (the WarpStateStats section: warps per issued instruction, all
 warps together, so a warp-specialized kernel's producer, which mostly waits, counts too).
 

@@ -11,7 +11,8 @@ reports per baseline the mean of its two measurements. A device copy's energy pe
 (its (M, N) operands and outputs beyond cuBLAS's D) cost: `model` is that energy ratio.
 
 `--candidates` ranks every candidate kernel as tuning times it and sustained; `--timeline`
-shows, per candidate, how many milliseconds of back-to-back calls pass before the limit bites.
+prints, per candidate, its time per call in windows of time since back-to-back calls began
+(the first 15 ms are what tuning sees).
 """
 from __future__ import annotations
 
@@ -171,6 +172,26 @@ def run_case(epifuse, nvml, workload: str, shape: str, idle_s: float, sustain_s:
             "epifuse": _mean(first["epifuse"], second["epifuse"]), "passes": [first, second]}
 
 
+def _candidate_calls(epifuse, epilogue: str, shape: str, kernels=()) -> dict:
+    """{name: a call} for cuBLAS's A @ B and each candidate kernel of one probe epilogue
+    (benchmarks.probe.EPILOGUES) at `shape` (those named in `kernels`, by repr, or all), compiled."""
+    from .probe import make_args, make_operands
+    M, N, K = SHAPES[shape]
+    A, B, operands = make_operands(M, N, K)
+    args = make_args(epilogue, A, B, operands)
+    calls = {"cublas": lambda: A @ B}
+    for kernel in epifuse.get_kernels(args):
+        if kernel.name != "reference" and (not kernels or repr(kernel) in kernels):
+            calls[repr(kernel)] = (lambda k: lambda: k.run(args))(kernel)
+    for name in kernels:
+        if name not in calls:
+            print(f"power_probe: no candidate {name} for {epilogue} at {shape}", file=sys.stderr)
+    for call in calls.values():  # compiles the kernels, sets cuBLAS up
+        call()
+    torch.cuda.synchronize()
+    return calls
+
+
 def rank_candidates(epifuse, nvml: Nvml, epilogue: str, shape: str, idle_s: float, sustain_s: float) -> dict:
     """Every candidate kernel of one probe epilogue (benchmarks.probe.EPILOGUES), timed as
     tuning times it (do_bench, 15 ms, after `idle_s` idle) and sustained (measure), in order and
@@ -178,16 +199,7 @@ def rank_candidates(epifuse, nvml: Nvml, epilogue: str, shape: str, idle_s: floa
     from triton.testing import do_bench
 
     from epifuse.runtime.tune import TUNE_REP_MS, TUNE_WARMUP_MS
-
-    from .probe import make_args, make_operands
-    M, N, K = SHAPES[shape]
-    A, B, operands = make_operands(M, N, K)
-    args = make_args(epilogue, A, B, operands)
-    calls = {"cublas": lambda: A @ B}
-    for kernel in epifuse.get_kernels(args):
-        if kernel.name != "reference":
-            kernel.run(args)   # compiles
-            calls[repr(kernel)] = (lambda k: lambda: k.run(args))(kernel)
+    calls = _candidate_calls(epifuse, epilogue, shape)
     times: dict = {name: [] for name in calls}
     for order in (list(calls), list(reversed(calls))):
         for name in order:
@@ -209,15 +221,7 @@ def timeline(epifuse, epilogue: str, shape: str, kernels: list[str], idle_s: flo
     (in order, then reversed), and each chunk's ms per call by when it ended; per window of
     TIMELINE_WINDOWS_S, the median chunk of each pass. Tuning's timings (TUNE_REP_MS) fall in
     the first window."""
-    from .probe import make_args, make_operands
-    M, N, K = SHAPES[shape]
-    A, B, operands = make_operands(M, N, K)
-    args = make_args(epilogue, A, B, operands)
-    calls = {"cublas": lambda: A @ B}
-    for kernel in epifuse.get_kernels(args):
-        if kernel.name != "reference" and (not kernels or repr(kernel) in kernels):
-            kernel.run(args)  # compiles
-            calls[repr(kernel)] = (lambda k: lambda: k.run(args))(kernel)
+    calls = _candidate_calls(epifuse, epilogue, shape, kernels)
     windows: dict = {name: [] for name in calls}
     for order in (list(calls), list(reversed(calls))):
         for name in order:
@@ -236,7 +240,8 @@ def print_timeline(result: dict) -> None:
     print(f"{result['epilogue']} {result['shape']}: us per call (mean of two passes) in each window, "
           "seconds since the calls began: " + " ".join(f"{lo}-{hi}" for lo, hi in result["windows_s"]))
     for name, passes in result["ms_by_pass"].items():
-        mean = [sum(p[i] for p in passes) / len(passes) * 1e3 for i in range(len(result["windows_s"]))]
+        mean = [statistics.fmean(ms) * 1e3 if (ms := [p[i] for p in passes if not math.isnan(p[i])]) else math.nan
+                for i in range(len(result["windows_s"]))]
         print(f"  {name[:64]:64s} " + " ".join(f"{us:6.1f}" for us in mean))
 
 

@@ -118,39 +118,77 @@ class _TiledFake:
     def __repr__(self):
         return f"<{self.name}>"
 
+    def _config(self, args):  # the config a kernel runs, after any fallback
+        return self.config
+
     def run(self, args):
         pass
 
 
-@pytest.mark.parametrize("coop_us, sms_idle, chosen", [
-    (102.0, False, "coop"),      # 2 % slower in tuning, a third fewer operand bytes: it wins
-    (104.0, False, "pingpong"),  # 4 % slower: the faster one stays
-    (102.0, True, "pingpong"),   # a grid that leaves SMs idle: time alone decides
-])
-def test_within_three_percent_the_kernel_reading_fewer_operand_bytes_wins(monkeypatch, coop_us, sms_idle, chosen):
-    import triton.testing
+def _identity_args():
+    A = torch.ones(8, 8)
+    return epifuse.GemmArguments(A, A, epilogue=epifuse.EpilogueArguments(
+        "def e(accum):\n    D = accum\n    return D\n", D=torch.empty(8, 8)))
 
-    from epifuse.backends.triton import persistent
+
+@pytest.mark.parametrize("coop_us, sms, chosen", [
+    (102.0, None, "coop"),      # 2 % slower in tuning, a quarter fewer operand bytes: it wins
+    (103.0, None, "coop"),      # 3 % still counts as a tie
+    (104.0, None, "pingpong"),  # 4 % slower: the faster one stays
+    (102.0, 132, "pingpong"),   # its one 8x8 tile would leave SMs idle: time alone decides
+])
+def test_within_three_percent_the_kernel_reading_fewer_operand_bytes_wins(monkeypatch, coop_us, sms, chosen):
+    import triton.testing
     # the first pass, the first kernel again, then both again (the first kernel first)
     times = iter([100.0, coop_us, 100.0, 100.0, coop_us])
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: next(times) / 1e3)
-    monkeypatch.setattr(persistent, "leaves_sms_idle", lambda args: sms_idle)
+    monkeypatch.setattr(tune, "_sms", lambda args: sms)
     monkeypatch.setenv("EPIFUSE_QUIET", "1")
-    A = torch.ones(8, 8)
-    args = epifuse.GemmArguments(A, A, epilogue=epifuse.EpilogueArguments(
-        "def e(accum):\n    D = accum\n    return D\n", D=torch.empty(8, 8)))
     kernels = [_TiledFake("pingpong", 128, 128), _TiledFake("coop", 128, 256)]
-    assert repr(tune._time_all(args, kernels)) == f"<{chosen}>"
-    assert tune.HISTORY[-1]["choice"] == f"<{chosen}>"
-    assert tune.HISTORY[-1]["timings_us"] == pytest.approx({"<pingpong>": 100.0, "<coop>": coop_us})
+    assert repr(tune._time_all(_identity_args(), kernels)) == f"<{chosen}>"
+    entry = tune.HISTORY[-1]
+    assert entry["choice"] == f"<{chosen}>" and entry["fastest"] == "<pingpong>"
+    assert entry["timings_us"] == pytest.approx({"<pingpong>": 100.0, "<coop>": coop_us})
 
 
 def test_the_lighter_kernel_is_preferred_only_among_near_ties():
     pingpong, coop, small = _TiledFake("pp", 128, 128), _TiledFake("coop", 128, 256), _TiledFake("s", 64, 128)
+    args = _identity_args()
+
+    def weigh(kernel):
+        return tune.operand_bytes_per_output(kernel, args, None)
     timings = [(1.00, 0, pingpong), (1.01, 2, small), (1.02, 1, coop)]
-    assert [k for _, _, k in tune.lighter_first(timings)] == [coop, pingpong, small]
-    assert [k for _, _, k in tune.lighter_first(timings, within=1.005)] == [pingpong, small, coop]
+    assert [k for _, _, k in tune.lighter_first(timings, weigh)] == [coop, pingpong, small]
+    assert [k for _, _, k in tune.lighter_first(timings, weigh, within=1.005)] == [pingpong, small, coop]
+    twin = _TiledFake("twin", 256, 128)  # as light as coop and slower: the faster of the two wins
+    assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, coop), (1.02, 2, twin)], weigh)[0][2] is coop
+    assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, twin), (1.02, 2, coop)], weigh)[0][2] is twin
     untiled = [(1.00, 0, "untiled"), (1.01, 1, pingpong)]  # no config: its bytes are unknown
-    assert [k for _, _, k in tune.lighter_first(untiled)] == ["untiled", pingpong]
-    assert [k for _, _, k in tune.lighter_first(untiled[::-1])] == [pingpong, "untiled"]
-    assert tune.lighter_first([]) == []
+    assert [k for _, _, k in tune.lighter_first(untiled, weigh)] == ["untiled", pingpong]
+    assert [k for _, _, k in tune.lighter_first(untiled[::-1], weigh)] == [pingpong, "untiled"]
+    assert tune.lighter_first([], weigh) == []
+
+
+def test_a_kernel_is_weighed_by_the_tiles_it_runs_after_a_fallback():
+    """A 128x256 config that fell back to 128x128 tiles (out of shared memory) reads what a
+    128x128 kernel reads, and is not preferred for the tiles it no longer runs."""
+    coop = _TiledFake("coop", 128, 256)
+    args = _identity_args()
+    assert tune.operand_bytes_per_output(coop, args, None) == pytest.approx(1 / 128 + 1 / 256)
+    coop._config = lambda args: type("Config", (), {"block_m": 128, "block_n": 128})()
+    assert tune.operand_bytes_per_output(coop, args, None) == pytest.approx(2 / 128)
+    assert tune.operand_bytes_per_output(coop, args, 1) == pytest.approx(2 / 128)  # 1 tile, 1 SM
+    assert tune.operand_bytes_per_output(coop, args, 2) == float("inf")  # 1 tile, 2 SMs
+
+
+def test_real_kernels_are_weighed_by_their_tiles():
+    from epifuse.backends.triton import persistent, pingpong
+    args = _identity_args()
+    coop = pingpong.GluonCooperative(pingpong.COOPERATIVE_CONFIGS[0])
+    ping = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0])
+    assert tune.operand_bytes_per_output(coop, args, None) < tune.operand_bytes_per_output(ping, args, None)
+    assert tune.operand_bytes_per_output(persistent.TritonPersistent(persistent.INTERPRETER_CONFIG), args, None) < float("inf")
+
+
+def test_a_new_ranking_rule_is_a_new_tuning_key():
+    assert f"ranking {tune.RANKING}" in tune.tuning_key(_identity_args())

@@ -44,7 +44,8 @@ def tuning_key(args) -> str:
     return "|".join([
         args.key, shape_bucket(args), f"operands {layouts}",
         f"{args.A.dtype}x{args.B.dtype}", outputs, f"{args.precision} det={args.deterministic}",
-        gpu, f"torch {torch.__version__}", f"triton {triton.__version__}", f"epifuse {__version__}"])
+        gpu, f"torch {torch.__version__}", f"triton {triton.__version__}", f"epifuse {__version__}",
+        f"ranking {RANKING}"])
 
 
 def candidates_digest(kernels) -> str:
@@ -113,11 +114,12 @@ def choose(args, kernels: list):
 
 
 CLOSE = 1.10  # candidates within 10 % of the fastest are timed a second time
-# Within 3 % of the fastest, the kernel whose tiles read the fewest operand bytes per output wins:
-# tuning's 15 ms timings end before the power limit bites, and under it 128x128 ping-pong tiles
-# (a third more L2 reads than 128x256) ran 2-7 % slower at S1 and S3 than the cooperative
-# 128x256 tiles they had tied with; in an A/B the S1 and S3 means fell 2-3 % (RESULTS.md, 2026-11-26 12:58).
+# An empirical tie-break: within 3 % of the fastest (tuning's short timings of one kernel vary
+# about that much between runs), the kernel whose tiles read the fewest operand bytes per output
+# wins. In sustained timing the 128x256 tiles beat the 128x128 ping-pong they had tied with by
+# 4-7 % at 4096^3, and in an A/B the S1 and S3 means fell 2-3 % (RESULTS.md, 2026-11-26 12:58).
 LIGHTER_WITHIN = 1.03
+RANKING = f"time, then lighter tiles within {LIGHTER_WITHIN}"  # part of the key: a new rule re-tunes
 TUNE_WARMUP_MS, TUNE_REP_MS = 3, 15  # each timing (do_bench); benchmarks.power_probe times as tuning does
 
 
@@ -141,11 +143,11 @@ def _time_all(args, kernels):
     timings = rank(kernels, time_ms)
     if not timings:
         return kernels[0]
-    from ..backends.triton.persistent import leaves_sms_idle
-    if not leaves_sms_idle(args):  # where SMs would idle, fewer and larger tiles are no gain
-        timings = lighter_first(timings)
+    fastest = timings[0][2]
+    sms = _sms(args)
+    timings = lighter_first(timings, lambda kernel: operand_bytes_per_output(kernel, args, sms))
     ms, _, best = timings[0]
-    HISTORY.append({"problem": f"{args.M}x{args.N}x{args.K}", "choice": repr(best),
+    HISTORY.append({"problem": f"{args.M}x{args.N}x{args.K}", "choice": repr(best), "fastest": repr(fastest),
                     "timings_us": {repr(k): t * 1e3 for t, _, k in timings},
                     "calls_us": [[name, us] for name, us in calls]})
     if not quiet:
@@ -154,23 +156,39 @@ def _time_all(args, kernels):
     return best
 
 
-def operand_bytes_per_output(kernel) -> float:
-    """The A and B elements a tile reads per output element, 1/BLOCK_M + 1/BLOCK_N (infinite for
-    a kernel without tiles)."""
-    config = getattr(kernel, "config", None)
-    if config is None:
+def _sms(args) -> int | None:
+    """The SM count of args' GPU (None on a CPU)."""
+    device = args.A.device
+    if device.type != "cuda":
+        return None
+    from ..backends.triton.persistent import _sm_count
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def operand_bytes_per_output(kernel, args, sms: int | None) -> float:
+    """The A and B elements the tiles `kernel` runs for `args` read per output element,
+    1/BLOCK_M + 1/BLOCK_N (its config after any fallback to smaller tiles). Infinite for a kernel
+    without tiles, and for one whose tiles are fewer than `sms`, where fewer and larger tiles
+    leave SMs idle. Split-K's partial sums are not counted: it only runs where 128x128 tiles
+    would leave SMs idle, so its tiles never pass that test."""
+    config_of = getattr(kernel, "_config", None)
+    config = config_of(args) if config_of is not None else None
+    if not hasattr(config, "block_m"):
+        return float("inf")
+    from ..backends.triton.persistent import output_tiles
+    if sms is not None and output_tiles(args, config) < sms:
         return float("inf")
     return 1 / config.block_m + 1 / config.block_n
 
 
-def lighter_first(timings: list, within: float = LIGHTER_WITHIN) -> list:
-    """`timings` (rank's, fastest first) with the kernel that reads the fewest operand bytes per
-    output among those within `within` of the fastest moved to the front (the faster on a tie).
-    A fastest kernel without tiles keeps its place: its bytes are not known."""
-    if not timings or operand_bytes_per_output(timings[0][2]) == float("inf"):
+def lighter_first(timings: list, operand_bytes, within: float = LIGHTER_WITHIN) -> list:
+    """`timings` (rank's, fastest first) with the kernel that reads the fewest `operand_bytes`
+    per output among those within `within` of the fastest moved to the front (the faster on a
+    tie). A fastest kernel whose bytes are unknown (infinite) keeps its place."""
+    if not timings or operand_bytes(timings[0][2]) == float("inf"):
         return timings
     near = [entry for entry in timings if entry[0] <= timings[0][0] * within]
-    pick = min(near, key=lambda entry: (operand_bytes_per_output(entry[2]), entry[0]))
+    pick = min(near, key=lambda entry: (operand_bytes(entry[2]), entry[0]))
     return [pick, *(entry for entry in timings if entry is not pick)]
 
 
