@@ -525,9 +525,10 @@ def launch_for_profiler(configs, activation, shape_name, gluon=()):
         launches.append((config, (lambda c, v, s: lambda: c(*v, s))(compiled, views, stream)))
     epi = _epifuse_gelu if activation == "gelu" else _epifuse_identity
     args = epifuse.GemmArguments(a, b, epilogue=epifuse.EpilogueArguments(epi, D=torch.empty(M, N, device="cuda", dtype=torch.float16)))
-    launches += [(repr(k), (lambda k: lambda: k.run(args))(k)) for k in epifuse.get_kernels(args) if repr(k) in gluon]
-    for name in set(gluon) - {name for name, _ in launches}:
-        print(f"cute_probe: epifuse has no kernel {name} for this epilogue", file=sys.stderr)
+    matched = [k for k in epifuse.get_kernels(args) if repr(k) in gluon]
+    launches += [(repr(k), (lambda k: lambda: k.run(args))(k)) for k in matched]
+    for name in sorted(set(gluon) - {repr(k) for k in matched}):
+        print(f"cute_probe: epifuse offers no kernel {name} for these arguments", file=sys.stderr)
     for _, launch in launches:
         launch()
         launch()

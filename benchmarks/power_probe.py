@@ -186,8 +186,12 @@ def _candidate_calls(epifuse, epilogue: str, shape: str, kernels=()) -> dict:
     for name in kernels:
         if name not in calls:
             print(f"power_probe: no candidate {name} for {epilogue} at {shape}", file=sys.stderr)
-    for call in calls.values():  # compiles the kernels, sets cuBLAS up
-        call()
+    for name, call in list(calls.items()):  # compiles the kernels, sets cuBLAS up
+        try:
+            call()
+        except Exception as error:  # noqa: BLE001 - as tuning does, a kernel that fails is left out
+            print(f"power_probe: {name} failed ({type(error).__name__}: {error}); left out", file=sys.stderr)
+            del calls[name]
     torch.cuda.synchronize()
     return calls
 
@@ -237,7 +241,7 @@ def timeline(epifuse, epilogue: str, shape: str, kernels: list[str], idle_s: flo
 
 
 def print_timeline(result: dict) -> None:
-    print(f"{result['epilogue']} {result['shape']}: us per call (mean of two passes) in each window, "
+    print(f"{result['epilogue']} {result['shape']}: us per call (mean of the passes with a chunk there) in each window, "
           "seconds since the calls began: " + " ".join(f"{lo}-{hi}" for lo, hi in result["windows_s"]))
     for name, passes in result["ms_by_pass"].items():
         mean = [statistics.fmean(ms) * 1e3 if (ms := [p[i] for p in passes if not math.isnan(p[i])]) else math.nan

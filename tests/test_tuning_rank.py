@@ -133,7 +133,7 @@ def _identity_args():
 
 @pytest.mark.parametrize("coop_us, sms, chosen", [
     (102.0, None, "coop"),      # 2 % slower in tuning, a quarter fewer operand bytes: it wins
-    (103.0, None, "coop"),      # 3 % still counts as a tie
+    (102.9, None, "coop"),      # just inside 3 %
     (104.0, None, "pingpong"),  # 4 % slower: the faster one stays
     (102.0, 132, "pingpong"),   # its one 8x8 tile would leave SMs idle: time alone decides
 ])
@@ -192,3 +192,22 @@ def test_real_kernels_are_weighed_by_their_tiles():
 
 def test_a_new_ranking_rule_is_a_new_tuning_key():
     assert f"ranking {tune.RANKING}" in tune.tuning_key(_identity_args())
+
+
+def test_only_a_kernel_whose_own_tiles_fill_the_sms_is_promoted():
+    """512x512: 16 tiles of 128x128 fill 12 SMs, 8 of 128x256 do not, so the ping-pong stays
+    first although the cooperative kernel is within 3 % and lighter; with 8 SMs both fill them."""
+    A, B = torch.ones(512, 8), torch.ones(8, 512)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        "def e(accum):\n    D = accum\n    return D\n", D=torch.empty(512, 512)))
+    pingpong, coop = _TiledFake("pp", 128, 128), _TiledFake("coop", 128, 256)
+    timings = [(1.00, 0, pingpong), (1.02, 1, coop)]
+    for sms, first in ((12, pingpong), (8, coop)):
+        ranked = tune.lighter_first(timings, lambda k: tune.operand_bytes_per_output(k, args, sms))
+        assert ranked[0][2] is first
+
+
+def test_split_k_is_never_promoted_for_its_tiles():
+    split = _TiledFake("split", 128, 256)
+    split.config.split_k = 2
+    assert tune.operand_bytes_per_output(split, _identity_args(), None) == float("inf")

@@ -3,8 +3,10 @@
 `choose(args, kernels)` times every supported generated kernel on scratch outputs (so tuning
 never touches the user's tensors, and `accumulate=True` or in-place outputs stay correct),
 keeps the winner in memory and in <cache>/tuning.json, keyed by the graph's canonical hash, a
-power-of-two bucket of the shape, the dtypes, the GPU, the library versions and the set of
-candidates timed. The file is rewritten atomically; an unreadable or malformed file is ignored
+power-of-two bucket of the shape, the dtypes, the GPU, the library versions, the ranking rule
+and the set of candidates timed. The winner is the fastest, or within LIGHTER_WITHIN of it the
+kernel whose tiles (as it runs them, and only tiles that fill the GPU's SMs) read the fewest
+operand bytes per output. The file is rewritten atomically; an unreadable or malformed file is ignored
 and rebuilt. Under Triton's interpreter, or with EPIFUSE_TUNE=0, the first supported kernel is
 taken untimed.
 """
@@ -119,7 +121,7 @@ CLOSE = 1.10  # candidates within 10 % of the fastest are timed a second time
 # wins. In sustained timing the 128x256 tiles beat the 128x128 ping-pong they had tied with by
 # 4-7 % at 4096^3, and in an A/B the S1 and S3 means fell 2-3 % (RESULTS.md, 2026-11-26 12:58).
 LIGHTER_WITHIN = 1.03
-RANKING = f"time, then lighter tiles within {LIGHTER_WITHIN}"  # part of the key: a new rule re-tunes
+RANKING = f"rule 1: time, then lighter tiles within {LIGHTER_WITHIN}"  # in the key: a new rule re-tunes
 TUNE_WARMUP_MS, TUNE_REP_MS = 3, 15  # each timing (do_bench); benchmarks.power_probe times as tuning does
 
 
@@ -162,18 +164,17 @@ def _sms(args) -> int | None:
     if device.type != "cuda":
         return None
     from ..backends.triton.persistent import _sm_count
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(device.index or 0)
 
 
 def operand_bytes_per_output(kernel, args, sms: int | None) -> float:
     """The A and B elements the tiles `kernel` runs for `args` read per output element,
     1/BLOCK_M + 1/BLOCK_N (its config after any fallback to smaller tiles). Infinite for a kernel
-    without tiles, and for one whose tiles are fewer than `sms`, where fewer and larger tiles
-    leave SMs idle. Split-K's partial sums are not counted: it only runs where 128x128 tiles
-    would leave SMs idle, so its tiles never pass that test."""
+    without tiles, for a split-K one (its partial sums are bytes too), and for one whose tiles
+    are fewer than `sms`, where fewer and larger tiles leave SMs idle."""
     config_of = getattr(kernel, "_config", None)
     config = config_of(args) if config_of is not None else None
-    if not hasattr(config, "block_m"):
+    if not hasattr(config, "block_m") or getattr(config, "split_k", 1) > 1:
         return float("inf")
     from ..backends.triton.persistent import output_tiles
     if sms is not None and output_tiles(args, config) < sms:
