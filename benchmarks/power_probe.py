@@ -292,29 +292,28 @@ def main(argv=None) -> int:
     nvml = nvml_handle()
     env = collect_env(epifuse)
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
+    def each_case(spec: str, measure, show, stem: str) -> int:
+        """measure(epilogue, shape) for each 'epilogue:shape' of `spec`, shown as it comes,
+        then all of them as JSON under --out."""
+        results = []
+        for case in spec.split(","):
+            epilogue, shape = case.split(":")
+            results.append(measure(epilogue, shape))
+            show(results[-1])
+        if args.out:
+            path = Path(args.out) / f"{stem}_{stamp}.json"
+            path.write_text(json.dumps({"env": env, "cases": results}, indent=1))
+            print(f"wrote {path}")
+        return 0
+
     if args.timeline:
         kernels = [k for k in args.kernels.split(";") if k]
-        lines = []
-        for case in args.timeline.split(","):
-            epilogue, shape = case.split(":")
-            lines.append(timeline(epifuse, epilogue, shape, kernels, args.idle))
-            print_timeline(lines[-1])
-        if args.out:
-            path = Path(args.out) / f"sustain_timeline_{stamp}.json"
-            path.write_text(json.dumps({"env": env, "cases": lines}, indent=1))
-            print(f"wrote {path}")
-        return 0
+        return each_case(args.timeline, lambda e, s: timeline(epifuse, e, s, kernels, args.idle),
+                         print_timeline, "sustain_timeline")
     if args.candidates:
-        ranked = []
-        for case in args.candidates.split(","):
-            epilogue, shape = case.split(":")
-            ranked.append(rank_candidates(epifuse, nvml, epilogue, shape, args.idle, args.sustain))
-            print_candidates(ranked[-1])
-        if args.out:
-            path = Path(args.out) / f"candidates_power_{stamp}.json"
-            path.write_text(json.dumps({"env": env, "cases": ranked}, indent=1))
-            print(f"wrote {path}")
-        return 0
+        return each_case(args.candidates,
+                         lambda e, s: rank_candidates(epifuse, nvml, e, s, args.idle, args.sustain),
+                         print_candidates, "candidates_power")
     idle_w = idle_power_w(nvml, args.idle)
     copy = dram_mj_per_byte(nvml, idle_w, args.idle, args.sustain)
     results = []
