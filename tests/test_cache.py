@@ -300,6 +300,25 @@ def test_remembered_choices_tell_small_grids_apart(monkeypatch):
     assert len(epifuse.api._CHOSEN) == 2
 
 
+def test_remembered_choices_tell_b_in_l2_apart(monkeypatch):
+    """Within one shape bucket all of B may fit in a quarter of L2 for one shape and not for the
+    next, which changes the candidates (the two-rows-deep tile order): each side keeps its own
+    choice. (A CPU has no L2 to ask, so the predicate is stood in for.)"""
+    from epifuse.backends.triton import persistent
+    src = "def epi(accum):\n    D = accum * 3.0\n    return D\n"
+
+    def args(N):
+        return epifuse.GemmArguments(torch.ones(32, 32), torch.ones(32, N),
+                                     epilogue=epifuse.EpilogueArguments(src, D=torch.empty(32, N)))
+    assert tune.shape_bucket(args(40)) == tune.shape_bucket(args(56))
+    assert not persistent.b_fits_l2(args(40))  # never on a CPU
+    monkeypatch.setattr(persistent, "b_fits_l2", lambda a: a.N < 50)
+    epifuse.api._CHOSEN.clear()
+    for N in (40, 56, 48):
+        epifuse.api._choose_kernel(args(N))
+    assert len(epifuse.api._CHOSEN) == 2
+
+
 @pytest.mark.gpu
 def test_malformed_or_stale_tuning_file_on_gpu(cache_root):
     A = torch.randn(256, 128, device="cuda", dtype=torch.float16)

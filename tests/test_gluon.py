@@ -72,14 +72,25 @@ def test_other_devices_get_reasons_not_errors():
 
 
 PINGPONG, COOPERATIVE = pingpong.GluonPingPong, pingpong.GluonCooperative
-EVERY_CONFIG = ([(PINGPONG, c) for c in pingpong.CUDA_CONFIGS + pingpong.SMALL_GRID_CONFIGS]
+EVERY_CONFIG = ([(PINGPONG, c) for c in pingpong.CUDA_CONFIGS + pingpong.SMALL_GRID_CONFIGS
+                 + pingpong.ROW_ORDER_CONFIGS]
                 + [(COOPERATIVE, c) for c in pingpong.COOPERATIVE_CONFIGS])
 
 
 def _config_id(kernel_config):
     cls, config = kernel_config
     rows = "" if config.block_m == 128 else f"-m{config.block_m}"
-    return f"{cls.schedule}{rows}-{config.epilogue_pieces}-s{config.num_stages}"
+    group = "" if config.group_m == 8 else f"-g{config.group_m}"
+    return f"{cls.schedule}{rows}-{config.epilogue_pieces}-s{config.num_stages}{group}"
+
+
+def test_row_order_configs_differ_from_the_usual_only_in_tile_order():
+    """The config offered where B fits in L2 is the five-stage ping-pong taken two tile rows at a
+    time; one-byte inputs are not offered it (their configs were not measured with it)."""
+    (row,) = pingpong.row_order_configs(torch.float16)
+    assert row.group_m == 2 and dataclasses.replace(row, group_m=8) in pingpong.CUDA_CONFIGS
+    assert pingpong.row_order_configs(torch.float8_e4m3fn) == ()
+    assert len({_config_id(k) for k in EVERY_CONFIG}) == len(EVERY_CONFIG)
 
 
 @pytest.mark.parametrize("src,deterministic,kmajor,dtype,cls,config", [
@@ -365,6 +376,21 @@ def test_small_grids_take_64_row_tiles_first(dtype):
     small = kernels(128)
     assert isinstance(small[0], PINGPONG) and small[0].config in pingpong.small_grid_configs(dtype)
     assert not any(isinstance(k, PINGPONG) and k.config.block_m == 64 for k in kernels(8192))
+
+
+@pytest.mark.gpu
+def test_row_order_is_offered_where_b_fits_l2():
+    """B of 1024x4096 fp16 (8 MB, a sixth of an H100's L2) gets the two-rows-deep tile order as
+    one more candidate; B of 4096x4096 (32 MB) and a small grid do not."""
+    def row_order_offered(M, N, K):
+        A, B, tensors = _problem(GELU, M, N, K, device="cuda")
+        return [k for k, status in epifuse.kernel_statuses(_args(GELU, A, B, **tensors))
+                if status and isinstance(k, PINGPONG) and k.config.group_m == 2]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert 1024 * 4096 * 2 <= l2 // 4 < 4096 * 4096 * 2
+    assert [k.config for k in row_order_offered(16384, 4096, 1024)] == list(pingpong.ROW_ORDER_CONFIGS)
+    assert row_order_offered(4096, 4096, 4096) == []
+    assert row_order_offered(128, 4096, 1024) == []
 
 
 @pytest.mark.gpu

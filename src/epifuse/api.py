@@ -248,6 +248,8 @@ def kernel_statuses(args: GemmArguments, cc: int | None = None) -> list:
                       *(pingpong.GluonPingPong(c) for c in pingpong.cuda_configs(dtype)),
                       *(pingpong.GluonCooperative(c) for c in pingpong.cooperative_configs(dtype)),
                       *(tiled.TritonTiled(c) for c in tiled.cuda_configs(dtype))]
+        if persistent.b_fits_l2(args):
+            candidates += [pingpong.GluonPingPong(c) for c in pingpong.row_order_configs(dtype)]
     split = splitk.candidates(args)
     candidates = [*split, *candidates] if splitk.ranks_first(args) else [*candidates, *split]
     if persistent.leaves_sms_idle(args):  # first: the fastest there (benchmarks/RESULTS.md, 2026-11-25)
@@ -264,10 +266,11 @@ _CHOSEN: dict[tuple, Any] = {}
 
 def _choose_kernel(args: GemmArguments):
     """The best supported kernel, remembered per everything its support depends on."""
-    from .backends.triton.persistent import leaves_sms_idle
+    from .backends.triton.persistent import b_fits_l2, leaves_sms_idle
     from .runtime.tune import shape_bucket
-    # a bucket of shapes may straddle the small-grid threshold, which changes the candidates
+    # a bucket of shapes may straddle the small-grid or B-in-L2 thresholds, which change the candidates
     key = (args.key, args.A.device, args.A.dtype, args.B.dtype, shape_bucket(args), leaves_sms_idle(args),
+           b_fits_l2(args),
            args.deterministic, args.compute_dtype, args.accumulator_type, args.precision,
            tuple((n, t.dtype) for n, t in args.outputs.items()),
            args.largest_span >= 2**31, layout_class(args.A), layout_class(args.B), operand_layouts(args))

@@ -64,6 +64,21 @@ def leaves_sms_idle(args) -> bool:
     return few_tiles(args, _sm_count(device.index or 0))
 
 
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(index: int) -> int:
+    return torch.cuda.get_device_properties(index).L2_cache_size
+
+
+def b_fits_l2(args) -> bool:
+    """Whether all of B takes at most a quarter of L2 on args' GPU while the usual tiles fill
+    it (never on a CPU or under the interpreter): where a tile order two rows deep lets B stay
+    in L2 between rows (pingpong.row_order_configs)."""
+    device = args.A.device
+    if device.type != "cuda" or uses_interpreter(device) or leaves_sms_idle(args):
+        return False
+    return args.N * args.K * args.B.element_size() <= _l2_bytes(device.index or 0) // 4
+
+
 def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, device="cuda", dtype=torch.int8)
 

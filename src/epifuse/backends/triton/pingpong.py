@@ -47,6 +47,12 @@ COOPERATIVE_BYTE_CONFIGS = (TileConfig(128, 256, 128, 8, 8, 3),)
 # identity against cuBLAS's 59.2, fp8 47.4 -> 39.4 (RESULTS.md, 2026-11-25).
 SMALL_GRID_CONFIGS = (TileConfig(64, 128, 64, 8, 4, 8),)
 SMALL_GRID_BYTE_CONFIGS = (TileConfig(64, 128, 128, 8, 4, 8),)
+# Tiles taken two rows at a time instead of eight, offered where all of B fits in a quarter of
+# L2 (persistent.b_fits_l2): at 16384x4096x1024 eight rows of 128x128 tiles span every column of
+# B, so B is read again each wave, after the C, D and F tiles of the wave have streamed through
+# L2; two rows re-read it after 64 tiles. DRAM reads 273 -> 227 MB and relu_aux 3 % faster there,
+# lincomb and bias_gelu unchanged (benchmarks/RESULTS.md, 2026-11-26 14:08-14:20).
+ROW_ORDER_CONFIGS = (TileConfig(128, 128, 64, 2, 4, 5, epilogue_pieces=2),)
 GLUON_INPUTS = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 # Of the 227 KiB a Hopper CTA may use: the ring and the tile buffers take at most RING_BUDGET
 # (the rest for barriers), or BUFFER_BUDGET where the epilogue reduces (its scratch needs a few
@@ -71,6 +77,11 @@ def gluon_available() -> bool:
 
 def cuda_configs(dtype: torch.dtype) -> tuple:
     return BYTE_CONFIGS if dtype.itemsize == 1 else CUDA_CONFIGS
+
+
+def row_order_configs(dtype: torch.dtype) -> tuple:
+    """The configs offered besides cuda_configs' where all of B fits in a quarter of L2."""
+    return ROW_ORDER_CONFIGS if dtype.itemsize == 2 else ()
 
 
 def small_grid_configs(dtype: torch.dtype) -> tuple:
