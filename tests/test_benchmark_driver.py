@@ -187,3 +187,14 @@ def test_sass_probe_counts_a_sigmoids_special_functions():
     assert delta["MUFU.EX2"] == 128 and delta["MUFU.RCP"] == 128, delta
     assert sass_probe.opcode_counts("        /*0010*/  @!P0 MUFU.EX2 R4, R4 ;\n"
                                     "        /*0020*/  FFMA R1, R2, R3, R4 ;") == {"MUFU.EX2": 1, "FFMA": 1}
+
+
+def test_l2_probe_lays_out_the_access_policy_window_as_the_driver_reads_it():
+    """CUaccessPolicyWindow: base_ptr, num_bytes, hitRatio, hitProp, missProp (32 bytes with its
+    padding), inside the 64-byte CUstreamAttrValue union."""
+    import ctypes
+
+    from benchmarks.l2_probe import _AttrValue, _Window
+    assert [getattr(_Window, f).offset for f in ("base_ptr", "num_bytes", "hitRatio", "hitProp", "missProp")] \
+        == [0, 8, 16, 20, 24]
+    assert ctypes.sizeof(_Window) == 32 and ctypes.sizeof(_AttrValue) == 64
