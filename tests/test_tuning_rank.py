@@ -181,13 +181,19 @@ def test_a_kernel_is_weighed_by_the_tiles_it_runs_after_a_fallback():
     assert tune.operand_bytes_per_output(coop, args, 2) == float("inf")  # 1 tile, 2 SMs
 
 
-def test_real_kernels_are_weighed_by_their_tiles():
+def test_real_kernels_are_weighed_by_their_tiles(monkeypatch):
+    """1/BLOCK_M + 1/BLOCK_N of the tiles a kernel runs: its config's, or the smaller config it
+    fell back to after running out of resources for these arguments."""
     from epifuse.backends.triton import persistent, pingpong
     args = _identity_args()
     coop = pingpong.GluonCooperative(pingpong.COOPERATIVE_CONFIGS[0])
     ping = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0])
-    assert tune.operand_bytes_per_output(coop, args, None) < tune.operand_bytes_per_output(ping, args, None)
-    assert tune.operand_bytes_per_output(persistent.TritonPersistent(persistent.INTERPRETER_CONFIG), args, None) < float("inf")
+    assert tune.operand_bytes_per_output(coop, args, None) == 1 / 128 + 1 / 256
+    assert tune.operand_bytes_per_output(ping, args, None) == 1 / 128 + 1 / 128
+    small = persistent.TritonPersistent(persistent.INTERPRETER_CONFIG)
+    assert tune.operand_bytes_per_output(small, args, None) == 1 / 32 + 1 / 32
+    monkeypatch.setitem(pingpong.GluonPingPong._fallback, (args.key, coop.config), pingpong.SMALL_GRID_CONFIGS[0])
+    assert tune.operand_bytes_per_output(coop, args, None) == 1 / 64 + 1 / 128
 
 
 def test_a_new_ranking_rule_is_a_new_tuning_key():
