@@ -2,15 +2,15 @@
 epilogues, alternating with cuBLAS's A @ B, under four L2 conditions set on the stream through
 the driver API: `none` (no persisting set-aside), `setaside` (the largest set-aside for
 persisting lines, no window), `B` and `A` (that operand in an access-policy window whose hits
-persist, the rest streaming).
+persist, the rest streaming). The set-aside and the window are put back as they were on exit.
 
     PYTHONPATH=src:. python -m benchmarks.l2_probe [--shapes S2] [--epilogues identity,tile_C,two_outputs]
 
-Found on an H100 (RESULTS.md, 2026-11-26 14:10): the set-aside alone takes its 31 MiB from
-ordinary lines (cuBLAS 35 % slower at S2, relu_aux's kernel 2.3x), and a window over B or A
-changes no kernel's time beyond it (the TMA loads of cuBLAS and of these kernels do not appear
-to take the window), so the window cannot keep B resident; the tile order can
-(pingpong.ROW_ORDER_CONFIGS).
+Found on an H100 (RESULTS.md, 2026-11-26 14:10): with the set-aside in place every S2 kernel
+ran slower (cuBLAS 36 %, the two-output probe epilogue's ping-pong 2.3x) and S1's did not; a
+window over B or A then changed no time by more than 0.7 %. Why the windows did nothing (the
+TMA loads these kernels and cuBLAS use, or the set-aside's size) was not pursued, so the probe
+did not answer its question; the tile order did (pingpong.ROW_ORDER_CONFIGS).
 """
 from __future__ import annotations
 
@@ -46,10 +46,16 @@ class _AttrValue(ctypes.Union):  # CUstreamAttrValue: a 64-byte union
 
 
 class Driver:
-    """The CUDA driver calls the probe needs, through ctypes."""
+    """The CUDA driver calls the probe needs, through ctypes, on torch's current device."""
 
     def __init__(self):
         self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib.cuCtxSetLimit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+        self.lib.cuCtxGetLimit.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
+        self.lib.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+        self.lib.cuStreamSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_AttrValue)]
+        self.lib.cuStreamGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_AttrValue)]
+        self.device = torch.cuda.current_device()
         torch.zeros(1, device="cuda")  # makes torch's context current for the driver API
 
     def _check(self, code: int, what: str) -> None:
@@ -58,29 +64,36 @@ class Driver:
 
     def attribute(self, attr: int) -> int:
         value = ctypes.c_int()
-        self._check(self.lib.cuDeviceGetAttribute(ctypes.byref(value), attr, torch.cuda.current_device()),
-                    "cuDeviceGetAttribute")
+        self._check(self.lib.cuDeviceGetAttribute(ctypes.byref(value), attr, self.device), "cuDeviceGetAttribute")
+        return value.value
+
+    def persisting_limit(self) -> int:
+        value = ctypes.c_size_t()
+        self._check(self.lib.cuCtxGetLimit(ctypes.byref(value), CU_LIMIT_PERSISTING_L2_CACHE_SIZE), "cuCtxGetLimit")
         return value.value
 
     def set_persisting_limit(self, nbytes: int) -> None:
-        self._check(self.lib.cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, ctypes.c_size_t(nbytes)),
-                    "cuCtxSetLimit")
+        self._check(self.lib.cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, nbytes), "cuCtxSetLimit")
 
-    def set_window(self, stream: torch.cuda.Stream, tensor: torch.Tensor | None, hit_ratio: float = 1.0) -> None:
+    def window(self, stream: torch.cuda.Stream) -> _AttrValue:
         value = _AttrValue()
-        if tensor is not None:
-            value.accessPolicyWindow = _Window(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
-                                               hit_ratio, CU_ACCESS_PROPERTY_PERSISTING,
-                                               CU_ACCESS_PROPERTY_STREAMING)
-        self._check(self.lib.cuStreamSetAttribute(ctypes.c_void_p(stream.cuda_stream),
-                                                  CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, ctypes.byref(value)),
-                    "cuStreamSetAttribute")
+        self._check(self.lib.cuStreamGetAttribute(stream.cuda_stream, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW,
+                                                  ctypes.byref(value)), "cuStreamGetAttribute")
+        return value
+
+    def set_window(self, stream: torch.cuda.Stream, tensor: torch.Tensor | None, hit_ratio: float = 1.0,
+                   value: _AttrValue | None = None) -> None:
+        """Hold `tensor` (None: nothing) in the stream's window, or set the window `value`."""
+        if value is None:
+            value = _AttrValue()
+            if tensor is not None:
+                value.accessPolicyWindow = _Window(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
+                                                   hit_ratio, CU_ACCESS_PROPERTY_PERSISTING,
+                                                   CU_ACCESS_PROPERTY_STREAMING)
+        self._check(self.lib.cuStreamSetAttribute(stream.cuda_stream, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW,
+                                                  ctypes.byref(value)), "cuStreamSetAttribute")
         self._check(self.lib.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
-        back = _AttrValue()
-        self._check(self.lib.cuStreamGetAttribute(ctypes.c_void_p(stream.cuda_stream),
-                                                  CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, ctypes.byref(back)),
-                    "cuStreamGetAttribute")
-        if back.accessPolicyWindow.num_bytes != value.accessPolicyWindow.num_bytes:
+        if self.window(stream).accessPolicyWindow.num_bytes != value.accessPolicyWindow.num_bytes:
             raise RuntimeError("the stream's access-policy window did not take")
 
 
@@ -91,6 +104,42 @@ def alternate(calls: dict, rounds: int, rep_ms: int) -> dict:
         for name, call in calls.items():
             times[name].append(do_bench(call, warmup=25, rep=rep_ms, return_mode="median") * 1e3)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def measure(driver: Driver, stream: torch.cuda.Stream, ns, max_persist: int, max_window: int) -> list:
+    """One row per shape, epilogue, L2 condition and call (cuBLAS and each kernel of ns.kernels)."""
+    rows = []
+    for shape in ns.shapes.split(","):
+        M, N, K = SHAPES[shape]
+        A, B, operands = make_operands(M, N, K)
+        for epilogue in ns.epilogues.split(","):
+            args = make_args(epilogue, A, B, operands)
+            kernels = {repr(k): k for k in epifuse.get_kernels(args)}
+            calls = {"cublas": lambda: A @ B}
+            for name in ns.kernels.split(";"):
+                if name in kernels:
+                    calls[name] = (lambda k: lambda: k.run(args))(kernels[name])
+                else:
+                    print(f"{epilogue} at {shape}: no candidate {name}", flush=True)
+            for call in calls.values():
+                call()
+            torch.cuda.synchronize()
+            conditions = {"none": (None, 1.0), "setaside": (None, 1.0), "B": (B, 1.0),
+                          "A": (A, min(1.0, max_persist / (A.numel() * A.element_size())))}
+            for condition, (tensor, ratio) in conditions.items():
+                if tensor is not None and tensor.numel() * tensor.element_size() > max_window:
+                    print(f"{condition} ({tensor.numel() * tensor.element_size() >> 20} MiB) exceeds the "
+                          "largest window; left out", flush=True)
+                    continue
+                driver.set_persisting_limit(0 if condition == "none" else max_persist)
+                driver.set_window(stream, tensor, ratio)
+                us = alternate(calls, ns.rounds, ns.rep_ms)
+                for name, t in us.items():
+                    rows.append(dict(shape=shape, epilogue=epilogue, window=condition, hit_ratio=ratio,
+                                     kernel=name, us=t, ratio=t / us["cublas"]))
+                    print(f"{shape} {epilogue:12s} {condition:8s} {t:7.1f} us  {t / us['cublas']:.3f}  {name}",
+                          flush=True)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -105,45 +154,18 @@ def main(argv=None) -> int:
     driver = Driver()
     max_persist = driver.attribute(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE)
     max_window = driver.attribute(CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE)
-    print(f"{torch.cuda.get_device_name()}: L2 {torch.cuda.get_device_properties(0).L2_cache_size >> 20} MiB, "
-          f"persisting at most {max_persist >> 20} MiB, window at most {max_window >> 20} MiB", flush=True)
+    l2 = getattr(torch.cuda.get_device_properties(driver.device), "L2_cache_size", 0)
+    print(f"{torch.cuda.get_device_name()}: L2 {l2 >> 20} MiB, persisting at most {max_persist >> 20} MiB, "
+          f"window at most {max_window >> 20} MiB", flush=True)
     stream = torch.cuda.Stream()
-    rows = []
-    with torch.cuda.stream(stream):
-        for shape in ns.shapes.split(","):
-            M, N, K = SHAPES[shape]
-            A, B, operands = make_operands(M, N, K)
-            for epilogue in ns.epilogues.split(","):
-                args = make_args(epilogue, A, B, operands)
-                kernels = {repr(k): k for k in epifuse.get_kernels(args)}
-                calls = {"cublas": lambda: A @ B}
-                for name in ns.kernels.split(";"):
-                    if name in kernels:
-                        calls[name] = (lambda k: lambda: k.run(args))(kernels[name])
-                    else:
-                        print(f"{epilogue} at {shape}: no candidate {name}", flush=True)
-                for call in calls.values():
-                    call()
-                torch.cuda.synchronize()
-                windows = {"none": (None, 1.0), "setaside": (None, 1.0), "B": (B, 1.0),
-                           "A": (A, min(1.0, max_persist / (A.numel() * A.element_size())))}
-                for window, (tensor, ratio) in windows.items():
-                    if tensor is not None and tensor.numel() * tensor.element_size() > max_window:
-                        print(f"{window} ({tensor.numel() * tensor.element_size() >> 20} MiB) exceeds the "
-                              "largest window; left out", flush=True)
-                        continue
-                    # the set-aside L2 share for persisting lines: none for the first condition
-                    driver.set_persisting_limit(0 if window == "none" else max_persist)
-                    driver.set_window(stream, tensor, ratio)
-                    us = alternate(calls, ns.rounds, ns.rep_ms)
-                    for name, t in us.items():
-                        row = dict(shape=shape, epilogue=epilogue, window=window, hit_ratio=ratio, kernel=name,
-                                   us=t, ratio=t / us["cublas"])
-                        rows.append(row)
-                        print(f"{shape} {epilogue:12s} window {window:4s} {t:7.1f} us  {row['ratio']:.3f}  {name}",
-                              flush=True)
-                driver.set_window(stream, None)
-                driver.set_persisting_limit(0)
+    limit_before, window_before = driver.persisting_limit(), driver.window(stream)
+    try:
+        with torch.cuda.stream(stream):
+            rows = measure(driver, stream, ns, max_persist, max_window)
+    finally:  # the set-aside slows every later kernel of this context (RESULTS.md, 14:10)
+        torch.cuda.synchronize()
+        driver.set_window(stream, None, value=window_before)
+        driver.set_persisting_limit(limit_before)
     if ns.out:
         with open(ns.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "max_persisting_bytes": max_persist,

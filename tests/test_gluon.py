@@ -93,6 +93,21 @@ def test_row_order_configs_differ_from_the_usual_only_in_tile_order():
     assert len({_config_id(k) for k in EVERY_CONFIG}) == len(EVERY_CONFIG)
 
 
+def test_an_unreported_l2_size_offers_no_row_order(monkeypatch):
+    """torch before 2.5 has no L2_cache_size in the device properties: the size reads as 0, so
+    no B fits (and nothing raises)."""
+    from epifuse.backends.triton import persistent
+
+    class OldProperties:
+        multi_processor_count = 132
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: OldProperties())
+    persistent._l2_bytes.cache_clear()
+    try:
+        assert persistent._l2_bytes(0) == 0
+    finally:
+        persistent._l2_bytes.cache_clear()
+
+
 @pytest.mark.parametrize("src,deterministic,kmajor,dtype,cls,config", [
     (GELU, False, False, torch.float16, PINGPONG, pingpong.CUDA_CONFIGS[0]),
     (AUX, False, True, torch.bfloat16, PINGPONG, pingpong.CUDA_CONFIGS[1]),
@@ -382,13 +397,18 @@ def test_small_grids_take_64_row_tiles_first(dtype):
 def test_row_order_is_offered_where_b_fits_l2():
     """B of 1024x4096 fp16 (8 MB, a sixth of an H100's L2) gets the two-rows-deep tile order as
     one more candidate; B of 4096x4096 (32 MB) and a small grid do not."""
-    def row_order_offered(M, N, K):
-        A, B, tensors = _problem(GELU, M, N, K, device="cuda")
-        return [k for k, status in epifuse.kernel_statuses(_args(GELU, A, B, **tensors))
+    def row_order_offered(M, N, K, dtype=torch.float16):
+        A, B, tensors = _problem(GELU, M, N, K, device="cuda", kmajor=True)   # B contiguous along K
+        return [k for k, status in epifuse.kernel_statuses(_args(GELU, A.to(dtype), B.to(dtype), **tensors))
                 if status and isinstance(k, PINGPONG) and k.config.group_m == 2]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     assert 1024 * 4096 * 2 <= l2 // 4 < 4096 * 4096 * 2
     assert [k.config for k in row_order_offered(16384, 4096, 1024)] == list(pingpong.ROW_ORDER_CONFIGS)
+    A, B, tensors = _problem(GELU, 16384, 4096, 1024, device="cuda")
+    names = [type(k).__name__ for k in epifuse.get_kernels(_args(GELU, A, B, **tensors))]
+    last_tiled = max(i for i, n in enumerate(names) if n == "TritonTiled")
+    assert names[last_tiled + 1] == "GluonPingPong"   # the row-order config, right after the tiled kernel's
+    assert row_order_offered(16384, 4096, 1024, torch.float8_e4m3fn) == []
     assert row_order_offered(4096, 4096, 4096) == []
     assert row_order_offered(128, 4096, 1024) == []
 

@@ -66,15 +66,16 @@ def leaves_sms_idle(args) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _l2_bytes(index: int) -> int:
-    return torch.cuda.get_device_properties(index).L2_cache_size
+    """The GPU's L2 size; 0 where torch does not report it (before torch 2.5)."""
+    return getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0)
 
 
 def b_fits_l2(args) -> bool:
-    """Whether all of B takes at most a quarter of L2 on args' GPU while the usual tiles fill
-    it (never on a CPU or under the interpreter): where a tile order two rows deep lets B stay
-    in L2 between rows (pingpong.row_order_configs)."""
+    """Whether B of one GEMM takes at most a quarter of L2 on args' GPU while the usual tiles
+    fill it (never on a CPU, under the interpreter or for a batch): where a tile order two rows
+    deep lets B stay in L2 between rows (pingpong.row_order_configs)."""
     device = args.A.device
-    if device.type != "cuda" or uses_interpreter(device) or leaves_sms_idle(args):
+    if device.type != "cuda" or uses_interpreter(device) or args.L != 1 or leaves_sms_idle(args):
         return False
     return args.N * args.K * args.B.element_size() <= _l2_bytes(device.index or 0) // 4
 

@@ -48,10 +48,11 @@ COOPERATIVE_BYTE_CONFIGS = (TileConfig(128, 256, 128, 8, 8, 3),)
 SMALL_GRID_CONFIGS = (TileConfig(64, 128, 64, 8, 4, 8),)
 SMALL_GRID_BYTE_CONFIGS = (TileConfig(64, 128, 128, 8, 4, 8),)
 # Tiles taken two rows at a time instead of eight, offered where all of B fits in a quarter of
-# L2 (persistent.b_fits_l2): at 16384x4096x1024 eight rows of 128x128 tiles span every column of
-# B, so B is read again each wave, after the C, D and F tiles of the wave have streamed through
-# L2; two rows re-read it after 64 tiles. DRAM reads 273 -> 227 MB and relu_aux 3 % faster there,
-# lincomb and bias_gelu unchanged (benchmarks/RESULTS.md, 2026-11-26 14:08-14:20).
+# L2 (persistent.b_fits_l2): at 16384x4096x1024 a group of eight rows of 128x128 tiles spans
+# every column of B, so B is read again for each group, after the group's 256 C, D and F tiles
+# have streamed through L2; two rows re-read it after 64 tiles. There DRAM reads 273 -> 227 MB
+# for relu_aux's two outputs and relu_aux 3 % faster, bias_gelu unchanged, lincomb within its
+# spread (benchmarks/RESULTS.md, 2026-11-26 14:15-14:41).
 ROW_ORDER_CONFIGS = (TileConfig(128, 128, 64, 2, 4, 5, epilogue_pieces=2),)
 GLUON_INPUTS = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 # Of the 227 KiB a Hopper CTA may use: the ring and the tile buffers take at most RING_BUDGET
