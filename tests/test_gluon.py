@@ -394,6 +394,22 @@ def test_small_grids_take_64_row_tiles_first(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("group_m", [2, 8])
+def test_a_last_group_of_fewer_rows_is_walked_whole(group_m):
+    """23 rows of tiles (the last ragged) in groups of 2 or 8 leave a last group of 1 or 7
+    rows; 23 x 20 tiles give each CTA several. Exact against the reference."""
+    A, B, tensors = _problem(AUX, 2900, 2504, 200, device="cuda")
+    args = _args(AUX, A, B, **tensors)
+    config = dataclasses.replace(pingpong.ROW_ORDER_CONFIGS[0], group_m=group_m)
+    kernel = _gpu_kernel(args, config)
+    for t in args.outputs.values():
+        t.fill_(float("nan"))
+    kernel.run(args)
+    torch.cuda.synchronize()
+    _check(args, reference_outputs(args))
+
+
+@pytest.mark.gpu
 def test_row_order_is_offered_where_b_fits_l2():
     """B of 1024x4096 fp16 (8 MB, a sixth of an H100's L2) gets the two-rows-deep tile order as
     one more candidate; B of 4096x4096 (32 MB) and a small grid do not."""
