@@ -48,6 +48,8 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
+from .workloads import identity
+
 SHAPES = {"S1": (4096, 4096, 4096), "S2": (16384, 4096, 1024), "S3": (8192, 8192, 8192)}
 CONFIGS = {  # name: PersistentGemm's arguments besides the activation
     "coop128x256_c1x1": dict(tile_mn=(128, 256)),
@@ -402,11 +404,6 @@ def compile_offline(config, activation, shape):
     return cute.compile(gemm, a, b, d, 132 // cluster_size, driver.CUstream(0))
 
 
-def _epifuse_identity(accum):
-    D = accum
-    return D
-
-
 def _epifuse_gelu(accum):
     D = gelu(accum, approximate="tanh")  # noqa: F821 - parsed by epifuse, never run
     return D
@@ -446,12 +443,10 @@ def _unit_scale_error(compiled, a, b, activation, stream):
 def _timed_against_cublas(fn, a, b):
     """Three alternations of cuBLAS and `fn` (so drift under the power limit falls on both)."""
     import torch
-    from triton.testing import do_bench
-    cublas_ms, ms = [], []
-    for _ in range(3):
-        cublas_ms.append(do_bench(lambda: torch.matmul(a, b), warmup=25, rep=200))
-        ms.append(do_bench(fn, warmup=25, rep=200))
-    return cublas_ms, ms
+
+    from .timing import alternate_ms
+    times = alternate_ms({"cublas": lambda: torch.matmul(a, b), "fn": fn}, 3, 25, 200, return_mode="mean")
+    return times["cublas"], times["fn"]
 
 
 def run_on_gpu(shapes, configs, activations, with_epifuse, out):
@@ -489,7 +484,7 @@ def run_on_gpu(shapes, configs, activations, with_epifuse, out):
             if with_epifuse:
                 import epifuse
                 from epifuse.runtime import tune
-                epi = _epifuse_gelu if activation == "gelu" else _epifuse_identity
+                epi = _epifuse_gelu if activation == "gelu" else identity
                 tunings = len(tune.HISTORY)
                 d = epifuse.gemm(a, b, epi)  # one output: the tensor itself
                 torch.cuda.synchronize()
@@ -523,7 +518,7 @@ def launch_for_profiler(configs, activation, shape_name, gluon=()):
         views = _views(a, b, d)
         compiled, stream, _, _ = _compile_on_gpu(config, activation, views)
         launches.append((config, (lambda c, v, s: lambda: c(*v, s))(compiled, views, stream)))
-    epi = _epifuse_gelu if activation == "gelu" else _epifuse_identity
+    epi = _epifuse_gelu if activation == "gelu" else identity
     args = epifuse.GemmArguments(a, b, epilogue=epifuse.EpilogueArguments(epi, D=torch.empty(M, N, device="cuda", dtype=torch.float16)))
     matched = [k for k in epifuse.get_kernels(args) if repr(k) in gluon]
     launches += [(repr(k), (lambda k: lambda: k.run(args))(k)) for k in matched]

@@ -20,18 +20,18 @@ import json
 import statistics
 
 import torch
-from triton.testing import do_bench
 
 import epifuse
 
 from .probe import make_args, make_operands
+from .timing import alternate_ms
 from .workloads import SHAPES
 
 CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
 CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW = 1
 CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE = 108
 CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE = 109
-CU_ACCESS_PROPERTY_NORMAL, CU_ACCESS_PROPERTY_STREAMING, CU_ACCESS_PROPERTY_PERSISTING = 0, 1, 2
+CU_ACCESS_PROPERTY_STREAMING, CU_ACCESS_PROPERTY_PERSISTING = 1, 2
 DEFAULT_KERNELS = ("<gluon_pingpong 128x128x64 group 8, 4 warps, 5 stages, epilogue in 2>;"
                    "<gluon_cooperative 128x256x64 group 8, 8 warps, 3 stages, epilogue in 2>")
 
@@ -99,11 +99,7 @@ class Driver:
 
 def alternate(calls: dict, rounds: int, rep_ms: int) -> dict:
     """Median time in us of each call, measured in turn `rounds` times (do_bench medians)."""
-    times = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            times[name].append(do_bench(call, warmup=25, rep=rep_ms, return_mode="median") * 1e3)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return {name: statistics.median(ms) * 1e3 for name, ms in alternate_ms(calls, rounds, 25, rep_ms).items()}
 
 
 def measure(driver: Driver, stream: torch.cuda.Stream, ns, max_persist: int, max_window: int) -> list:

@@ -1,7 +1,8 @@
 """Timing and machine facts for the benchmark driver.
 
 ``bench_ms`` is the median of ``triton.testing.do_bench`` (which flushes L2 before every call),
-with a CUDA-event fallback when triton is missing; ``first_call_s`` times one call between two
+with a CUDA-event fallback when triton is missing; ``alternate_ms`` times several calls in turn,
+round after round, so that a GPU's drift under its power limit falls on each; ``first_call_s`` times one call between two
 synchronizations (compile + run). ``gpu_clocks`` reads the SM clock through nvidia-smi (None where
 that is not possible); ``ClockSampler`` samples the SM clock, power and throttle reasons while a
 baseline is timed; ``collect_env`` records GPU, clocks, versions and the relevant environment.
@@ -28,6 +29,17 @@ def bench_ms(fn, warmup: float, rep: float) -> float:
     except ImportError:
         return _event_bench(fn, warmup, rep)
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def alternate_ms(calls: dict, rounds: int, warmup: float, rep: float, return_mode: str = "median") -> dict:
+    """{name: [ms of each round]} for `calls` ({name: fn}), each timed by do_bench in turn,
+    `rounds` times over."""
+    from triton.testing import do_bench
+    times: dict = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            times[name].append(float(do_bench(call, warmup=warmup, rep=rep, return_mode=return_mode)))
+    return times
 
 
 def _event_bench(fn, warmup, rep):

@@ -159,12 +159,9 @@ def _time_all(args, kernels):
 
 
 def _sms(args) -> int | None:
-    """The SM count of args' GPU (None on a CPU)."""
-    device = args.A.device
-    if device.type != "cuda":
-        return None
-    from ..backends.triton.persistent import _sm_count
-    return _sm_count(device.index or 0)
+    """The SM count of args' GPU (None on a CPU or under the interpreter)."""
+    from ..backends.triton.persistent import gpu_sms
+    return gpu_sms(args)
 
 
 def operand_bytes_per_output(kernel, args, sms: int | None) -> float:

@@ -55,13 +55,25 @@ def few_tiles(args, sms: int) -> bool:
     return output_tiles(args, USUAL_TILE) < sms
 
 
+def gpu_index(args) -> int | None:
+    """The index of the GPU args' kernels run on; None on a CPU or under the interpreter."""
+    device = args.A.device
+    if device.type != "cuda" or uses_interpreter(device):
+        return None
+    return device.index or 0
+
+
+def gpu_sms(args) -> int | None:
+    """The SM count of args' GPU; None on a CPU or under the interpreter."""
+    index = gpu_index(args)
+    return None if index is None else _sm_count(index)
+
+
 def leaves_sms_idle(args) -> bool:
     """Whether the usual 128x128 tiles leave SMs of args' GPU without a tile (never on a CPU
     or under the interpreter): where the split-K kernels and the 64-row ping-pong come first."""
-    device = args.A.device
-    if device.type != "cuda" or uses_interpreter(device):
-        return False
-    return few_tiles(args, _sm_count(device.index or 0))
+    sms = gpu_sms(args)
+    return sms is not None and few_tiles(args, sms)
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,10 +86,10 @@ def b_fits_l2(args) -> bool:
     """Whether B of one GEMM takes at most a quarter of L2 on args' GPU while the usual tiles
     fill it (never on a CPU, under the interpreter or for a batch): where a tile order two rows
     deep lets B stay in L2 between rows (pingpong.row_order_configs)."""
-    device = args.A.device
-    if device.type != "cuda" or uses_interpreter(device) or args.L != 1 or leaves_sms_idle(args):
+    index = gpu_index(args)
+    if index is None or args.L != 1 or leaves_sms_idle(args):
         return False
-    return args.N * args.K * args.B.element_size() <= _l2_bytes(device.index or 0) // 4
+    return args.N * args.K * args.B.element_size() <= _l2_bytes(index) // 4
 
 
 def _scratch(size: int, alignment: int, stream):

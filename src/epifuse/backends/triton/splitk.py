@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..base import Status, supported, unsupported
-from .persistent import _sm_count, few_tiles, output_tiles
+from .persistent import _sm_count, few_tiles, gpu_sms, output_tiles
 from .tiled import TileConfig, TritonTiled, uses_interpreter
 
 
@@ -143,7 +143,5 @@ def cuda_configs(dtype: torch.dtype) -> tuple:
 def ranks_first(args) -> bool:
     """Whether kernel_statuses puts the split-K kernels before the others (never under the
     interpreter, where the tiled kernel stays the default)."""
-    device = args.A.device
-    if device.type != "cuda" or uses_interpreter(device):
-        return False
-    return small_grid(args, _sm_count(device.index or 0))
+    sms = gpu_sms(args)
+    return sms is not None and small_grid(args, sms)
