@@ -145,14 +145,18 @@ def dram_mj_per_byte(nvml: Nvml, idle_w: float, idle_s: float, sustain_s: float,
     return m
 
 
-def extra_dram_bytes(w, s, M: int, N: int) -> int:
-    """The bytes a case's epilogue moves beyond cuBLAS's D: its (M, N) operands read, its
-    outputs written, less D."""
+def extra_dram_split(w, s, M: int, N: int) -> tuple[int, int]:
+    """The bytes a case's epilogue moves beyond cuBLAS's D: its (M, N) operands read, and its
+    outputs written less D (negative where it writes no D)."""
     operands = sum(t.numel() * t.element_size() for t in s.operands.values()
                    if torch.is_tensor(t) and t.dim() == 2)
     itemsizes = [torch.empty((), dtype=d).element_size() for d in s.out_dtypes]
     outputs = sum(math.prod(shape) * size for shape, size in zip(w.expected_shapes(M, N), itemsizes))
-    return operands + outputs - M * N * s.A.element_size()
+    return operands, outputs - M * N * s.A.element_size()
+
+
+def extra_dram_bytes(w, s, M: int, N: int) -> int:
+    return sum(extra_dram_split(w, s, M, N))
 
 
 def run_case(epifuse, nvml, workload: str, shape: str, idle_s: float, sustain_s: float) -> dict:
@@ -167,7 +171,9 @@ def run_case(epifuse, nvml, workload: str, shape: str, idle_s: float, sustain_s:
     kernel = epifuse.runtime.tune.HISTORY[-1]["choice"] if epifuse.runtime.tune.HISTORY else "cached"
     first = {"cublas": measure(cublas, nvml, idle_s, sustain_s), "epifuse": measure(fused, nvml, idle_s, sustain_s)}
     second = {"epifuse": measure(fused, nvml, idle_s, sustain_s), "cublas": measure(cublas, nvml, idle_s, sustain_s)}
-    return {"workload": workload, "shape": shape, "kernel": kernel, "extra_bytes": extra_dram_bytes(w, s, M, N),
+    read, written = extra_dram_split(w, s, M, N)
+    return {"workload": workload, "shape": shape, "kernel": kernel, "extra_bytes": read + written,
+            "read_bytes": read, "written_bytes": written,
             "cublas": _mean(first["cublas"], second["cublas"]),
             "epifuse": _mean(first["epifuse"], second["epifuse"]), "passes": [first, second]}
 

@@ -161,7 +161,7 @@ def test_power_probe_counts_the_dram_bytes_beyond_cublas():
     labels instead of writing D, a bias row costs nothing."""
     import torch
 
-    from benchmarks.power_probe import extra_dram_bytes
+    from benchmarks.power_probe import extra_dram_bytes, extra_dram_split
     from benchmarks.workloads import WORKLOADS
     M, N, K = 64, 48, 16
     tile = M * N * 2
@@ -173,6 +173,41 @@ def test_power_probe_counts_the_dram_bytes_beyond_cublas():
         gen.manual_seed(0)
         s = w.build(M, N, K, torch.float16, "cpu", gen)
         assert extra_dram_bytes(w, s, M, N) == extra, name
+    gen = torch.Generator()
+    gen.manual_seed(0)
+    s = WORKLOADS["relu_aux"].build(M, N, K, torch.float16, "cpu", gen)
+    assert extra_dram_split(WORKLOADS["relu_aux"], s, M, N) == (tile, tile)
+    s = WORKLOADS["bce_loss"].build(M, N, K, torch.float16, "cpu", gen)
+    assert extra_dram_split(WORKLOADS["bce_loss"], s, M, N) == (tile, 4 - tile)
+
+
+def test_energy_floor_charges_only_the_dram_part_of_the_extra_bytes():
+    """A byte's DRAM part is the streamed kernel's dynamic energy per byte from DRAM less its
+    energy per byte from L2; the floor adds the extra bytes at that price to cuBLAS's dynamic
+    energy, and takes the smaller of the floors under the two static powers."""
+    from benchmarks.energy_floor import case_floor, dram_part_mj_per_byte, dynamic_mj, floor_ratio
+    dram = {"mj_per_call": 400.0, "sustained_ms": 0.8}     # 500 W
+    l2 = {"mj_per_call": 150.0, "sustained_ms": 0.4}       # 375 W
+    assert dynamic_mj(dram, 100.0) == 320.0
+    assert dram_part_mj_per_byte(dram, l2, 100.0, 1000) == (320.0 - 110.0) / 1000
+    cublas = {"mj_per_call": 140.0, "sustained_ms": 0.2}   # 700 W
+    assert floor_ratio(100, 50, 0.2, 0.4, cublas, 200.0) == 1 + (20 + 20) / 100
+    energy = {"static_w": {"idle": 100.0, "clocked": 200.0},
+              "dram_mj_per_byte": {"idle": {"read": 0.3, "write": 0.5}, "clocked": {"read": 0.2, "write": 0.4}}}
+    case = {"read_bytes": 100, "written_bytes": 50, "cublas": cublas}
+    floors = case_floor(case, energy)
+    assert floors["idle"] == 1 + (30 + 25) / 120 and floors["clocked"] == 1 + 40 / 100
+    assert floors["floor"] == floors["clocked"]
+
+
+def test_toolchain_probe_finds_the_cluster_tile_load():
+    """Offline (no GPU): the probe compiles a Gluon TMA load for a 2-CTA cluster and reads its
+    copy instruction from the PTX, so its multicast answer rests on a real compile."""
+    from benchmarks import toolchain_probe
+    result = toolchain_probe.probe()
+    assert result["cluster_load_ptx"] and all("cp.async.bulk.tensor.2d" in line for line in result["cluster_load_ptx"])
+    assert result["multicast"] == any(".multicast::cluster" in line for line in result["cluster_load_ptx"])
+    assert isinstance(result["gluon_tma_load_cache_hint"], bool)
 
 
 def test_sass_probe_counts_a_sigmoids_special_functions():
