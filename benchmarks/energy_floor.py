@@ -10,10 +10,14 @@ case's ratio to cuBLAS:
 
 - e_read / e_written: the energy per byte of one Triton streaming kernel run over a 2 GiB
   buffer (every byte from or to DRAM) less that of the same kernel over an 8 MiB buffer (every
-  byte from L2, same instructions, same byte count), each less a static power over its time;
-- E_dyn(cuBLAS): cuBLAS's sustained energy per GEMM less that static power over its time;
-- the static power is taken two ways: the idle board, and the board while a one-thread sleep
-  kernel holds the clocks up; the floor is the smaller of the two estimates.
+  byte from L2, same instructions, same byte count), each less the idle board's power over its
+  time. Run as fast as they can, the DRAM stream takes 2.4 times as long as the L2 one, and an
+  SM that waits draws power as well: its difference then counted that wait as DRAM energy and
+  gave a "floor" above a measured ratio (lincomb S2, RESULTS.md 2026-11-26 15:47). So each
+  element also takes a chain of FMAs, enough that both streams run at the FMA pipe's pace in
+  the same time; the level whose times match best is kept;
+- E_dyn(cuBLAS): cuBLAS's sustained energy per GEMM less the idle power over its time (or,
+  lower still, all of it: the floor is the smaller of the two).
 
 It assumes that the fused kernel's GEMM costs at least cuBLAS's energy and that the bytes its
 epilogue adds cost at least their DRAM part; the SM and L2 work of moving them is left out, so
@@ -47,36 +51,41 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def stream_read(src, sink, wrap, per_program, BLOCK: tl.constexpr):
+    def stream_read(src, sink, wrap, per_program, BLOCK: tl.constexpr, FMAS: tl.constexpr):
         pid = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         acc = tl.zeros([BLOCK], tl.float32)
         for i in range(0, per_program, BLOCK):
-            acc += tl.load(src + ((pid * per_program + i + offs) & wrap)).to(tl.float32)
+            x = tl.load(src + ((pid * per_program + i + offs) & wrap)).to(tl.float32)
+            acc += x
+            for _ in tl.static_range(FMAS):
+                acc = acc * 0.99951171875 + x
         tl.store(sink + pid * BLOCK + offs, acc)
 
     @triton.jit
-    def stream_write(dst, wrap, per_program, BLOCK: tl.constexpr):
+    def stream_write(dst, wrap, per_program, BLOCK: tl.constexpr, FMAS: tl.constexpr):
         pid = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
-        value = (offs + pid).to(tl.float16)
+        value = (offs + pid).to(tl.float32)
         for i in range(0, per_program, BLOCK):
-            tl.store(dst + ((pid * per_program + i + offs) & wrap), value)
+            for _ in tl.static_range(FMAS):
+                value = value * 0.99951171875 + 1.0
+            tl.store(dst + ((pid * per_program + i + offs) & wrap), value.to(tl.float16))
 
     return stream_read, stream_write
 
 
-def stream_calls(buffer_elements: int) -> dict:
+def stream_calls(buffer_elements: int, fmas: int) -> dict:
     """{"read": fn, "write": fn}: each moves DRAM_ELEMENTS fp16 elements (2 GiB) per call,
-    wrapping around a buffer of `buffer_elements`, in the same programs and instructions
-    whatever the buffer's size."""
+    wrapping around a buffer of `buffer_elements`, with `fmas` dependent FMAs per element, in
+    the same programs and instructions whatever the buffer's size."""
     stream_read, stream_write = _kernels()
     grid = (DRAM_ELEMENTS // PER_PROGRAM,)
     buffer = torch.randn(buffer_elements, device="cuda", dtype=torch.float16)
     sink = torch.empty(grid[0] * BLOCK, device="cuda", dtype=torch.float32)
     wrap = buffer_elements - 1
-    return {"read": lambda: stream_read[grid](buffer, sink, wrap, PER_PROGRAM, BLOCK=BLOCK, num_warps=8),
-            "write": lambda: stream_write[grid](buffer, wrap, PER_PROGRAM, BLOCK=BLOCK, num_warps=8)}
+    return {"read": lambda: stream_read[grid](buffer, sink, wrap, PER_PROGRAM, BLOCK=BLOCK, FMAS=fmas, num_warps=8),
+            "write": lambda: stream_write[grid](buffer, wrap, PER_PROGRAM, BLOCK=BLOCK, FMAS=fmas, num_warps=8)}
 
 
 def dynamic_mj(m: dict, static_w: float) -> float:
@@ -94,31 +103,46 @@ def floor_ratio(read_bytes: int, written_bytes: int, e_read: float, e_written: f
     return 1 + (read_bytes * e_read + written_bytes * e_written) / dynamic_mj(cublas, static_w)
 
 
+FMA_LEVELS = (0, 32, 64, 128)   # FMAs per element: none (each stream as fast as it can), then enough
+                                # that both run at the FMA pipe's pace, in the same time
+
+
 def measure_bytes(nvml, idle_s: float, sustain_s: float) -> dict:
-    """The static powers and the four streams' sustained measurements."""
+    """The idle board's power, and at each of FMA_LEVELS the four streams' sustained
+    measurements and each direction's DRAM part per byte. The estimate kept is the level where
+    the DRAM and L2 streams took the most nearly equal time: the power that a busy SM draws
+    for as long as it runs, whether it waits or works, is then the same in both and cancels."""
     idle_w = idle_power_w(nvml, idle_s)
-    clocked = measure(lambda: torch.cuda._sleep(1_000_000), nvml, idle_s, sustain_s)
-    streams = {}
-    for where, elements in (("dram", DRAM_ELEMENTS), ("l2", L2_ELEMENTS)):
-        calls = stream_calls(elements)
-        for op, call in calls.items():
-            call()
-            torch.cuda.synchronize()
-            streams[f"{op}_{where}"] = measure(call, nvml, idle_s, sustain_s, chunk=2)
-        del calls
-        torch.cuda.empty_cache()
     nbytes = DRAM_ELEMENTS * 2
-    statics = {"idle": idle_w, "clocked": clocked["power_w"]}
-    per_byte = {name: {op: dram_part_mj_per_byte(streams[f"{op}_dram"], streams[f"{op}_l2"], w, nbytes)
-                       for op in ("read", "write")} for name, w in statics.items()}
-    return {"static_w": statics, "streams": streams, "bytes_per_call": nbytes, "dram_mj_per_byte": per_byte}
+    levels = []
+    for fmas in FMA_LEVELS:
+        streams = {}
+        for where, elements in (("dram", DRAM_ELEMENTS), ("l2", L2_ELEMENTS)):
+            calls = stream_calls(elements, fmas)
+            for op, call in calls.items():
+                call()
+                torch.cuda.synchronize()
+                streams[f"{op}_{where}"] = measure(call, nvml, idle_s, sustain_s, chunk=2)
+            del calls
+            torch.cuda.empty_cache()
+        levels.append({"fmas": fmas, "streams": streams,
+                       "time_ratio": {op: streams[f"{op}_dram"]["sustained_ms"] / streams[f"{op}_l2"]["sustained_ms"]
+                                      for op in ("read", "write")},
+                       "dram_mj_per_byte": {op: dram_part_mj_per_byte(streams[f"{op}_dram"], streams[f"{op}_l2"],
+                                                                      idle_w, nbytes) for op in ("read", "write")}})
+    kept = {op: min(levels, key=lambda lv: abs(lv["time_ratio"][op] - 1)) for op in ("read", "write")}
+    return {"idle_w": idle_w, "bytes_per_call": nbytes, "levels": levels,
+            "kept_fmas": {op: lv["fmas"] for op, lv in kept.items()},
+            "kept_time_ratio": {op: lv["time_ratio"][op] for op, lv in kept.items()},
+            "dram_mj_per_byte": {op: lv["dram_mj_per_byte"][op] for op, lv in kept.items()}}
 
 
 def case_floor(case: dict, energy: dict) -> dict:
-    """The floor of one power_probe case under each static power, and the smaller of the two."""
-    read, written = case["read_bytes"], case["written_bytes"]
-    floors = {name: floor_ratio(read, written, e["read"], e["write"], case["cublas"], energy["static_w"][name])
-              for name, e in energy["dram_mj_per_byte"].items()}
+    """One power_probe case's floor with cuBLAS's energy less the idle power over its time
+    (`idle`), and with all of it (`whole`, lower still); `floor` is the smaller."""
+    e = energy["dram_mj_per_byte"]
+    floors = {name: floor_ratio(case["read_bytes"], case["written_bytes"], e["read"], e["write"], case["cublas"], w)
+              for name, w in (("idle", energy["idle_w"]), ("whole", 0.0))}
     return {**floors, "floor": min(floors.values())}
 
 
@@ -143,21 +167,24 @@ def main(argv=None) -> int:
         case = run_case(epifuse, nvml, workload, shape, args.idle, args.sustain)
         case.update(case_floor(case, energy))
         cases.append(case)
-    s, e = energy["streams"], energy["dram_mj_per_byte"]
-    print(f"{env.get('gpu')}  power limit {nvml.power_limit_w():.0f} W; static: idle "
-          f"{energy['static_w']['idle']:.0f} W, clocked {energy['static_w']['clocked']:.0f} W")
-    for name, m in s.items():
-        print(f"  {name:<11} {energy['bytes_per_call'] / m['sustained_ms'] / 1e9:6.2f} TB/s at "
-              f"{m['power_w']:4.0f} W, {m['sustained_mhz']:5.0f} MHz")
-    for name, by_op in e.items():
-        print(f"  DRAM part, static as {name}: read {by_op['read'] * 1e9:5.1f} pJ/B, "
-              f"written {by_op['write'] * 1e9:5.1f} pJ/B")
-    print(f"{'case':<13} {'sustained':>9} {'energy':>7} {'floor':>6}  (floor with idle / clocked static)  kernel")
+    print(f"{env.get('gpu')}  power limit {nvml.power_limit_w():.0f} W, idle {energy['idle_w']:.0f} W; "
+          "streams of 2 GiB from DRAM or L2 (8 MiB, wrapped):")
+    for level in energy["levels"]:
+        for name, m in level["streams"].items():
+            print(f"  {level['fmas']:2d} FMAs {name:<11} {energy['bytes_per_call'] / m['sustained_ms'] / 1e9:6.2f} TB/s "
+                  f"at {m['power_w']:4.0f} W, {m['sustained_mhz']:5.0f} MHz")
+        print(f"  {level['fmas']:2d} FMAs DRAM/L2 time read {level['time_ratio']['read']:.3f}, written "
+              f"{level['time_ratio']['write']:.3f}; DRAM part read {level['dram_mj_per_byte']['read'] * 1e9:5.1f} pJ/B, "
+              f"written {level['dram_mj_per_byte']['write'] * 1e9:5.1f} pJ/B")
+    e, kept = energy["dram_mj_per_byte"], energy["kept_fmas"]
+    print(f"kept: read {e['read'] * 1e9:.1f} pJ/B ({kept['read']} FMAs), written {e['write'] * 1e9:.1f} pJ/B "
+          f"({kept['write']} FMAs)")
+    print(f"{'case':<13} {'sustained':>9} {'energy':>7} {'floor':>6}  (floor with cuBLAS less idle / whole)  kernel")
     for c in cases:
         cb, ep = c["cublas"], c["epifuse"]
         print(f"{c['workload'] + ' ' + c['shape']:<13} {ep['sustained_ms'] / cb['sustained_ms']:9.3f} "
               f"{ep['mj_per_call'] / cb['mj_per_call']:7.3f} {c['floor']:6.3f}  ({c['idle']:.3f} / "
-              f"{c['clocked']:.3f})  {c['kernel']}")
+              f"{c['whole']:.3f})  {c['kernel']}")
     if args.out:
         stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
         path = Path(args.out) / f"energy_floor_{stamp}.json"

@@ -184,7 +184,7 @@ def test_power_probe_counts_the_dram_bytes_beyond_cublas():
 def test_energy_floor_charges_only_the_dram_part_of_the_extra_bytes():
     """A byte's DRAM part is the streamed kernel's dynamic energy per byte from DRAM less its
     energy per byte from L2; the floor adds the extra bytes at that price to cuBLAS's dynamic
-    energy, and takes the smaller of the floors under the two static powers."""
+    energy (less the idle power over its time, or whole), and takes the smaller floor."""
     from benchmarks.energy_floor import case_floor, dram_part_mj_per_byte, dynamic_mj, floor_ratio
     dram = {"mj_per_call": 400.0, "sustained_ms": 0.8}     # 500 W
     l2 = {"mj_per_call": 150.0, "sustained_ms": 0.4}       # 375 W
@@ -192,12 +192,11 @@ def test_energy_floor_charges_only_the_dram_part_of_the_extra_bytes():
     assert dram_part_mj_per_byte(dram, l2, 100.0, 1000) == (320.0 - 110.0) / 1000
     cublas = {"mj_per_call": 140.0, "sustained_ms": 0.2}   # 700 W
     assert floor_ratio(100, 50, 0.2, 0.4, cublas, 200.0) == 1 + (20 + 20) / 100
-    energy = {"static_w": {"idle": 100.0, "clocked": 200.0},
-              "dram_mj_per_byte": {"idle": {"read": 0.3, "write": 0.5}, "clocked": {"read": 0.2, "write": 0.4}}}
+    energy = {"idle_w": 100.0, "dram_mj_per_byte": {"read": 0.2, "write": 0.4}}
     case = {"read_bytes": 100, "written_bytes": 50, "cublas": cublas}
     floors = case_floor(case, energy)
-    assert floors["idle"] == 1 + (30 + 25) / 120 and floors["clocked"] == 1 + 40 / 100
-    assert floors["floor"] == floors["clocked"]
+    assert floors["idle"] == 1 + 40 / 120 and floors["whole"] == 1 + 40 / 140
+    assert floors["floor"] == floors["whole"]
 
 
 def test_toolchain_probe_finds_the_cluster_tile_load():
