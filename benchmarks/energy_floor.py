@@ -10,12 +10,13 @@ case's ratio to cuBLAS:
 
 - e_read / e_written: the energy per byte of one Triton streaming kernel run over a 2 GiB
   buffer (every byte from or to DRAM) less that of the same kernel over an 8 MiB buffer (every
-  byte from L2, same instructions, same byte count), each less the idle board's power over its
-  time. Run as fast as they can, the DRAM stream takes 2.4 times as long as the L2 one, and an
-  SM that waits draws power as well: its difference then counted that wait as DRAM energy and
-  gave a "floor" above a measured ratio (lincomb S2, RESULTS.md 2026-11-26 15:47). So each
-  element also takes a chain of FMAs, enough that both streams run at the FMA pipe's pace in
-  the same time; the level whose times match best is kept;
+  byte from L2, same instructions, same byte count). Run as fast as they can, the DRAM stream
+  takes 2.4 times as long as the L2 one, and an SM that waits draws power as well: their
+  difference then counted that wait as DRAM energy and gave a "floor" above a measured ratio
+  (lincomb S2, RESULTS.md 2026-11-26 15:47). So each element also takes a chain of FMAs,
+  enough that both streams run at the FMA pipe's pace in the same time. Their power difference
+  then grows with the bandwidth along a line whose constant part any streaming GEMM pays
+  already (2026-11-26 15:51); the slope, the energy of one further byte, is what is charged;
 - E_dyn(cuBLAS): cuBLAS's sustained energy per GEMM less the idle power over its time (or,
   lower still, all of it: the floor is the smaller of the two).
 
@@ -103,15 +104,26 @@ def floor_ratio(read_bytes: int, written_bytes: int, e_read: float, e_written: f
     return 1 + (read_bytes * e_read + written_bytes * e_written) / dynamic_mj(cublas, static_w)
 
 
-FMA_LEVELS = (0, 32, 64, 128)   # FMAs per element: none (each stream as fast as it can), then enough
-                                # that both run at the FMA pipe's pace, in the same time
+FMA_LEVELS = (0, 48, 64, 96, 128, 192)   # FMAs per element: none (each stream as fast as it
+                                         # can), then enough that both run at the FMA pipe's pace
+MATCHED = 0.02   # a level counts where its DRAM and L2 streams' times differ by at most this
+
+
+def marginal_fit(points: list) -> tuple[float, float]:
+    """Least squares (slope, intercept) of power differences (W) against bandwidth (bytes/ms)."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return slope, my - slope * mx
 
 
 def measure_bytes(nvml, idle_s: float, sustain_s: float) -> dict:
     """The idle board's power, and at each of FMA_LEVELS the four streams' sustained
-    measurements and each direction's DRAM part per byte. The estimate kept is the level where
-    the DRAM and L2 streams took the most nearly equal time: the power that a busy SM draws
-    for as long as it runs, whether it waits or works, is then the same in both and cancels."""
+    measurements. At the levels where the DRAM and L2 streams took the same time (MATCHED), the
+    power a busy SM draws whether it waits or works is the same in both and cancels: their
+    power difference is then what DRAM traffic at that bandwidth draws. It grows along a line
+    with a constant part (the memory's own, paid by any GEMM that streams at all) and a slope:
+    the energy each further byte costs, which is what an epilogue's extra bytes add."""
     idle_w = idle_power_w(nvml, idle_s)
     nbytes = DRAM_ELEMENTS * 2
     levels = []
@@ -125,16 +137,27 @@ def measure_bytes(nvml, idle_s: float, sustain_s: float) -> dict:
                 streams[f"{op}_{where}"] = measure(call, nvml, idle_s, sustain_s, chunk=2)
             del calls
             torch.cuda.empty_cache()
-        levels.append({"fmas": fmas, "streams": streams,
-                       "time_ratio": {op: streams[f"{op}_dram"]["sustained_ms"] / streams[f"{op}_l2"]["sustained_ms"]
-                                      for op in ("read", "write")},
-                       "dram_mj_per_byte": {op: dram_part_mj_per_byte(streams[f"{op}_dram"], streams[f"{op}_l2"],
-                                                                      idle_w, nbytes) for op in ("read", "write")}})
-    kept = {op: min(levels, key=lambda lv: abs(lv["time_ratio"][op] - 1)) for op in ("read", "write")}
-    return {"idle_w": idle_w, "bytes_per_call": nbytes, "levels": levels,
-            "kept_fmas": {op: lv["fmas"] for op, lv in kept.items()},
-            "kept_time_ratio": {op: lv["time_ratio"][op] for op, lv in kept.items()},
-            "dram_mj_per_byte": {op: lv["dram_mj_per_byte"][op] for op, lv in kept.items()}}
+        level = {"fmas": fmas, "streams": streams, "time_ratio": {}, "bytes_per_ms": {}, "dram_w": {},
+                 "average_dram_mj_per_byte": {}}
+        for op in ("read", "write"):
+            dram, l2 = streams[f"{op}_dram"], streams[f"{op}_l2"]
+            ms = (dram["sustained_ms"] + l2["sustained_ms"]) / 2
+            level["time_ratio"][op] = dram["sustained_ms"] / l2["sustained_ms"]
+            level["bytes_per_ms"][op] = nbytes / ms
+            level["dram_w"][op] = (dram["mj_per_call"] - l2["mj_per_call"]) / ms
+            level["average_dram_mj_per_byte"][op] = dram_part_mj_per_byte(dram, l2, idle_w, nbytes)
+        levels.append(level)
+    fits, per_byte = {}, {}
+    for op in ("read", "write"):
+        points = [(lv["bytes_per_ms"][op], lv["dram_w"][op]) for lv in levels
+                  if abs(lv["time_ratio"][op] - 1) <= MATCHED]
+        if len(points) < 2:
+            raise RuntimeError(f"energy_floor: fewer than two levels of matched {op} streams; "
+                               f"time ratios {[round(lv['time_ratio'][op], 3) for lv in levels]}")
+        slope, intercept = marginal_fit(points)
+        fits[op] = {"mj_per_byte": slope, "constant_w": intercept, "levels": len(points)}
+        per_byte[op] = slope
+    return {"idle_w": idle_w, "bytes_per_call": nbytes, "levels": levels, "fits": fits, "dram_mj_per_byte": per_byte}
 
 
 def case_floor(case: dict, energy: dict) -> dict:
@@ -171,14 +194,15 @@ def main(argv=None) -> int:
           "streams of 2 GiB from DRAM or L2 (8 MiB, wrapped):")
     for level in energy["levels"]:
         for name, m in level["streams"].items():
-            print(f"  {level['fmas']:2d} FMAs {name:<11} {energy['bytes_per_call'] / m['sustained_ms'] / 1e9:6.2f} TB/s "
+            print(f"  {level['fmas']:3d} FMAs {name:<11} {energy['bytes_per_call'] / m['sustained_ms'] / 1e9:6.2f} TB/s "
                   f"at {m['power_w']:4.0f} W, {m['sustained_mhz']:5.0f} MHz")
-        print(f"  {level['fmas']:2d} FMAs DRAM/L2 time read {level['time_ratio']['read']:.3f}, written "
-              f"{level['time_ratio']['write']:.3f}; DRAM part read {level['dram_mj_per_byte']['read'] * 1e9:5.1f} pJ/B, "
-              f"written {level['dram_mj_per_byte']['write'] * 1e9:5.1f} pJ/B")
-    e, kept = energy["dram_mj_per_byte"], energy["kept_fmas"]
-    print(f"kept: read {e['read'] * 1e9:.1f} pJ/B ({kept['read']} FMAs), written {e['write'] * 1e9:.1f} pJ/B "
-          f"({kept['write']} FMAs)")
+        for op in ("read", "write"):
+            print(f"  {level['fmas']:3d} FMAs {op:<5} DRAM/L2 time {level['time_ratio'][op]:.3f}: DRAM draws "
+                  f"{level['dram_w'][op]:5.1f} W at {level['bytes_per_ms'][op] / 1e9:.2f} TB/s, "
+                  f"{level['average_dram_mj_per_byte'][op] * 1e9:5.1f} pJ/B on average")
+    for op, fit in energy["fits"].items():
+        print(f"{op}: {fit['mj_per_byte'] * 1e9:.1f} pJ per further byte, {fit['constant_w']:.0f} W constant "
+              f"(fit over {fit['levels']} matched levels)")
     print(f"{'case':<13} {'sustained':>9} {'energy':>7} {'floor':>6}  (floor with cuBLAS less idle / whole)  kernel")
     for c in cases:
         cb, ep = c["cublas"], c["epifuse"]

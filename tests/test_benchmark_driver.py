@@ -185,7 +185,9 @@ def test_energy_floor_charges_only_the_dram_part_of_the_extra_bytes():
     """A byte's DRAM part is the streamed kernel's dynamic energy per byte from DRAM less its
     energy per byte from L2; the floor adds the extra bytes at that price to cuBLAS's dynamic
     energy (less the idle power over its time, or whole), and takes the smaller floor."""
-    from benchmarks.energy_floor import case_floor, dram_part_mj_per_byte, dynamic_mj, floor_ratio
+    from benchmarks.energy_floor import case_floor, dram_part_mj_per_byte, dynamic_mj, floor_ratio, marginal_fit
+    slope, intercept = marginal_fit([(1.0, 40.0), (2.0, 70.0), (3.0, 100.0)])
+    assert abs(slope - 30.0) < 1e-12 and abs(intercept - 10.0) < 1e-12
     dram = {"mj_per_call": 400.0, "sustained_ms": 0.8}     # 500 W
     l2 = {"mj_per_call": 150.0, "sustained_ms": 0.4}       # 375 W
     assert dynamic_mj(dram, 100.0) == 320.0
