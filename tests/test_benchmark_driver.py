@@ -181,11 +181,11 @@ def test_power_probe_counts_the_dram_bytes_beyond_cublas():
     assert extra_dram_split(WORKLOADS["bce_loss"], s, M, N) == (tile, 4 - tile)
 
 
-def test_energy_floor_charges_only_the_dram_part_of_the_extra_bytes():
-    """A byte's DRAM part is the streamed kernel's dynamic energy per byte from DRAM less its
-    energy per byte from L2; the floor adds the extra bytes at that price to cuBLAS's dynamic
-    energy (less the idle power over its time, or whole), and takes the smaller floor."""
-    from benchmarks.energy_floor import case_floor, dram_part_mj_per_byte, dynamic_mj, floor_ratio, marginal_fit
+def test_byte_energy_charges_the_slope_of_dram_power():
+    """A byte's price is the slope of the DRAM stream's extra power against its bandwidth; a
+    case is charged its extra bytes at that price against cuBLAS's energy (less the idle power
+    over its time, or whole), and the smaller charge is kept."""
+    from benchmarks.byte_energy import case_charge, charged_ratio, dram_part_mj_per_byte, dynamic_mj, marginal_fit
     slope, intercept = marginal_fit([(1.0, 40.0), (2.0, 70.0), (3.0, 100.0)])
     assert abs(slope - 30.0) < 1e-12 and abs(intercept - 10.0) < 1e-12
     dram = {"mj_per_call": 400.0, "sustained_ms": 0.8}     # 500 W
@@ -193,12 +193,12 @@ def test_energy_floor_charges_only_the_dram_part_of_the_extra_bytes():
     assert dynamic_mj(dram, 100.0) == 320.0
     assert dram_part_mj_per_byte(dram, l2, 100.0, 1000) == (320.0 - 110.0) / 1000
     cublas = {"mj_per_call": 140.0, "sustained_ms": 0.2}   # 700 W
-    assert floor_ratio(100, 50, 0.2, 0.4, cublas, 200.0) == 1 + (20 + 20) / 100
+    assert charged_ratio(100, 50, 0.2, 0.4, cublas, 200.0) == 1 + (20 + 20) / 100
     energy = {"idle_w": 100.0, "dram_mj_per_byte": {"read": 0.2, "write": 0.4}}
     case = {"read_bytes": 100, "written_bytes": 50, "cublas": cublas}
-    floors = case_floor(case, energy)
-    assert floors["idle"] == 1 + 40 / 120 and floors["whole"] == 1 + 40 / 140
-    assert floors["floor"] == floors["whole"]
+    charges = case_charge(case, energy)
+    assert charges["idle"] == 1 + 40 / 120 and charges["whole"] == 1 + 40 / 140
+    assert charges["charged"] == charges["whole"]
 
 
 def test_toolchain_probe_finds_the_cluster_tile_load():
