@@ -163,6 +163,11 @@ def test_the_lighter_kernel_is_preferred_only_among_near_ties():
     twin = _TiledFake("twin", 256, 128)  # as light as coop and slower: the faster of the two wins
     assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, coop), (1.02, 2, twin)], weigh)[0][2] is coop
     assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, twin), (1.02, 2, coop)], weigh)[0][2] is twin
+    coop.producer_warp = True  # as light as twin, and a warp of its own loads: it wins the tie
+    assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, twin), (1.02, 2, coop)], weigh)[0][2] is coop
+    assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, twin), (1.04, 2, coop)], weigh)[0][2] is twin
+    pingpong.producer_warp = True  # a producer warp does not outweigh the lighter tiles
+    assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, twin)], weigh)[0][2] is twin
     untiled = [(1.00, 0, "untiled"), (1.01, 1, pingpong)]  # no config: its bytes are unknown
     assert [k for _, _, k in tune.lighter_first(untiled, weigh)] == ["untiled", pingpong]
     assert [k for _, _, k in tune.lighter_first(untiled[::-1], weigh)] == [pingpong, "untiled"]
@@ -179,6 +184,14 @@ def test_a_kernel_is_weighed_by_the_tiles_it_runs_after_a_fallback():
     assert tune.operand_bytes_per_output(coop, args, None) == pytest.approx(2 / 128)
     assert tune.operand_bytes_per_output(coop, args, 1) == pytest.approx(2 / 128)  # 1 tile, 1 SM
     assert tune.operand_bytes_per_output(coop, args, 2) == float("inf")  # 1 tile, 2 SMs
+
+
+def test_only_the_gluon_kernels_have_a_producer_warp():
+    from epifuse.backends.triton import persistent, pingpong, tiled
+    assert pingpong.GluonCooperative(pingpong.COOPERATIVE_CONFIGS[0]).producer_warp
+    assert pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]).producer_warp
+    assert not persistent.TritonPersistent(persistent.INTERPRETER_CONFIG).producer_warp
+    assert not tiled.TritonTiled(persistent.INTERPRETER_CONFIG).producer_warp
 
 
 def test_real_kernels_are_weighed_by_their_tiles(monkeypatch):

@@ -51,6 +51,7 @@ class Kernel:
     """What every kernel class provides. Subclasses set `name` and implement the three methods."""
 
     name = "kernel"
+    producer_warp = False  # whether a warp of its own loads A and B for the others (tuning's tie-break)
 
     def supports(self, args) -> Status:
         raise NotImplementedError
