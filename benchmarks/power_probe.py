@@ -12,7 +12,9 @@ reports per baseline the mean of its two measurements. A device copy's energy pe
 
 `--candidates` ranks every candidate kernel as tuning times it and sustained; `--timeline`
 prints, per candidate, its time per call in windows of time since back-to-back calls began
-(the first 15 ms are what tuning sees).
+(the first 15 ms are what tuning sees); `--bench-alike` times chosen candidates as the
+benchmark times a row, alternating with cuBLAS (back-to-back calls do not rank every pair as
+the benchmark's L2-flushed ones do: RESULTS.md, 2026-11-26 15:59).
 """
 from __future__ import annotations
 
@@ -222,6 +224,25 @@ def rank_candidates(epifuse, nvml: Nvml, epilogue: str, shape: str, idle_s: floa
     return {"epilogue": epilogue, "shape": shape, "ms": mean}
 
 
+def bench_alike(epifuse, epilogue: str, shape: str, kernels: list[str], rounds: int) -> dict:
+    """The candidate kernels named in `kernels` (by repr; all when empty) and cuBLAS's A @ B
+    timed as the benchmark times a row (do_bench medians, L2 flushed before each call, warm-up
+    25 ms, 200 ms of calls), in turn, `rounds` times over (timing.alternate_ms); per kernel its
+    ratio to cuBLAS in each round."""
+    from .timing import alternate_ms
+    calls = _candidate_calls(epifuse, epilogue, shape, kernels)
+    ms = alternate_ms(calls, rounds, warmup=25, rep=200)
+    ratios = {name: [t / c for t, c in zip(ms[name], ms["cublas"])] for name in ms if name != "cublas"}
+    return {"epilogue": epilogue, "shape": shape, "ms": ms, "ratios": ratios}
+
+
+def print_bench_alike(result: dict) -> None:
+    print(f"{result['epilogue']} {result['shape']}: ratios to cuBLAS, timed as the benchmark does, "
+          "median and range over the rounds")
+    for name, ratios in sorted(result["ratios"].items(), key=lambda kv: statistics.median(kv[1])):
+        print(f"  {statistics.median(ratios):6.3f} ({min(ratios):.3f}-{max(ratios):.3f})  {name}")
+
+
 TIMELINE_WINDOWS_S = ((0, .015), (.015, .05), (.05, .1), (.1, .2), (.2, .4), (.4, .8), (.8, 1.5))
 
 
@@ -287,7 +308,12 @@ def main(argv=None) -> int:
     p.add_argument("--timeline", default="",
                    help="instead: how soon the power limit bites, per candidate kernel of these probe "
                         "epilogue:shape pairs (and cuBLAS)")
-    p.add_argument("--kernels", default="", help="with --timeline: only these kernels, by repr, ';'-separated")
+    p.add_argument("--bench-alike", default="",
+                   help="instead: time candidate kernels of these probe epilogue:shape pairs as the benchmark "
+                        "does, alternating with cuBLAS for --rounds rounds")
+    p.add_argument("--rounds", type=int, default=4, help="with --bench-alike")
+    p.add_argument("--kernels", default="",
+                   help="with --timeline or --bench-alike: only these kernels, by repr, ';'-separated")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -312,6 +338,10 @@ def main(argv=None) -> int:
             print(f"wrote {path}")
         return 0
 
+    if args.bench_alike:
+        kernels = [k for k in args.kernels.split(";") if k]
+        return each_case(args.bench_alike, lambda e, s: bench_alike(epifuse, e, s, kernels, args.rounds),
+                         print_bench_alike, "bench_alike")
     if args.timeline:
         kernels = [k for k in args.kernels.split(";") if k]
         return each_case(args.timeline, lambda e, s: timeline(epifuse, e, s, kernels, args.idle),
