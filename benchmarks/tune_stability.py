@@ -7,6 +7,9 @@ compile cache stays warm), then times the chosen kernel and cuBLAS back to back 
 `--ranker resweep` tries an alternative to runtime.tune.rank: the contenders are timed twice
 more, in reverse and in forward order (30 ms each), and ranked by those two times only, leaving
 out the first pass, which times each kernel right after its compile, on a GPU cooled by it.
+`--ranker reversed` runs runtime.tune.rank on the candidates in the reverse of get_kernels'
+order: does a kernel's place in the order favour it? Each run also prints the tuning times of
+PAIR (the Triton persistent 128x256 kernel over the Gluon cooperative one) where both ran.
 """
 from __future__ import annotations
 
@@ -66,6 +69,9 @@ def child(case: str, ranker: str) -> dict:
             return _SCRATCH[0]
         tune._scratch_args = keep
         tune.rank = resweep_rank
+    elif ranker == "reversed":
+        forward = tune.rank
+        tune.rank = lambda kernels, time_ms, *rest: forward(list(kernels)[::-1], time_ms, *rest)
     workload, shape = case.split(":")
     w = WORKLOADS[workload]
     M, N, K = SHAPES[shape]
@@ -80,14 +86,26 @@ def child(case: str, ranker: str) -> dict:
     e1 = measure(fused, nvml, 0.5, 1.0)["sustained_ms"]
     e2 = measure(fused, nvml, 0.5, 1.0)["sustained_ms"]
     c2 = measure(cublas, nvml, 0.5, 1.0)["sustained_ms"]
-    return {"choice": tune.HISTORY[-1]["choice"], "ratio": (e1 + e2) / (c1 + c2)}
+    return {"choice": tune.HISTORY[-1]["choice"], "ratio": (e1 + e2) / (c1 + c2),
+            "timings_us": tune.HISTORY[-1]["timings_us"], "calls_us": tune.HISTORY[-1]["calls_us"]}
+
+
+PAIR = ("<triton_persistent 128x256x64 group 8, 8 warps, 3 stages, flat>",
+        "<gluon_cooperative 128x256x64 group 8, 8 warps, 3 stages>")
+
+
+def pair_ratio(timings_us: dict) -> float | None:
+    """PAIR's tuning times, the first over the second, where both were timed."""
+    first, second = (timings_us.get(name) for name in PAIR)
+    return first / second if first and second else None
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--case", default="identity:S1")
     p.add_argument("--runs", type=int, default=4)
-    p.add_argument("--ranker", default="current", choices=("current", "resweep"))
+    p.add_argument("--ranker", default="current", choices=("current", "resweep", "reversed"))
+    p.add_argument("--out", default=None, help="write every run's choice, ratio and tuning times as JSON here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -103,7 +121,15 @@ def main(argv=None) -> int:
                 print(out.stderr[-2000:], file=sys.stderr)
                 return 1
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"{args.case} {args.ranker}: {results[-1]['ratio']:.3f}  {results[-1]['choice']}", flush=True)
+            pair = pair_ratio(results[-1]["timings_us"])
+            print(f"{args.case} {args.ranker}: {results[-1]['ratio']:.3f}  {results[-1]['choice']}"
+                  + (f"  tuning Triton/Gluon {pair:.3f}" if pair else ""), flush=True)
+    if args.out:
+        import time
+        from pathlib import Path
+        stem = f"tune_stability_{time.strftime('%Y%m%d-%H%M', time.gmtime())}_{args.ranker}"
+        path = Path(args.out) / f"{stem}_{args.case.replace(':', '-')}.json"
+        path.write_text(json.dumps({"case": args.case, "ranker": args.ranker, "runs": results}, indent=1))
     return 0
 
 
