@@ -15,13 +15,13 @@ extra bytes at that price against cuBLAS's energy per GEMM:
   each element also takes a chain of FMAs, enough that both streams run at the FMA pipe's pace
   in the same time. Their power difference grows with the bandwidth along a line whose
   constant part (6-10 W) any streaming GEMM pays already; its slope is the price of a byte;
-- E(cuBLAS): cuBLAS's sustained energy per GEMM, whole (`whole`) and less the idle board's
-  power over its time (`idle`); `charged` is the smaller.
+- E(cuBLAS): cuBLAS's sustained energy per GEMM, whole (`whole`, which `charged` takes: the
+  smaller charge for extra bytes) and less the idle board's power over its time (`idle`).
 
 It is not a floor: the streams run at the full clock, where the chip's own part of moving a
 byte costs more than at the lower clock and voltage a fused kernel runs at under the limit,
 and a fused kernel's GEMM then costs less than cuBLAS's at its clock too. lincomb at S2 was
-charged 1.09-1.11 and measured 1.05 (15:51, 15:57). It says how much of a gap its bytes can
+charged 1.089 (1.109 less idle) and measured 1.05 (15:57). It says how much of a gap its bytes can
 explain; `--cases` measures each case's sustained time and energy ratios beside it (as
 benchmarks.power_probe does).
 
@@ -30,6 +30,7 @@ benchmarks.power_probe does).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from .power_probe import extra_dram_split, idle_power_w, measure, nvml_handle, run_case
+from .power_probe import charged_ratio, dynamic_mj, idle_power_w, measure, nvml_handle, run_case
 from .timing import collect_env
 
 DEFAULT_CASES = "lincomb:S1,lincomb:S2,relu_aux:S1,relu_aux:S2"
@@ -47,6 +48,7 @@ PER_PROGRAM = 2 ** 18
 BLOCK = 4096
 
 
+@functools.lru_cache(maxsize=None)
 def _kernels():
     import triton
     import triton.language as tl
@@ -89,19 +91,9 @@ def stream_calls(buffer_elements: int, fmas: int) -> dict:
             "write": lambda: stream_write[grid](buffer, wrap, PER_PROGRAM, BLOCK=BLOCK, FMAS=fmas, num_warps=8)}
 
 
-def dynamic_mj(m: dict, static_w: float) -> float:
-    """A measurement's energy per call (mJ) less `static_w` over its time."""
-    return m["mj_per_call"] - static_w * m["sustained_ms"]
-
-
 def dram_part_mj_per_byte(dram: dict, l2: dict, static_w: float, nbytes: int) -> float:
     """The energy per byte that serving it from DRAM adds to serving it from L2."""
     return (dynamic_mj(dram, static_w) - dynamic_mj(l2, static_w)) / nbytes
-
-
-def charged_ratio(read_bytes: int, written_bytes: int, e_read: float, e_written: float,
-                cublas: dict, static_w: float) -> float:
-    return 1 + (read_bytes * e_read + written_bytes * e_written) / dynamic_mj(cublas, static_w)
 
 
 FMA_LEVELS = (0, 48, 64, 96, 128, 192)   # FMAs per element: none (each stream as fast as it
@@ -115,6 +107,21 @@ def marginal_fit(points: list) -> tuple[float, float]:
     mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
     slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
     return slope, my - slope * mx
+
+
+def matched(level: dict, op: str) -> bool:
+    return abs(level["time_ratio"][op] - 1) <= MATCHED
+
+
+def price_fit(levels: list, op: str) -> dict:
+    """The line through the matched levels' (bandwidth, DRAM power) points for `op`: its slope
+    (mJ per byte), constant (W) and how many levels it rests on; at least two are needed."""
+    points = [(lv["bytes_per_ms"][op], lv["dram_w"][op]) for lv in levels if matched(lv, op)]
+    if len(points) < 2:
+        raise RuntimeError(f"byte_energy: fewer than two levels of matched {op} streams; "
+                           f"time ratios {[round(lv['time_ratio'][op], 3) for lv in levels]}")
+    slope, intercept = marginal_fit(points)
+    return {"mj_per_byte": slope, "constant_w": intercept, "levels": len(points)}
 
 
 def measure_bytes(nvml, idle_s: float, sustain_s: float) -> dict:
@@ -147,26 +154,18 @@ def measure_bytes(nvml, idle_s: float, sustain_s: float) -> dict:
             level["dram_w"][op] = (dram["mj_per_call"] - l2["mj_per_call"]) / ms
             level["average_dram_mj_per_byte"][op] = dram_part_mj_per_byte(dram, l2, idle_w, nbytes)
         levels.append(level)
-    fits, per_byte = {}, {}
-    for op in ("read", "write"):
-        points = [(lv["bytes_per_ms"][op], lv["dram_w"][op]) for lv in levels
-                  if abs(lv["time_ratio"][op] - 1) <= MATCHED]
-        if len(points) < 2:
-            raise RuntimeError(f"byte_energy: fewer than two levels of matched {op} streams; "
-                               f"time ratios {[round(lv['time_ratio'][op], 3) for lv in levels]}")
-        slope, intercept = marginal_fit(points)
-        fits[op] = {"mj_per_byte": slope, "constant_w": intercept, "levels": len(points)}
-        per_byte[op] = slope
+    fits = {op: price_fit(levels, op) for op in ("read", "write")}
+    per_byte = {op: fit["mj_per_byte"] for op, fit in fits.items()}
     return {"idle_w": idle_w, "bytes_per_call": nbytes, "levels": levels, "fits": fits, "dram_mj_per_byte": per_byte}
 
 
 def case_charge(case: dict, energy: dict) -> dict:
     """One power_probe case's charge against cuBLAS's energy less the idle power over its time
-    (`idle`), and against all of it (`whole`, lower still); `charged` is the smaller."""
+    (`idle`), and against all of it (`whole`, the one `charged` takes)."""
     e = energy["dram_mj_per_byte"]
     charges = {name: charged_ratio(case["read_bytes"], case["written_bytes"], e["read"], e["write"], case["cublas"], w)
               for name, w in (("idle", energy["idle_w"]), ("whole", 0.0))}
-    return {**charges, "charged": min(charges.values())}
+    return {**charges, "charged": charges["whole"]}
 
 
 def main(argv=None) -> int:
@@ -197,9 +196,13 @@ def main(argv=None) -> int:
             print(f"  {level['fmas']:3d} FMAs {name:<11} {energy['bytes_per_call'] / m['sustained_ms'] / 1e9:6.2f} TB/s "
                   f"at {m['power_w']:4.0f} W, {m['sustained_mhz']:5.0f} MHz")
         for op in ("read", "write"):
-            print(f"  {level['fmas']:3d} FMAs {op:<5} DRAM/L2 time {level['time_ratio'][op]:.3f}: DRAM draws "
-                  f"{level['dram_w'][op]:5.1f} W at {level['bytes_per_ms'][op] / 1e9:.2f} TB/s, "
-                  f"{level['average_dram_mj_per_byte'][op] * 1e9:5.1f} pJ/B on average")
+            if matched(level, op):
+                print(f"  {level['fmas']:3d} FMAs {op:<5} DRAM/L2 time {level['time_ratio'][op]:.3f}: DRAM draws "
+                      f"{level['dram_w'][op]:5.1f} W at {level['bytes_per_ms'][op] / 1e9:.2f} TB/s, "
+                      f"{level['average_dram_mj_per_byte'][op] * 1e9:5.1f} pJ/B on average")
+            else:
+                print(f"  {level['fmas']:3d} FMAs {op:<5} DRAM/L2 time {level['time_ratio'][op]:.3f}: "
+                      "not matched, no DRAM price")
     for op, fit in energy["fits"].items():
         print(f"{op}: {fit['mj_per_byte'] * 1e9:.1f} pJ per further byte, {fit['constant_w']:.0f} W constant "
               f"(fit over {fit['levels']} matched levels)")

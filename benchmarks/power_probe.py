@@ -8,7 +8,10 @@ sees it) and, over the last half, ms per call, clock, power and energy per GEMM.
 Each case measures cublas, epifuse, epifuse, cublas (the order cancels the GPU's warming) and
 reports per baseline the mean of its two measurements. A device copy's energy per DRAM byte
 (less the idle board power over its time) then predicts what each case's extra DRAM bytes
-(its (M, N) operands and outputs beyond cuBLAS's D) cost: `model` is that energy ratio.
+(its (M, N) operands and outputs beyond cuBLAS's D) cost: `model` is that energy ratio. A
+copy's average price includes its SMs' work and the memory's constant power, so it charges
+more than a further byte costs (benchmarks.byte_energy measures that: RESULTS.md, 2026-11-26
+15:46-15:57).
 
 `--candidates` ranks every candidate kernel as tuning times it and sustained; `--timeline`
 prints, per candidate, its time per call in windows of time since back-to-back calls began
@@ -142,9 +145,21 @@ def dram_mj_per_byte(nvml: Nvml, idle_w: float, idle_s: float, sustain_s: float,
     dst = torch.empty_like(src)
     m = measure(lambda: dst.copy_(src), nvml, idle_s, sustain_s, chunk=2)
     moved = 2 * src.numel() * src.element_size()
-    m["mj_per_byte"] = (m["mj_per_call"] - idle_w * m["sustained_ms"]) / moved
+    m["mj_per_byte"] = dynamic_mj(m, idle_w) / moved
     m["tb_per_s"] = moved / m["sustained_ms"] / 1e9
     return m
+
+
+def dynamic_mj(m: dict, static_w: float) -> float:
+    """A measurement's energy per call (mJ) less `static_w` over its time (ms)."""
+    return m["mj_per_call"] - static_w * m["sustained_ms"]
+
+
+def charged_ratio(read_bytes: int, written_bytes: int, e_read: float, e_written: float,
+                  cublas: dict, static_w: float = 0.0) -> float:
+    """1 + the energy of a case's extra bytes at `e_read` / `e_written` mJ per byte over
+    cuBLAS's energy per GEMM less `static_w` over its time."""
+    return 1 + (read_bytes * e_read + written_bytes * e_written) / dynamic_mj(cublas, static_w)
 
 
 def extra_dram_split(w, s, M: int, N: int) -> tuple[int, int]:
@@ -364,7 +379,7 @@ def main(argv=None) -> int:
           f"{'energy/call':>11} {'model':>6}  kernel")
     for r in results:
         c, e = r["cublas"], r["epifuse"]
-        r["model"] = 1 + r["extra_bytes"] * copy["mj_per_byte"] / c["mj_per_call"]
+        r["model"] = charged_ratio(r["extra_bytes"], 0, copy["mj_per_byte"], 0.0, c)
         print(f"{r['workload'] + ' ' + r['shape']:<13} {e['burst_ms'] / c['burst_ms']:6.3f} "
               f"{e['sustained_ms'] / c['sustained_ms']:9.3f} {c['sustained_mhz']:9.0f}/{e['sustained_mhz']:<9.0f}"
               f" {c['power_w']:8.0f}/{e['power_w']:<8.0f} {e['mj_per_call'] / c['mj_per_call']:11.3f}"

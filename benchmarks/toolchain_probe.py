@@ -42,8 +42,8 @@ def shared_tile(a_ptr, out_ptr, M, K):
 '''
 
 
-def cluster_load_ptx(num_ctas: int = 2) -> list[str]:
-    """The PTX lines of the shared tile's TMA load, compiled for a cluster of `num_ctas`."""
+def cluster_ptx(num_ctas: int = 2) -> str:
+    """The PTX of the shared tile's kernel, compiled for a cluster of `num_ctas`."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -56,8 +56,11 @@ def cluster_load_ptx(num_ctas: int = 2) -> list[str]:
         source = GluonASTSource(module.shared_tile, {"a_ptr": "*fp16", "out_ptr": "*fp16", "M": "i32", "K": "i32"}, {})
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": 4, "num_ctas": num_ctas})
-    return [line.strip() for line in compiled.asm["ptx"].splitlines()
-            if "cp.async.bulk.tensor" in line and ".global.mbarrier" in line]
+    return compiled.asm["ptx"]
+
+
+def tma_loads(ptx: str) -> list[str]:
+    return [line.strip() for line in ptx.splitlines() if "cp.async.bulk.tensor" in line and ".global.mbarrier" in line]
 
 
 def takes_argument(fn, *names: str) -> bool:
@@ -69,9 +72,11 @@ def probe() -> dict:
     import triton
     import triton.language as tl
     from triton.experimental.gluon.language.nvidia.hopper import tma
-    loads = cluster_load_ptx()
+    ptx = cluster_ptx()
+    loads = tma_loads(ptx)
     cache_args = ("eviction_policy", "cache_hint", "cache_modifier")
     return {"triton": triton.__version__,
+            "cluster_of_two": ".reqnctapercluster 2" in ptx,
             "cluster_load_ptx": loads,
             "multicast": any(".multicast::cluster" in line for line in loads),
             "gluon_tma_load_cache_hint": takes_argument(tma.async_copy_global_to_shared, *cache_args),
@@ -82,7 +87,7 @@ def probe() -> dict:
 def main() -> int:
     result = probe()
     print(f"Triton {result['triton']}, sm_90, offline")
-    print("  a tile shared by a 2-CTA cluster is loaded by:")
+    print(f"  compiled as a 2-CTA cluster: {'yes' if result['cluster_of_two'] else 'no'}; its shared tile is loaded by:")
     for line in result["cluster_load_ptx"]:
         print(f"    {line}")
     for key in ("multicast", "gluon_tma_load_multicast_arg", "gluon_tma_load_cache_hint",

@@ -181,11 +181,29 @@ def test_power_probe_counts_the_dram_bytes_beyond_cublas():
     assert extra_dram_split(WORKLOADS["bce_loss"], s, M, N) == (tile, 4 - tile)
 
 
+def test_byte_energy_fits_only_the_levels_whose_streams_took_equal_time():
+    """The price is the slope through the levels whose DRAM and L2 streams matched in time; a
+    level run unpaced (DRAM 2.4 times as long) stays out, and fewer than two matched levels is
+    an error, not a price."""
+    import pytest
+
+    from benchmarks.byte_energy import price_fit
+
+    def level(ratio, bytes_per_ms, watts):
+        return {"time_ratio": {"read": ratio}, "bytes_per_ms": {"read": bytes_per_ms}, "dram_w": {"read": watts}}
+    levels = [level(2.4, 3.9e9, 520.0), level(1.01, 0.9e9, 100.0), level(1.0, 0.5e9, 60.0), level(0.99, 0.3e9, 40.0)]
+    fit = price_fit(levels, "read")
+    assert fit["levels"] == 3 and fit["mj_per_byte"] == pytest.approx(1e-7) and fit["constant_w"] == pytest.approx(10.0)
+    with pytest.raises(RuntimeError, match="fewer than two levels of matched read"):
+        price_fit(levels[:2], "read")
+
+
 def test_byte_energy_charges_the_slope_of_dram_power():
     """A byte's price is the slope of the DRAM stream's extra power against its bandwidth; a
     case is charged its extra bytes at that price against cuBLAS's energy (less the idle power
     over its time, or whole), and the smaller charge is kept."""
-    from benchmarks.byte_energy import case_charge, charged_ratio, dram_part_mj_per_byte, dynamic_mj, marginal_fit
+    from benchmarks.byte_energy import case_charge, dram_part_mj_per_byte, marginal_fit
+    from benchmarks.power_probe import charged_ratio, dynamic_mj
     slope, intercept = marginal_fit([(1.0, 40.0), (2.0, 70.0), (3.0, 100.0)])
     assert abs(slope - 30.0) < 1e-12 and abs(intercept - 10.0) < 1e-12
     dram = {"mj_per_call": 400.0, "sustained_ms": 0.8}     # 500 W
@@ -199,16 +217,24 @@ def test_byte_energy_charges_the_slope_of_dram_power():
     charges = case_charge(case, energy)
     assert charges["idle"] == 1 + 40 / 120 and charges["whole"] == 1 + 40 / 140
     assert charges["charged"] == charges["whole"]
+    fewer = case_charge({**case, "written_bytes": -150}, energy)   # a case that writes less than D
+    assert fewer["charged"] == fewer["whole"] == 1 + (20 - 60) / 140
 
 
-def test_toolchain_probe_finds_the_cluster_tile_load():
-    """Offline (no GPU): the probe compiles a Gluon TMA load for a 2-CTA cluster and reads its
-    copy instruction from the PTX, so its multicast answer rests on a real compile."""
+def test_toolchain_probe_compiles_a_cluster_and_finds_its_tile_load():
+    """Offline (no GPU): the probe's kernel really is compiled as a 2-CTA cluster (a compile
+    that dropped the cluster would load the tile the same way), and its TMA load is read from
+    that PTX, so the multicast answer rests on a real cluster compile."""
     from benchmarks import toolchain_probe
     result = toolchain_probe.probe()
-    assert result["cluster_load_ptx"] and all("cp.async.bulk.tensor.2d" in line for line in result["cluster_load_ptx"])
-    assert result["multicast"] == any(".multicast::cluster" in line for line in result["cluster_load_ptx"])
-    assert isinstance(result["gluon_tma_load_cache_hint"], bool)
+    assert result["cluster_of_two"]
+    assert ".reqnctapercluster" not in toolchain_probe.cluster_ptx(num_ctas=1)
+    assert len(result["cluster_load_ptx"]) == 1 and "cp.async.bulk.tensor.2d" in result["cluster_load_ptx"][0]
+    assert toolchain_probe.tma_loads("x\n  cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                                     ".multicast::cluster [r1], [r2, {r3, r4}], [r5], h6;\n"
+                                     "  cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [r7, {r3, r4}], [r1];") \
+        == ["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+            "[r1], [r2, {r3, r4}], [r5], h6;"]
 
 
 def test_sass_probe_counts_a_sigmoids_special_functions():

@@ -163,10 +163,10 @@ def test_the_lighter_kernel_is_preferred_only_among_near_ties():
     twin = _TiledFake("twin", 256, 128)  # as light as coop and slower: the faster of the two wins
     assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, coop), (1.02, 2, twin)], weigh)[0][2] is coop
     assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, twin), (1.02, 2, coop)], weigh)[0][2] is twin
-    coop.producer_warp = True  # as light as twin, and a warp of its own loads: it wins the tie
+    coop.gluon = True  # as light as twin, and a Gluon kernel: it wins the tie
     assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, twin), (1.02, 2, coop)], weigh)[0][2] is coop
     assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, twin), (1.04, 2, coop)], weigh)[0][2] is twin
-    pingpong.producer_warp = True  # a producer warp does not outweigh the lighter tiles
+    pingpong.gluon = True  # being Gluon does not outweigh the lighter tiles
     assert tune.lighter_first([(1.00, 0, pingpong), (1.01, 1, twin)], weigh)[0][2] is twin
     untiled = [(1.00, 0, "untiled"), (1.01, 1, pingpong)]  # no config: its bytes are unknown
     assert [k for _, _, k in tune.lighter_first(untiled, weigh)] == ["untiled", pingpong]
@@ -186,12 +186,16 @@ def test_a_kernel_is_weighed_by_the_tiles_it_runs_after_a_fallback():
     assert tune.operand_bytes_per_output(coop, args, 2) == float("inf")  # 1 tile, 2 SMs
 
 
-def test_only_the_gluon_kernels_have_a_producer_warp():
+def test_only_the_gluon_kernels_are_marked_gluon():
+    """Triton's own warp-specialized configs included: the tie-break's evidence compares the
+    Gluon kernels with those too."""
     from epifuse.backends.triton import persistent, pingpong, tiled
-    assert pingpong.GluonCooperative(pingpong.COOPERATIVE_CONFIGS[0]).producer_warp
-    assert pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]).producer_warp
-    assert not persistent.TritonPersistent(persistent.INTERPRETER_CONFIG).producer_warp
-    assert not tiled.TritonTiled(persistent.INTERPRETER_CONFIG).producer_warp
+    assert pingpong.GluonCooperative(pingpong.COOPERATIVE_CONFIGS[0]).gluon
+    assert pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]).gluon
+    ws = [c for c in persistent.CUDA_CONFIGS if c.warp_specialize]
+    assert ws and not any(persistent.TritonPersistent(c).gluon for c in ws)
+    assert not persistent.TritonPersistent(persistent.INTERPRETER_CONFIG).gluon
+    assert not tiled.TritonTiled(persistent.INTERPRETER_CONFIG).gluon
 
 
 def test_real_kernels_are_weighed_by_their_tiles(monkeypatch):

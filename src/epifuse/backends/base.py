@@ -51,7 +51,7 @@ class Kernel:
     """What every kernel class provides. Subclasses set `name` and implement the three methods."""
 
     name = "kernel"
-    producer_warp = False  # whether a warp of its own loads A and B for the others (tuning's tie-break)
+    gluon = False  # written in Gluon (its own warp roles, TMA ring and register split): tuning's tie-break
 
     def supports(self, args) -> Status:
         raise NotImplementedError

@@ -121,13 +121,17 @@ CLOSE = 1.10  # candidates within 10 % of the fastest are timed a second time
 # wins. In sustained timing the 128x256 tiles beat the 128x128 ping-pong they had tied with by
 # 4-7 % at 4096^3, and in an A/B the S1 and S3 means fell 2-3 % (RESULTS.md, 2026-11-26 12:58).
 LIGHTER_WITHIN = 1.03
-# Among those as light, a kernel with a warp of its own loading A and B (Kernel.producer_warp:
-# the Gluon kernels) comes before one without: with the same 128x256 tiles, sustained, the Gluon
-# cooperative kernel ran 3-5 % ahead of the Triton persistent one at S1 (two outputs, GELU), S2
-# (identity) and S3 (two outputs), and level at S3 (identity), while tuning's timings put them
-# 1-2.5 % apart, inside the window (RESULTS.md, 2026-11-26 15:59 and 16:05).
+# Among those as light, a Gluon kernel (Kernel.gluon) comes before a Triton one. With the same
+# 128x256 tiles, timed as the benchmark times a row, the Gluon cooperative kernel ran 0.8-6.5 %
+# ahead of the Triton persistent one at S1, S2 and S3 on identity, a C tile, GELU and two
+# outputs, and sustained ahead of it and of its warp-specialized variant alike, but for one
+# level pair (identity S3); with 128x128 tiles, sustained, the Gluon
+# ping-pong configs ran 2-20 % ahead of the Triton persistent ones at S1-S3, except the
+# five-stage one at identity S3 (1.107 against 1.090). Tuning's short timings of such a pair
+# move by up to 3 % either way with the candidates' order (RESULTS.md, 2026-11-26 15:59-16:36).
+# The 64-row small-grid tiles were not compared.
 RANKING = (f"rule 2: time, then lighter tiles within {LIGHTER_WITHIN}, "
-           "then a producer warp")  # in the key: a new rule re-tunes
+           "then Gluon")  # in the key: a new rule re-tunes
 TUNE_WARMUP_MS, TUNE_REP_MS = 3, 15  # each timing (do_bench); benchmarks.power_probe times as tuning does
 
 
@@ -187,14 +191,13 @@ def operand_bytes_per_output(kernel, args, sms: int | None) -> float:
 
 def lighter_first(timings: list, operand_bytes, within: float = LIGHTER_WITHIN) -> list:
     """`timings` (rank's, fastest first) with the kernel that reads the fewest `operand_bytes`
-    per output among those within `within` of the fastest moved to the front; on a tie, one
-    with a producer warp, then the faster. A fastest kernel whose bytes are unknown (infinite)
-    keeps its place."""
+    per output among those within `within` of the fastest moved to the front; on a tie, a Gluon
+    kernel, then the faster. A fastest kernel whose bytes are unknown (infinite) keeps its
+    place."""
     if not timings or operand_bytes(timings[0][2]) == float("inf"):
         return timings
     near = [entry for entry in timings if entry[0] <= timings[0][0] * within]
-    pick = min(near, key=lambda entry: (operand_bytes(entry[2]), not getattr(entry[2], "producer_warp", False),
-                                        entry[0]))
+    pick = min(near, key=lambda entry: (operand_bytes(entry[2]), not getattr(entry[2], "gluon", False), entry[0]))
     return [pick, *(entry for entry in timings if entry is not pick)]
 
 

@@ -93,7 +93,7 @@ def small_grid_configs(dtype: torch.dtype) -> tuple:
 class GluonPingPong(TritonPersistent):
     name = "gluon_pingpong"
     schedule = "pingpong"
-    producer_warp = True
+    gluon = True
     consumers = 2  # consumer partitions, each with its own output buffers in shared memory
     num_warps = 4  # of each consumer; the kernel is launched with this many
 
