@@ -38,8 +38,7 @@ from pathlib import Path
 
 import torch
 
-from .power_probe import charged_ratio, dynamic_mj, idle_power_w, measure, nvml_handle, run_case
-from .timing import collect_env
+from .power_probe import charged_ratio, dynamic_mj, gpu_session, idle_power_w, measure, run_case
 
 DEFAULT_CASES = "lincomb:S1,lincomb:S2,relu_aux:S1,relu_aux:S2"
 DRAM_ELEMENTS = 2 ** 30      # fp16: 2 GiB, forty times an H100's or H200's L2
@@ -175,13 +174,10 @@ def main(argv=None) -> int:
     p.add_argument("--sustain", type=float, default=3.0, help="seconds of back-to-back calls")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    session = gpu_session()
+    if session is None:
         return 2
-    import epifuse
-    import epifuse.runtime.tune  # noqa: F401  (its HISTORY names the chosen kernel)
-    nvml = nvml_handle()
-    env = collect_env(epifuse)
+    epifuse, nvml, env = session
     energy = measure_bytes(nvml, args.idle, args.sustain)
     cases = []
     for spec in filter(None, args.cases.split(",")):

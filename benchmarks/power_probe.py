@@ -300,6 +300,17 @@ def nvml_handle() -> Nvml:
     return _NVML[0]
 
 
+def gpu_session():
+    """(epifuse, its NVML handle, collect_env's record) for a probe's main, or None (said on
+    stderr) without a CUDA GPU."""
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return None
+    import epifuse
+    import epifuse.runtime.tune  # noqa: F401  (its HISTORY names the chosen kernel)
+    return epifuse, nvml_handle(), collect_env(epifuse)
+
+
 def print_candidates(result: dict) -> None:
     ms = result["ms"]
     tune_c, sus_c = ms["cublas"]
@@ -331,13 +342,10 @@ def main(argv=None) -> int:
                    help="with --timeline or --bench-alike: only these kernels, by repr, ';'-separated")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    session = gpu_session()
+    if session is None:
         return 2
-    import epifuse
-    import epifuse.runtime.tune  # noqa: F401  (its HISTORY names the chosen kernel)
-    nvml = nvml_handle()
-    env = collect_env(epifuse)
+    epifuse, nvml, env = session
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
     def each_case(spec: str, measure, show, stem: str) -> int:
         """measure(epilogue, shape) for each 'epilogue:shape' of `spec`, shown as it comes,
