@@ -123,13 +123,12 @@ CLOSE = 1.10  # candidates within 10 % of the fastest are timed a second time
 LIGHTER_WITHIN = 1.03
 # Among those as light, a Gluon kernel (Kernel.gluon) comes before a Triton one. With the same
 # 128x256 tiles, timed as the benchmark times a row, the Gluon cooperative kernel ran 0.8-6.5 %
-# ahead of the Triton persistent one at S1, S2 and S3 on identity, a C tile, GELU and two
-# outputs, and sustained ahead of it and of its warp-specialized variant alike, but for one
-# level pair (identity S3); with 128x128 tiles, sustained, the Gluon
-# ping-pong configs ran 2-20 % ahead of the Triton persistent ones at S1-S3, except the
-# five-stage one at identity S3 (1.107 against 1.090). Tuning's short timings of such a pair
-# move by up to 3 % either way with the candidates' order (RESULTS.md, 2026-11-26 15:59-16:36).
-# The 64-row small-grid tiles were not compared.
+# ahead of the Triton persistent one at S1-S3 (identity, a C tile, GELU, two outputs); sustained,
+# ahead of it and of its warp-specialized variant in four cases and level in the fifth (identity
+# S3). With 128x128 tiles, sustained, the Gluon ping-pong configs ran 2-20 % ahead of the Triton
+# persistent ones, except the five-stage one at identity S3 (1.107 against 1.090). Tuning's short
+# timings of such a pair move by up to 3 % either way with the candidates' order (RESULTS.md,
+# 2026-11-26 15:59-16:36). The 64-row small-grid tiles were not compared.
 RANKING = (f"rule 2: time, then lighter tiles within {LIGHTER_WITHIN}, "
            "then Gluon")  # in the key: a new rule re-tunes
 TUNE_WARMUP_MS, TUNE_REP_MS = 3, 15  # each timing (do_bench); benchmarks.power_probe times as tuning does
