@@ -19,6 +19,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+from pathlib import Path
 
 
 def resweep_rank(kernels, time_ms, close: float | None = None):
@@ -125,8 +127,6 @@ def main(argv=None) -> int:
             print(f"{args.case} {args.ranker}: {results[-1]['ratio']:.3f}  {results[-1]['choice']}"
                   + (f"  tuning Triton/Gluon {pair:.3f}" if pair else ""), flush=True)
     if args.out:
-        import time
-        from pathlib import Path
         stem = f"tune_stability_{time.strftime('%Y%m%d-%H%M', time.gmtime())}_{args.ranker}"
         path = Path(args.out) / f"{stem}_{args.case.replace(':', '-')}.json"
         path.write_text(json.dumps({"case": args.case, "ranker": args.ranker, "runs": results}, indent=1))

@@ -6,9 +6,9 @@ keeps the winner in memory and in <cache>/tuning.json, keyed by the graph's cano
 power-of-two bucket of the shape, the dtypes, the GPU, the library versions, the ranking rule
 and the set of candidates timed. The winner is the fastest, or within LIGHTER_WITHIN of it the
 kernel whose tiles (as it runs them, and only tiles that fill the GPU's SMs) read the fewest
-operand bytes per output. The file is rewritten atomically; an unreadable or malformed file is ignored
-and rebuilt. Under Triton's interpreter, or with EPIFUSE_TUNE=0, the first supported kernel is
-taken untimed.
+operand bytes per output, a Gluon kernel first among those as light. The file is rewritten
+atomically; an unreadable or malformed file is ignored and rebuilt. Under Triton's interpreter,
+or with EPIFUSE_TUNE=0, the first supported kernel is taken untimed.
 """
 from __future__ import annotations
 
