@@ -20,8 +20,10 @@ import json
 import statistics
 
 import torch
+import triton
 
 import epifuse
+from epifuse.backends.triton.gluon_api import L2_NONE, L2_STREAMS, L2_STREAMS_KEEP_B, gluon_api
 
 from .probe import make_args, make_operands
 from .timing import alternate_ms
@@ -138,6 +140,41 @@ def measure(driver: Driver, stream: torch.cuda.Stream, ns, max_persist: int, max
     return rows
 
 
+POLICY_NAMES = {L2_NONE: "none", L2_STREAMS: "streams", L2_STREAMS_KEEP_B: "streams+B"}
+
+
+def measure_policies(ns) -> list:
+    """One row per shape, epilogue, kernel of ns.kernels and gluon_api L2 policy level (and
+    cuBLAS): the same kernel with its TMA copies unhinted, with the streamed tiles evict-first,
+    and with B's loads also evict-last, timed in turn with cuBLAS. Needs a Triton whose TMA
+    copies take a cache policy (3.9)."""
+    import copy
+    if not gluon_api().l2_policies:
+        raise SystemExit(f"l2_probe --policies: Triton {triton.__version__}'s TMA copies take no cache policy")
+    rows = []
+    for case in ns.policies.split(","):
+        epilogue, shape = case.split(":")
+        M, N, K = SHAPES[shape]
+        A, B, operands = make_operands(M, N, K)
+        calls = {"cublas": lambda: A @ B}
+        for kernel in epifuse.get_kernels(make_args(epilogue, A, B, operands)):
+            if repr(kernel) not in ns.kernels.split(";"):
+                continue
+            for level, label in POLICY_NAMES.items():
+                variant = copy.copy(kernel)
+                variant.l2_hints = level
+                args = make_args(epilogue, A, B, operands)
+                calls[f"{label:9s} {kernel!r}"] = (lambda k, a: lambda: k.run(a))(variant, args)
+        for call in calls.values():
+            call()
+        torch.cuda.synchronize()
+        us = alternate(calls, ns.rounds, ns.rep_ms)
+        for name, t in us.items():
+            rows.append(dict(shape=shape, epilogue=epilogue, kernel=name, us=t, ratio=t / us["cublas"]))
+            print(f"{shape} {epilogue:12s} {t:7.1f} us  {t / us['cublas']:.3f}  {name}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="S2")
@@ -145,8 +182,17 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", default=DEFAULT_KERNELS, help="';'-separated reprs")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rep-ms", type=int, default=100)
+    parser.add_argument("--policies", default="",
+                        help="instead: epilogue:shape pairs whose kernels are timed with each L2 policy level")
     parser.add_argument("--out", default=None)
     ns = parser.parse_args(argv)
+    if ns.policies:
+        rows = measure_policies(ns)
+        if ns.out:
+            with open(ns.out, "w") as f:
+                json.dump({"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows}, f,
+                          indent=1)
+        return 0
     driver = Driver()
     max_persist = driver.attribute(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE)
     max_window = driver.attribute(CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE)

@@ -3,11 +3,16 @@ by compiling, not by reading release notes. No GPU is needed: the kernels are co
 for sm_90 and their PTX is read.
 
 - multicast: a Gluon TMA load in a cluster of two CTAs whose shared layout gives both CTAs the
-  same tile (`cga_layout=[[0, 0]]`). With TMA multicast one CTA's load would fill both (PTX
+  same tile (`cga_layout=[[0, 0]]`), asked for multicast where the copy takes `multicast`
+  (Triton 3.7 on). With TMA multicast one CTA's load would fill both (PTX
   `.multicast::cluster`); without it each CTA loads the tile itself, as from L2 now.
-- cache hints: whether a TMA load takes an L2 eviction policy, in Gluon
-  (`tma.async_copy_global_to_shared`) or in Triton (`tl.load_tensor_descriptor`), so that
-  streamed C, D and F tiles could leave A and B in L2.
+- cache hints: whether a TMA load takes an L2 eviction policy, in Gluon (`cache_policy`, Triton
+  3.9 on; the kernel then marks its load evict-first and the PTX shows `.L2::cache_hint`) or in
+  Triton (`tl.load_tensor_descriptor`), so that streamed C, D and F tiles could leave A and B
+  in L2.
+
+The copies are spelled as the installed Triton names them (gluon_api: `async_copy_*` up to 3.8,
+`async_load` / `async_store` from 3.9).
 
     PYTHONPATH=src:. python -m benchmarks.toolchain_probe
 """
@@ -23,23 +28,44 @@ CLUSTER_KERNEL = '''
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma, mbarrier
+{policy_import}
 
 
 @gluon.jit
 def shared_tile(a_ptr, out_ptr, M, K):
     layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2,
-                                                cga_layout=[[0, 0]])
+                                                cga_layout={cga_layout})
     a_desc = tma.make_tensor_descriptor(a_ptr, [M, K], [K, 1], [128, 64], layout)
     out_desc = tma.make_tensor_descriptor(out_ptr, [M, K], [K, 1], [128, 64], layout)
     tile = gl.allocate_shared_memory(gl.float16, [128, 64], layout)
-    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    bar = {barrier}
     mbarrier.init(bar, count=1)
     mbarrier.expect(bar, a_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(a_desc, [0, 0], bar, tile)
+    {load}(a_desc, [0, 0], bar, tile{load_options})
     mbarrier.wait(bar, 0)
-    tma.async_copy_shared_to_global(out_desc, [0, 0], tile)
+    {store}(out_desc, [0, 0], tile)
     tma.store_wait(0)
 '''
+_POLICY_IMPORT = ("from triton.experimental.gluon.language.nvidia.ampere import CachePolicy, FractionalEvictionPolicy\n"
+                  "EVICT_FIRST = gl.constexpr(CachePolicy(l2=FractionalEvictionPolicy('evict_first', 1.0)))")
+
+
+def cluster_kernel_source(num_ctas: int = 2) -> str:
+    """CLUSTER_KERNEL for this Triton and a cluster of `num_ctas` (1 or 2; of one CTA without a
+    CGA layout, which Triton 3.9 rejects there): its copies' names, multicast and an evict-first
+    policy where its copy takes them."""
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+    from epifuse.backends.triton.gluon_api import gluon_api
+    api = gluon_api()
+    load = getattr(tma, api.load.removeprefix("tma."))
+    options = (", multicast=True" if num_ctas > 1 and takes_argument(load, "multicast") else "") + \
+        (", cache_policy=EVICT_FIRST" if api.l2_policies else "")
+    barrier = ("mbarrier.allocate_mbarrier()" if hasattr(mbarrier, "allocate_mbarrier")  # one per CTA (3.9)
+               else "gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())")
+    return CLUSTER_KERNEL.format(load=api.load, store=api.store, load_options=options, barrier=barrier,
+                                 cga_layout="[[0, 0]]" if num_ctas > 1 else "[]",
+                                 policy_import=_POLICY_IMPORT if api.l2_policies else "")
 
 
 def cluster_ptx(num_ctas: int = 2) -> str:
@@ -49,7 +75,7 @@ def cluster_ptx(num_ctas: int = 2) -> str:
     from triton.experimental.gluon._runtime import GluonASTSource
     with tempfile.TemporaryDirectory() as folder:   # gluon.jit reads its function's source file
         path = Path(folder) / "toolchain_probe_kernel.py"
-        path.write_text(CLUSTER_KERNEL)
+        path.write_text(cluster_kernel_source(num_ctas))
         spec = importlib.util.spec_from_file_location("toolchain_probe_kernel", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -72,15 +98,18 @@ def probe() -> dict:
     import triton
     import triton.language as tl
     from triton.experimental.gluon.language.nvidia.hopper import tma
+    from epifuse.backends.triton.gluon_api import gluon_api
     ptx = cluster_ptx()
     loads = tma_loads(ptx)
-    cache_args = ("eviction_policy", "cache_hint", "cache_modifier")
+    cache_args = ("eviction_policy", "cache_hint", "cache_modifier", "cache_policy")
+    load = getattr(tma, gluon_api().load.removeprefix("tma."))
     return {"triton": triton.__version__,
             "cluster_of_two": ".reqnctapercluster 2" in ptx,
             "cluster_load_ptx": loads,
             "multicast": any(".multicast::cluster" in line for line in loads),
-            "gluon_tma_load_cache_hint": takes_argument(tma.async_copy_global_to_shared, *cache_args),
-            "gluon_tma_load_multicast_arg": takes_argument(tma.async_copy_global_to_shared, "multicast", "mask"),
+            "cache_hint_in_ptx": any(".L2::cache_hint" in line for line in loads),
+            "gluon_tma_load_cache_hint": takes_argument(load, *cache_args),
+            "gluon_tma_load_multicast_arg": takes_argument(load, "multicast", "mask"),
             "triton_descriptor_load_cache_hint": takes_argument(tl.load_tensor_descriptor, *cache_args)}
 
 
@@ -90,7 +119,7 @@ def main() -> int:
     print(f"  compiled as a 2-CTA cluster: {'yes' if result['cluster_of_two'] else 'no'}; its shared tile is loaded by:")
     for line in result["cluster_load_ptx"]:
         print(f"    {line}")
-    for key in ("multicast", "gluon_tma_load_multicast_arg", "gluon_tma_load_cache_hint",
+    for key in ("multicast", "gluon_tma_load_multicast_arg", "gluon_tma_load_cache_hint", "cache_hint_in_ptx",
                 "triton_descriptor_load_cache_hint"):
         print(f"  {key}: {'yes' if result[key] else 'no'}")
     return 0

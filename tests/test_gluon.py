@@ -503,6 +503,9 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     from triton.backends.nvidia import driver
     from epifuse.backends.triton import tiled
     from epifuse.backends.triton.pingpong import _Described
+    if "tensordesc_indices" not in driver.wrap_handle_tensordesc.__code__.co_cellvars:
+        pytest.skip(f"Triton {driver.triton.__version__} wraps descriptors its own way (3.9: in C++, "
+                    "make_tensordesc_args); kept launches go through Triton's launcher there")
     encoded = []
 
     def encode(arg, meta):

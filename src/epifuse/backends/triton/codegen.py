@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ...errors import InternalError
 from ...ir import AXES, Graph, Node
 from ...ops import OPS
+from .gluon_api import gluon_api, policy_argument
 from .rules import LOG_OF_NORMAL, LogSum, _f, helper_source, log_sum, rule_for
 
 REDUCE_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf"), "amax": 0.0}
@@ -152,7 +153,7 @@ def zeroing(layout: "Layout", first: str, style: str, warps: int = 4) -> Zeroing
     if not outputs:
         return Zeroing()
     lang = "gl" if style == "gluon" else "tl"
-    barrier = "gl.thread_barrier()" if style == "gluon" else "tl.debug_barrier()"
+    barrier = f"{gluon_api().barrier}()" if style == "gluon" else "tl.debug_barrier()"
     arange = (f"gl.arange(0, {ZERO_BLOCK}, layout=gl.BlockedLayout([4], [32], [{warps}], [0]))"
               if style == "gluon" else f"tl.arange(0, {ZERO_BLOCK})")
     start = ["if ANY_ZERO:",
@@ -582,12 +583,13 @@ def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]
     pointer_store = f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, {value}, mask=mask)"
     flag = f"{y.prefix.upper()}_TMA"
     if style == "gluon":  # the previous tile's TMA stores were waited for before the epilogue
+        api = gluon_api()
         return [f"if {flag}:",
                 f"    if {upper}_WAIT:  # an earlier output of this tile stores from the same buffer",
                 "        tma.store_wait(pendings=0)",
                 f"    {y.prefix}_smem.store({value})",
                 "    fence_async_shared()",
-                f"    tma.async_copy_shared_to_global({y.prefix}_desc, [offs_m, offs_en], {y.prefix}_smem)",
+                f"    {api.store}({y.prefix}_desc, [offs_m, offs_en], {y.prefix}_smem{policy_argument('stream')})",
                 "else:",
                 f"    {pointer_store}"]
     if style != "tma":

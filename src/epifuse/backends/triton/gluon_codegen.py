@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from ...ir import Graph
 from .codegen import _HEADER, _emit_epilogue, launch_layout, zeroing
+from .gluon_api import POLICY_SOURCE, gluon_api, policy_argument
 from .rules import helper_source
 
 _GLUON_IMPORTS = '''from triton.experimental import gluon
@@ -52,7 +53,7 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 @gluon.jit
 def _producer(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr):
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr, L2_HINTS: gl.constexpr):
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -64,14 +65,11 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
             s = i % STAGES
             mbarrier.wait(empty_bars.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes
             mbarrier.expect(ready_bars.index(s), nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kk * BLOCK_K], ready_bars.index(s),
-                                            a_bufs.index(s))
+            {load}(a_desc, [pid_m * BLOCK_M, kk * BLOCK_K], ready_bars.index(s), a_bufs.index(s))
             if B_KMAJOR:
-                tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, kk * BLOCK_K], ready_bars.index(s),
-                                                b_bufs.index(s))
+                {load}(b_desc, [pid_n * BLOCK_N, kk * BLOCK_K], ready_bars.index(s), b_bufs.index(s){b_policy})
             else:
-                tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, pid_n * BLOCK_N], ready_bars.index(s),
-                                                b_bufs.index(s))
+                {load}(b_desc, [kk * BLOCK_K, pid_n * BLOCK_N], ready_bars.index(s), b_bufs.index(s){b_policy})
             i += 1
 '''
 
@@ -124,7 +122,7 @@ def epifuse_kernel(
         (_consumer0, ({args})),
         (_consumer1, ({args})),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
-                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, B_KMAJOR)),
+                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, B_KMAJOR, L2_HINTS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 '''
 
@@ -176,7 +174,7 @@ def epifuse_kernel(
 {load_bars}{allocate}    gl.warp_specialize([
         (_consumer, ({args})),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
-                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, B_KMAJOR)),
+                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, B_KMAJOR, L2_HINTS)),
     ], [1], [PRODUCER_REGS])
 '''
 
@@ -236,7 +234,7 @@ def _split_lines(pieces: int) -> tuple[str, list[str]]:
 
 
 GEMM_META = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "EPI_N", "GROUP_M", "STAGES", "B_KMAJOR", "INSTR_K", "ACC_INT",
-             "EVEN_M", "EVEN_N", "CONSUMER_REGS", "PRODUCER_REGS"]
+             "EVEN_M", "EVEN_N", "CONSUMER_REGS", "PRODUCER_REGS", "L2_HINTS"]
 SCHEDULES = ("pingpong", "cooperative")
 
 
@@ -270,6 +268,7 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown Gluon schedule {schedule!r}; one of {SCHEDULES}")
     consumers = 2 if schedule == "pingpong" else 1
+    api = gluon_api()
     layout = launch_layout(graph, deterministic)
     warps = 4 if schedule == "pingpong" else 8
     # the first program's first consumer zeroes; every consumer arrives, with tiles or without
@@ -293,8 +292,8 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     # The operands' loads start with the tile, once the TMA stores of this consumer's tile
     # before have read the buffers they may share.
     copies = "".join(f"            if {p.upper()}_TMA:\n" + _buffer_of(p, slots, pieces, i, 16) +
-                     f"                tma.async_copy_global_to_shared({p}_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N + {i} * EPI_N], "
-                     f"load_bars.index(CID), {p}_smem)\n"
+                     f"                {api.load}({p}_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N + {i} * EPI_N], "
+                     f"load_bars.index(CID), {p}_smem{policy_argument('stream')})\n"
                      for p in loads for i in range(pieces))
     prefetch = (f"        if {any_load}:\n"
                 f"            if {any_store}:\n"
@@ -328,7 +327,8 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     wait += "".join(" " * 8 + line + "\n" for line in zero.wait)
     return (_HEADER.format(key=key, target=f"cuda (Gluon {schedule}, sm_90)",
                            libdevice="from triton.language.extra import libdevice\n")
-            + _GLUON_IMPORTS + helper_source(helpers, "cuda")
+            + _GLUON_IMPORTS.format(load=api.load, b_policy=policy_argument("b"))
+            + (POLICY_SOURCE if api.l2_policies else "") + helper_source(helpers, "cuda")
             + template.format(params=params, args=args, kernel_params=kernel_params, wait=wait,
                               pieces=pieces_text, drain=drain, allocate=allocate, zeros=_ZEROS,
                               k_step=_K_STEP, tile_rows=_TILE_ROWS, ring=_RING, prefetch=prefetch,

@@ -23,6 +23,7 @@ import triton
 
 from ..base import Status, supported, unsupported
 from .codegen import OperandParams, launch_layout
+from .gluon_api import L2_NONE, gluon_api
 from .gluon_codegen import emit_gluon_kernel
 from .persistent import TritonPersistent, _sm_count, _tma_mode
 from .tiled import TL_TYPES, TileConfig, _conversion_meta, epilogue_values, uses_interpreter
@@ -111,6 +112,9 @@ class GluonPingPong(TritonPersistent):
 
     _fallback: dict = {}  # its own smaller configs after an out-of-resources failure
     zeroes_reductions = True  # gluon_codegen emits zeroing for every schedule
+    # gluon_api's L2 policies where this Triton has them: none, as evict-first streams did not
+    # move any row beyond its spread (benchmarks/RESULTS.md, 2026-11-26 17:53)
+    l2_hints = L2_NONE
 
     def _arrivals(self, grid) -> int:
         return grid[0] * self.consumers
@@ -167,7 +171,8 @@ class GluonPingPong(TritonPersistent):
                     B_KMAJOR=_b_kmajor(args), INSTR_K=32 if args.A.dtype.itemsize == 1 else 16,
                     ACC_INT=args.A.dtype == torch.int8, EVEN_M=args.M % cfg.block_m == 0,
                     EVEN_N=args.N % cfg.block_n == 0, CONSUMER_REGS=CONSUMER_REGS,
-                    PRODUCER_REGS=PRODUCER_REGS, num_warps=self.num_warps, LOAD_BYTES=plan.load_bytes)
+                    PRODUCER_REGS=PRODUCER_REGS, num_warps=self.num_warps, LOAD_BYTES=plan.load_bytes,
+                    L2_HINTS=self.l2_hints if gluon_api().l2_policies else L2_NONE)
         for p in plan.slots:
             meta[f"{p.upper()}_TMA"] = plan.tma[p]
             meta[f"{p.upper()}_BUF"] = plan.owner[p]
@@ -209,6 +214,7 @@ class _Described:
 
     __slots__ = ("base", "shape", "strides")
     padding = "zero"
+    round_f32_to_tf32 = False  # read by Triton 3.9's launcher
 
     def __init__(self, base, shape, strides):
         self.base, self.shape, self.strides = base, shape, strides
