@@ -496,6 +496,12 @@ def test_repeated_launches_take_new_tensors():
     _check(args, reference_outputs(args))
 
 
+def _skip_unless_descriptors_are_kept(driver):
+    if "tensordesc_indices" not in driver.wrap_handle_tensordesc.__code__.co_cellvars:
+        pytest.skip(f"Triton {driver.triton.__version__} wraps descriptors its own way (3.9: in C++, "
+                    "make_tensordesc_args); kept launches go through Triton's launcher there")
+
+
 def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     """On the CPU, with Triton's own descriptor wrapper around a recording launcher: the kept
     launch finds Triton's launcher and metadata in the wrapper, passes it exactly the arguments
@@ -503,9 +509,7 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     from triton.backends.nvidia import driver
     from epifuse.backends.triton import tiled
     from epifuse.backends.triton.pingpong import _Described
-    if "tensordesc_indices" not in driver.wrap_handle_tensordesc.__code__.co_cellvars:
-        pytest.skip(f"Triton {driver.triton.__version__} wraps descriptors its own way (3.9: in C++, "
-                    "make_tensordesc_args); kept launches go through Triton's launcher there")
+    _skip_unless_descriptors_are_kept(driver)
     encoded = []
 
     def encode(arg, meta):
@@ -550,6 +554,7 @@ def test_launches_encode_each_descriptor_once_per_tensor(monkeypatch):
     tensors at new addresses are encoded once each and computed right; a second problem
     shape sharing the compiled kernel gets its own descriptors, not the first's."""
     from triton.backends.nvidia import driver
+    _skip_unless_descriptors_are_kept(driver)
     encoded = []
     real = driver.make_tensordesc_arg
     monkeypatch.setattr(driver, "make_tensordesc_arg", lambda arg, meta: encoded.append(arg) or real(arg, meta))

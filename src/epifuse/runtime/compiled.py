@@ -58,6 +58,10 @@ def triton_api():
     they moved, and every launch takes Triton's own path."""
     from types import SimpleNamespace
 
+    import triton
+    if not triton.__version__.startswith("3.6."):  # 3.9 keys its own launches differently (GPU test, 2026-11-26)
+        raise ImportError(f"the index reads Triton 3.6's internals; this is Triton {triton.__version__}")
+
     from triton import knobs
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.compiler.compiler import CompiledKernel
