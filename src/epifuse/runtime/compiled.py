@@ -54,13 +54,13 @@ def _hooks_installed() -> bool:
 
 
 def triton_api():
-    """The Triton internals this module uses (Triton 3.6), imported: an ImportError here means
-    they moved, and every launch takes Triton's own path."""
+    """The Triton internals this module uses (Triton 3.6 and 3.9), imported: an ImportError here
+    means they moved, and every launch takes Triton's own path."""
     from types import SimpleNamespace
 
     import triton
-    if not triton.__version__.startswith("3.6."):  # 3.9 keys its own launches differently (GPU test, 2026-11-26)
-        raise ImportError(f"the index reads Triton 3.6's internals; this is Triton {triton.__version__}")
+    if not triton.__version__.startswith(("3.6.", "3.9.")):
+        raise ImportError(f"the index reads Triton 3.6's and 3.9's internals; this is Triton {triton.__version__}")
 
     from triton import knobs
     from triton._C.libtriton import get_cache_invalidating_env_vars
@@ -83,9 +83,11 @@ def _lookup(kernel, values, meta):
         return None
     device = api.driver.active.get_current_device()
     kernel_cache, key_cache, target, backend, binder = kernel.device_caches[device]
-    # the keyword arguments JITFunction.run adds before it binds
+    # the keyword arguments JITFunction.run adds before it binds (3.9 adds the third)
     kwargs = dict(meta, debug=meta.get("debug", kernel.debug) or api.knobs.runtime.debug,
                   instrumentation_mode=api.knobs.compilation.instrumentation_mode)
+    if hasattr(api.knobs.compilation, "fpsan_homomorphic_casts"):
+        kwargs["fpsan_homomorphic_casts"] = api.knobs.compilation.fpsan_homomorphic_casts
     bound, specialization, options = binder(*map(api.MockTensor.wrap_dtype, values), **kwargs)
     key = api.compute_cache_key(key_cache, specialization, options)
     text = "\n".join([_installation(), str(target), source_sha, kernel.fn.__qualname__, str(key),
