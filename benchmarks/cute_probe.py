@@ -23,11 +23,11 @@ ncu_lrc_*.txt. For ncu: `ncu --profile-from-start off ... python -m benchmarks.c
 
 It is not wired into epifuse's kernel selection: nvidia-cutlass-dsl is not a dependency, and this
 file only runs where it is importable. The GPU image lacks it and cannot download it;
-benchmarks/cute_dsl_carry.sh packs it here into two halves and unpacks them there, in two calls
+benchmarks/carry.sh packs it here into two halves and unpacks them there, in two calls
 made back to back on one warm machine:
-    bash benchmarks/cute_dsl_carry.sh pack                                 # here, once
-    bash benchmarks/cute_dsl_carry.sh first                                # call 1, carry .cute1
-    source benchmarks/cute_dsl_carry.sh second && \\
+    bash benchmarks/carry.sh pack cute                             # here, once
+    bash benchmarks/carry.sh first cute                            # call 1, carry .cute1
+    source benchmarks/carry.sh second cute && \\
         python -m benchmarks.cute_probe --shapes S1,S2,S3 --epifuse --out $OUT   # call 2, carry .cute2
 CPU, compile only (checks the kernels build for sm_90a without a GPU):
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=...:. python -m benchmarks.cute_probe --compile-only

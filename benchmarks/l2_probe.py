@@ -168,10 +168,13 @@ def measure_policies(ns) -> list:
         for call in calls.values():
             call()
         torch.cuda.synchronize()
-        us = alternate(calls, ns.rounds, ns.rep_ms)
-        for name, t in us.items():
-            rows.append(dict(shape=shape, epilogue=epilogue, kernel=name, us=t, ratio=t / us["cublas"]))
-            print(f"{shape} {epilogue:12s} {t:7.1f} us  {t / us['cublas']:.3f}  {name}", flush=True)
+        rounds = alternate_ms(calls, ns.rounds, 25, ns.rep_ms)
+        cublas = statistics.median(rounds["cublas"])
+        for name, ms in rounds.items():
+            t = statistics.median(ms) * 1e3
+            rows.append(dict(shape=shape, epilogue=epilogue, kernel=name, us=t, ratio=t / cublas / 1e3,
+                             round_ms=ms, rounds=ns.rounds, rep_ms=ns.rep_ms))
+            print(f"{shape} {epilogue:12s} {t:7.1f} us  {t / cublas / 1e3:.3f}  {name}", flush=True)
     return rows
 
 

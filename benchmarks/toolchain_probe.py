@@ -4,15 +4,15 @@ for sm_90 and their PTX is read.
 
 - multicast: a Gluon TMA load in a cluster of two CTAs whose shared layout gives both CTAs the
   same tile (`cga_layout=[[0, 0]]`), asked for multicast where the copy takes `multicast`
-  (Triton 3.7 on). With TMA multicast one CTA's load would fill both (PTX
-  `.multicast::cluster`); without it each CTA loads the tile itself, as from L2 now.
+  (3.9 does; so do 3.7's and 3.8's copies, as read in their source, not compiled). With TMA
+  multicast one CTA's load would fill both (PTX `.multicast::cluster`); without it each CTA loads the tile itself, as from L2 now.
 - cache hints: whether a TMA load takes an L2 eviction policy, in Gluon (`cache_policy`, Triton
   3.9 on; the kernel then marks its load evict-first and the PTX shows `.L2::cache_hint`) or in
   Triton (`tl.load_tensor_descriptor`), so that streamed C, D and F tiles could leave A and B
   in L2.
 
-The copies are spelled as the installed Triton names them (gluon_api: `async_copy_*` up to 3.8,
-`async_load` / `async_store` from 3.9).
+The copies are spelled as the installed Triton names them (gluon_api: `async_copy_*` in 3.6,
+`async_load` / `async_store` in 3.9).
 
     PYTHONPATH=src:. python -m benchmarks.toolchain_probe
 """
@@ -46,8 +46,6 @@ def shared_tile(a_ptr, out_ptr, M, K):
     {store}(out_desc, [0, 0], tile)
     tma.store_wait(0)
 '''
-_POLICY_IMPORT = ("from triton.experimental.gluon.language.nvidia.ampere import CachePolicy, FractionalEvictionPolicy\n"
-                  "EVICT_FIRST = gl.constexpr(CachePolicy(l2=FractionalEvictionPolicy('evict_first', 1.0)))")
 
 
 def cluster_kernel_source(num_ctas: int = 2) -> str:
@@ -56,16 +54,16 @@ def cluster_kernel_source(num_ctas: int = 2) -> str:
     policy where its copy takes them."""
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-    from epifuse.backends.triton.gluon_api import gluon_api
+    from epifuse.backends.triton.gluon_api import L2_STREAMS, POLICY_SOURCE, gluon_api
     api = gluon_api()
     load = getattr(tma, api.load.removeprefix("tma."))
     options = (", multicast=True" if num_ctas > 1 and takes_argument(load, "multicast") else "") + \
-        (", cache_policy=EVICT_FIRST" if api.l2_policies else "")
+        (f", cache_policy=_l2_policy({L2_STREAMS}, 'stream')" if api.l2_policies else "")
     barrier = ("mbarrier.allocate_mbarrier()" if hasattr(mbarrier, "allocate_mbarrier")  # one per CTA (3.9)
                else "gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())")
     return CLUSTER_KERNEL.format(load=api.load, store=api.store, load_options=options, barrier=barrier,
                                  cga_layout="[[0, 0]]" if num_ctas > 1 else "[]",
-                                 policy_import=_POLICY_IMPORT if api.l2_policies else "")
+                                 policy_import=POLICY_SOURCE if api.l2_policies else "")
 
 
 def cluster_ptx(num_ctas: int = 2) -> str:

@@ -352,9 +352,8 @@ def test_damaged_compiled_index_entries_read_as_missing(cache_root, content):
 
 
 def test_compiled_index_finds_the_triton_internals_it_reads():
-    """runtime.compiled reads Triton 3.6 internals; if they move, warm starts silently lose
+    """runtime.compiled reads Triton 3.6 and 3.9 internals; if they move, warm starts silently lose
     the index (every launch still works): this says so on CPU, before a GPU run would."""
-    _skip_unless_the_index_serves_this_triton()
     api = compiled.triton_api()
     assert callable(api.compute_cache_key) and callable(api.env_vars) and callable(api.get_cache_manager)
 
@@ -375,6 +374,34 @@ def test_compiled_index_needs_a_generated_module(cache_root):
     assert not (cache_root / "compiled").exists()
 
 
+def test_compiled_index_records_only_what_triton_keyed_as_it_does(cache_root, monkeypatch):
+    """An entry is recorded only where Triton's in-process cache holds the compiled kernel under
+    the index's own key: where a Triton keys its launches otherwise (3.9 added a keyword the
+    index first left out), an entry would never be asked for, or would be served under a key
+    Triton does not use."""
+    entry = "cd" * 32
+
+    class Compiled:
+        hash = "0123456789abcdef" * 4
+
+    def kernel_keying(key):
+        class Kernel:
+            def warmup(self, *values, grid, **meta):
+                kernel_cache[key] = made = Compiled()
+                return made
+        return Kernel()
+
+    kernel_cache = {}
+    monkeypatch.setattr(compiled, "_hooks_installed", lambda: False)
+    monkeypatch.setattr(compiled, "_lookup", lambda kernel, values, meta: (kernel_cache, "ours", entry, None))
+    compiled.LAST_FALLBACK[0] = None
+    compiled.warmup(kernel_keying("theirs"), [], (1,), {})
+    assert compiled._read(entry) is None and compiled.LAST_FALLBACK[0] == compiled._OTHER_KEY
+    kernel_cache.clear()
+    compiled.warmup(kernel_keying("ours"), [], (1,), {})
+    assert compiled._read(entry) == Compiled.hash
+
+
 _WARM_SCRIPT = """
 import sys, torch, triton, epifuse
 from epifuse.runtime import compiled
@@ -389,16 +416,8 @@ sys.exit(0 if torch.equal(D, expected) else 3)
 """
 
 
-def _skip_unless_the_index_serves_this_triton():
-    import triton
-    if not triton.__version__.startswith(("3.6.", "3.9.")):
-        pytest.skip(f"the compiled-kernel index serves Triton 3.6 and 3.9; Triton {triton.__version__} keys "
-                    "every launch itself (runtime.compiled.triton_api)")
-
-
 @pytest.mark.gpu
 def test_warm_start_loads_compiled_kernels_without_triton_keying_them(tmp_path):
-    _skip_unless_the_index_serves_this_triton()
     constant = _fresh_constant()
     source = f"def epi(accum, bias):\n    D = relu(accum * {constant} + bias)\n    return D\n"
     script = _WARM_SCRIPT.format(source=source, constant=constant)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import epifuse
 from epifuse.backends.reference import saturate
-from epifuse.backends.triton import pingpong
+from epifuse.backends.triton import codegen, gluon_codegen, pingpong
 from fuzz_harness import build, describe, seeded
 from fuzz_strategies import Example, examples
 from helpers import integer_tensor, reference_outputs, rel_error
@@ -497,9 +497,9 @@ def test_repeated_launches_take_new_tensors():
 
 
 def _skip_unless_descriptors_are_kept(driver):
-    if "tensordesc_indices" not in driver.wrap_handle_tensordesc.__code__.co_cellvars:
-        pytest.skip(f"Triton {driver.triton.__version__} wraps descriptors its own way (3.9: in C++, "
-                    "make_tensordesc_args); kept launches go through Triton's launcher there")
+    if driver.triton.__version__.startswith("3.9."):
+        pytest.skip("Triton 3.9 wraps descriptors its own way (in C++, make_tensordesc_args); kept "
+                    "launches go through Triton's launcher there")
 
 
 def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
@@ -664,3 +664,33 @@ def test_fuzzed_epilogues_compile_for_sm90(ex, kernel_config, kmajor, sizes):
     compiled = pingpong.compile_offline(kernel, args)
     assert "wgmma.mma_async" in compiled.asm["ptx"]
     assert compiled.metadata.shared <= 227 * 1024, compiled.metadata.shared
+
+
+@pytest.mark.parametrize("schedule", gluon_codegen.SCHEDULES)
+def test_source_follows_the_installed_tritons_gluon_names_and_policies(monkeypatch, schedule):
+    """The generated source calls the TMA copies and the barrier by the names gluon_api gives
+    (Triton 3.6's or 3.9's), and only where the copies take a cache policy passes one: to B's
+    loads, C's loads and the outputs' stores, each chosen by the launch's L2_HINTS."""
+    from epifuse.backends.triton import gluon_api as api_module
+    A, B, tensors = _problem(AUX, 256, 256, 64)
+    graph = _args(AUX, A, B, **tensors).graph
+    versions = {"3.6": api_module.GluonApi("tma.async_copy_global_to_shared", "tma.async_copy_shared_to_global",
+                                           "gl.thread_barrier", False),
+                "3.9": api_module.GluonApi("tma.async_load", "tma.async_store", "gl.barrier", True)}
+    for version, api in versions.items():
+        monkeypatch.setattr(api_module, "gluon_api", lambda api=api: api)
+        monkeypatch.setattr(gluon_codegen, "gluon_api", lambda api=api: api)
+        monkeypatch.setattr(codegen, "gluon_api", lambda api=api: api)
+        source = gluon_codegen.emit_gluon_kernel(graph, f"names_{version}", schedule=schedule)
+        other = versions["3.9" if version == "3.6" else "3.6"]
+        for name in (api.load, api.store):
+            assert f"{name}(" in source, (version, name)
+        for name in (other.load, other.store):
+            assert f"{name}(" not in source, (version, name)
+        policies = source.count('cache_policy=_l2_policy(L2_HINTS, "stream")')
+        if api.l2_policies:
+            assert "def _l2_policy" in source and source.count('cache_policy=_l2_policy(L2_HINTS, "b")') == 2
+            assert policies == 3, policies  # C's load, D's store and F's
+        else:
+            assert "_l2_policy" not in source and "cache_policy" not in source
+        compile(source, f"names_{version}", "exec")

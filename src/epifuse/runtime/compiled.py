@@ -28,6 +28,7 @@ from .cache import cache_dir, write_atomically
 _HASH = re.compile(r"[0-9a-f]{64}")
 LOADED = [0]  # kernels this process took from the index (for tests and the start-up benchmark)
 LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
+_OTHER_KEY = "Triton keyed the launch otherwise than the index (a Triton this module does not know)"
 
 
 def _directory():
@@ -55,12 +56,11 @@ def _hooks_installed() -> bool:
 
 def triton_api():
     """The Triton internals this module uses (Triton 3.6 and 3.9), imported: an ImportError here
-    means they moved, and every launch takes Triton's own path."""
+    means they moved, and every launch takes Triton's own path. Where they remain but Triton's
+    own key for a launch is not the one computed here (3.9 added a keyword: 2026-11-26), nothing
+    is recorded or served (warmup)."""
     from types import SimpleNamespace
 
-    import triton
-    if not triton.__version__.startswith(("3.6.", "3.9.")):
-        raise ImportError(f"the index reads Triton 3.6's and 3.9's internals; this is Triton {triton.__version__}")
 
     from triton import knobs
     from triton._C.libtriton import get_cache_invalidating_env_vars
@@ -149,9 +149,17 @@ def warmup(kernel, values, grid, meta):
             compiled = None
         if compiled is not None:
             kernel_cache[key] = compiled
-            LOADED[0] += 1
-            return kernel.warmup(*values, grid=grid, **meta)
+            launched = kernel.warmup(*values, grid=grid, **meta)
+            if launched is compiled:
+                LOADED[0] += 1
+            else:
+                kernel_cache.pop(key, None)
+                LAST_FALLBACK[0] = _OTHER_KEY
+            return launched
     compiled = kernel.warmup(*values, grid=grid, **meta)
+    if kernel_cache.get(key) is not compiled:  # Triton keyed it otherwise: an entry would never be asked for
+        LAST_FALLBACK[0] = _OTHER_KEY
+        return compiled
     triton_hash = getattr(compiled, "hash", None)
     if isinstance(triton_hash, str) and _HASH.fullmatch(triton_hash) and _read(entry) != triton_hash:
         _record(entry, triton_hash)

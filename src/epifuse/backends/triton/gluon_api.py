@@ -39,17 +39,18 @@ def gluon_api() -> GluonApi:
 # also marks B's loads evict-last.
 L2_NONE, L2_STREAMS, L2_STREAMS_KEEP_B = 0, 1, 2
 
-# Module source of the generated kernels where the policies exist: role "stream" or "b".
-POLICY_SOURCE = '''from triton.experimental.gluon.language.nvidia.ampere import CachePolicy, FractionalEvictionPolicy
+# Module source of the generated kernels where the policies exist: _l2_policy(L2_HINTS, role)
+# with role "stream" (C's loads, the outputs' stores) or "b" (B's loads).
+POLICY_SOURCE = f'''from triton.experimental.gluon.language.nvidia.ampere import CachePolicy, FractionalEvictionPolicy
 
 
 @gluon.constexpr_function
 def _l2_policy(hints, role):
     hints = getattr(hints, "value", hints)
     role = getattr(role, "value", role)
-    if role == "stream" and hints >= 1:
+    if role == "stream" and hints in ({L2_STREAMS}, {L2_STREAMS_KEEP_B}):
         return CachePolicy(l2=FractionalEvictionPolicy("evict_first", 1.0))
-    if role == "b" and hints == 2:
+    if role == "b" and hints == {L2_STREAMS_KEEP_B}:
         return CachePolicy(l2=FractionalEvictionPolicy("evict_last", 1.0))
     return None
 '''

@@ -327,7 +327,7 @@ def emit_gluon_kernel(graph: Graph, key: str, deterministic: bool = False, piece
     wait += "".join(" " * 8 + line + "\n" for line in zero.wait)
     return (_HEADER.format(key=key, target=f"cuda (Gluon {schedule}, sm_90)",
                            libdevice="from triton.language.extra import libdevice\n")
-            + _GLUON_IMPORTS.format(load=api.load, b_policy=policy_argument("b"))
+            + _GLUON_IMPORTS.replace("{load}", api.load).replace("{b_policy}", policy_argument("b"))
             + (POLICY_SOURCE if api.l2_policies else "") + helper_source(helpers, "cuda")
             + template.format(params=params, args=args, kernel_params=kernel_params, wait=wait,
                               pieces=pieces_text, drain=drain, allocate=allocate, zeros=_ZEROS,

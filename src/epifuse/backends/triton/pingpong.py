@@ -108,7 +108,8 @@ class GluonPingPong(TritonPersistent):
         return self.config.epilogue_pieces
 
     def __repr__(self) -> str:
-        return f"<{self.name} {self.config}>"
+        hints = f", L2 hints {self.l2_hints}" if self.l2_hints != L2_NONE else ""
+        return f"<{self.name} {self.config}{hints}>"
 
     _fallback: dict = {}  # its own smaller configs after an out-of-resources failure
     zeroes_reductions = True  # gluon_codegen emits zeroing for every schedule
