@@ -496,23 +496,19 @@ def test_repeated_launches_take_new_tensors():
     _check(args, reference_outputs(args))
 
 
-def _skip_unless_descriptors_are_kept(driver):
-    if driver.triton.__version__.startswith("3.9."):
-        pytest.skip("Triton 3.9 wraps descriptors its own way (in C++, make_tensordesc_args); kept "
-                    "launches go through Triton's launcher there")
-
-
 def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     """On the CPU, with Triton's own descriptor wrapper around a recording launcher: the kept
     launch finds Triton's launcher and metadata in the wrapper, passes it exactly the arguments
-    the wrapper would, and encodes each descriptor once per base address, shape and strides."""
+    the wrapper would, and encodes each descriptor once per base address, shape and strides.
+    Triton 3.6's wrapper expands the descriptors in Python; 3.9's in C++, with the launcher's
+    argument annotations and kernel signature before the arguments."""
     from triton.backends.nvidia import driver
     from epifuse.backends.triton import tiled
     from epifuse.backends.triton.pingpong import _Described
-    _skip_unless_descriptors_are_kept(driver)
+    in_cpp = driver.triton.__version__.startswith("3.9.")
     encoded = []
 
-    def encode(arg, meta):
+    def encode(arg, meta, *base_args):
         encoded.append((arg.base.data_ptr(), tuple(arg.shape)))
         return [("tensor map", arg.base.data_ptr(), tuple(arg.shape), meta["n"]), *arg.shape, *arg.strides]
     monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
@@ -522,7 +518,8 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
 
     class Runner:  # what Triton's CudaLauncher keeps
         global_scratch_size = profile_scratch_size = 0
-        launch_cooperative_grid = launch_pdl = False
+        launch_cooperative_grid = launch_pdl = gsan_enabled = False
+        arg_annotations, kernel_signature = "annotations", "kernel signature"
 
         def __init__(self):
             self.launch = driver.wrap_handle_tensordesc(lambda *args: calls.append(args), signature,
@@ -534,7 +531,11 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     assert launch is not None
     x, y, z = (torch.zeros(64, 64, dtype=torch.float16) for _ in range(3))
     args = [_Described(x, [64, 64], [64, 1]), 7, _Described(y, [64, 64], [64, 1]), 128]
-    Compiled.run.launch(2, 1, 1, 0, "function", False, False, None, None, "packed", None, None, None, *args)
+    if in_cpp:  # as CudaLauncher.__call__ calls it
+        Compiled.run.launch(2, 1, 1, 0, "function", False, False, "packed", None, None, None, None, None,
+                            "annotations", "kernel signature", tuple(args))
+    else:
+        Compiled.run.launch(2, 1, 1, 0, "function", False, False, None, None, "packed", None, None, None, *args)
     through_triton = calls.pop()
     encoded.clear()
     for _ in range(3):
@@ -544,7 +545,8 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     launch((2, 1, 1), 0, "function", "packed", [_Described(z, [64, 64], [64, 1]), 7, args[2], 128])
     launch((2, 1, 1), 0, "function", "packed", [_Described(x, [32, 64], [64, 1]), 7, args[2], 128])
     assert encoded[2:] == [(z.data_ptr(), (64, 64)), (x.data_ptr(), (32, 64))]
-    assert calls[-1][13] == ("tensor map", x.data_ptr(), (32, 64), 0)
+    first_argument = list(calls[-1][-1])[0] if in_cpp else calls[-1][13]
+    assert first_argument == ("tensor map", x.data_ptr(), (32, 64), 0)
 
 
 @pytest.mark.gpu
@@ -553,11 +555,12 @@ def test_launches_encode_each_descriptor_once_per_tensor(monkeypatch):
     strides (tiled._described_launcher): relaunching on the same tensors encodes nothing;
     tensors at new addresses are encoded once each and computed right; a second problem
     shape sharing the compiled kernel gets its own descriptors, not the first's."""
-    from triton.backends.nvidia import driver
-    _skip_unless_descriptors_are_kept(driver)
+    import triton
+    utils = triton.runtime.driver.active.utils  # each encoding calls its fill_tma_descriptor (3.9: _tiled)
+    name = "fill_tma_descriptor_tiled" if hasattr(utils, "fill_tma_descriptor_tiled") else "fill_tma_descriptor"
     encoded = []
-    real = driver.make_tensordesc_arg
-    monkeypatch.setattr(driver, "make_tensordesc_arg", lambda arg, meta: encoded.append(arg) or real(arg, meta))
+    real = getattr(utils, name)
+    monkeypatch.setattr(utils, name, lambda *values: encoded.append(values[0]) or real(*values))
     M, N, K = 1000, 744, 520
     A, B, tensors = _problem(AUX, M, N, K, device="cuda")
     args = _args(AUX, A, B, **tensors)

@@ -549,6 +549,8 @@ def _described_launcher(compiled):
             getattr(runner, "profile_scratch_size", 1):
         return None
     cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in closure)))
+    if "relevant_paths" in cells:
+        return _described_launcher_39(runner, cells)
     raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
     if not callable(raw) or not indices or not metas or None in metas or len(metas) != len(indices):
         return None
@@ -579,6 +581,40 @@ def _described_launcher(compiled):
     def launch(grid, stream, function, packed, args) -> None:
         raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, packed, None, None, None,
             *expand(args))
+    return launch
+
+
+def _described_launcher_39(runner, cells):
+    """_described_launcher for Triton 3.9's wrapper (wrap_handle_tensordesc_impl), which expands
+    the descriptors in C++ (make_tensordesc_args) through a Python encoder per descriptor: the
+    same expansion, through an encoder that keeps what Triton's made per (metadata, base
+    address, shape, strides). None where the wrapper or the launcher is not as expected."""
+    try:
+        from triton._C.libtriton import make_tensordesc_args
+    except ImportError:
+        return None
+    raw, signature, paths, metas, encode = (cells.get(name) for name in (
+        "launcher", "signature", "relevant_paths", "tensordesc_meta", "make_tensordesc_arg"))
+    annotations, kernel_signature = getattr(runner, "arg_annotations", None), getattr(runner, "kernel_signature", None)
+    if not callable(raw) or not callable(encode) or not metas or None in metas or kernel_signature is None or \
+            getattr(runner, "gsan_enabled", True) or not isinstance(signature, tuple):
+        return None
+    kept: dict = {}
+
+    def keep(arg, meta, base_args):
+        key = (id(meta), arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides))
+        encoded = kept.get(key)
+        if encoded is None:
+            if len(kept) >= DESCRIPTORS_KEPT * len(metas):
+                kept.clear()
+            encoded = kept[key] = encode(arg, meta, base_args)
+        return encoded
+    cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
+
+    def launch(grid, stream, function, packed, args) -> None:
+        base = (grid[0], grid[1], grid[2], stream, function, cooperative, pdl, packed, None, None, None, None, None,
+                annotations, kernel_signature)
+        raw(*base, make_tensordesc_args(tuple(args), signature, paths, metas, base, keep))
     return launch
 
 
