@@ -505,7 +505,6 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     from triton.backends.nvidia import driver
     from epifuse.backends.triton import tiled
     from epifuse.backends.triton.pingpong import _Described
-    in_cpp = driver.triton.__version__.startswith("3.9.")
     encoded = []
 
     def encode(arg, meta, *base_args):
@@ -527,6 +526,7 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
 
     class Compiled:
         run = Runner()
+    in_cpp = "relevant_paths" in Compiled.run.launch.__code__.co_freevars  # 3.9's wrapper
     launch = tiled._described_launcher(Compiled)
     assert launch is not None
     x, y, z = (torch.zeros(64, 64, dtype=torch.float16) for _ in range(3))
@@ -547,6 +547,11 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     assert encoded[2:] == [(z.data_ptr(), (64, 64)), (x.data_ptr(), (32, 64))]
     first_argument = list(calls[-1][-1])[0] if in_cpp else calls[-1][13]
     assert first_argument == ("tensor map", x.data_ptr(), (32, 64), 0)
+    encoded.clear()  # one tensor as both descriptors: each argument's metadata gets its own encoding
+    both = _Described(z, [64, 64], [64, 1])
+    launch((2, 1, 1), 0, "function", "packed", [both, 7, both, 128])
+    maps = [a for a in (list(calls[-1][-1]) if in_cpp else calls[-1][13:]) if isinstance(a, tuple)]
+    assert [m[3] for m in maps] == [0, 1], maps
 
 
 @pytest.mark.gpu

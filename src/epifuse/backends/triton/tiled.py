@@ -531,7 +531,8 @@ def _direct_launcher(plan, compiled, device: int, before=None):
     return lambda: launch_with(values)
 
 
-DESCRIPTORS_KEPT = 16  # encoded TMA descriptors kept per argument of a plan's launch
+DESCRIPTORS_KEPT = 16  # encoded TMA descriptors kept per descriptor argument of a plan's launch (on
+# Triton 3.9 the bound is shared: 16 times the descriptor arguments for all of them)
 
 
 def _described_launcher(compiled):
@@ -597,12 +598,14 @@ def _described_launcher_39(runner, cells):
         "launcher", "signature", "relevant_paths", "tensordesc_meta", "make_tensordesc_arg"))
     annotations, kernel_signature = getattr(runner, "arg_annotations", None), getattr(runner, "kernel_signature", None)
     if not callable(raw) or not callable(encode) or not metas or None in metas or kernel_signature is None or \
-            getattr(runner, "gsan_enabled", True) or not isinstance(signature, tuple):
+            getattr(runner, "gsan_enabled", True) or not isinstance(signature, tuple) or \
+            any(meta.get("is_im2col") for meta in metas):
         return None
     kept: dict = {}
 
     def keep(arg, meta, base_args):
-        key = (id(meta), arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides))
+        key = (id(meta), arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), arg.padding,
+               getattr(arg, "round_f32_to_tf32", False))
         encoded = kept.get(key)
         if encoded is None:
             if len(kept) >= DESCRIPTORS_KEPT * len(metas):
