@@ -21,6 +21,7 @@ from ...shapes import output_strides
 from ..base import check_arguments, Kernel, Status, supported, unsupported
 from .codegen import Layout, launch_layout
 from .grouped_codegen import column_hints, emit_grouped_kernel, table_columns
+from .launch import direct_launcher
 from .tiled import (
     TL_TYPES,
     _INTERPRETER_LOCK,
@@ -28,7 +29,6 @@ from .tiled import (
     TileConfig,
     TritonTiled,
     _conversion_meta,
-    _direct_launcher,
     finish_reduction,
     prepare_reduction,
     _smaller_plan,
@@ -173,7 +173,7 @@ class TritonGrouped(Kernel):
                 with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
                     compiled = plan.kernel[plan.grid](*plan.values, **plan.meta)
                 if not interpret:
-                    plan.fast = _direct_launcher(plan, compiled, grouped.device.index or 0)
+                    plan.fast = direct_launcher(plan, compiled, grouped.device.index or 0)
                 return plan
             except triton.runtime.errors.OutOfResources:
                 plan = _smaller_plan(self, grouped)

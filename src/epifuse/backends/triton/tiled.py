@@ -30,6 +30,7 @@ from ...ir import AXES
 from ...shapes import accumulator_types, output_strides
 from ..reference import FP8_MAX, saturate
 from .codegen import ZEROING_SHAPES, emit_kernel, launch_layout, zeroable
+from .launch import direct_launcher
 from .rules import missing_rules
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -332,7 +333,7 @@ class TritonTiled(Kernel):
         with _INTERPRETER_LOCK if interpret else contextlib.nullcontext():
             compiled = plan.kernel[plan.grid](*plan.jit_values(values), **plan.meta)
         if not interpret:
-            plan.fast = _direct_launcher(plan, compiled, args.A.device.index or 0, self._before_launch)
+            plan.fast = direct_launcher(plan, compiled, args.A.device.index or 0, self._before_launch)
         else:
             plan.launch_with = _interpreted_launcher(plan)
 
@@ -492,135 +493,6 @@ def _reduction_steps(args, layout, buffers, finish, zeroed):
     return before, after
 
 
-def _direct_launcher(plan, compiled, device: int, before=None):
-    """A launch of the already compiled kernel that skips Triton's per-call argument binding
-    and specialization: the plan's arguments (and so their specialization) never change.
-    Not used while Triton launch hooks (profilers) are installed."""
-    from triton import knobs
-    if compiled is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
-        return None
-    names = plan.kernel.arg_names
-    constexprs = [plan.meta[n] for n in names[len(plan.values):]]
-    grid = (*plan.grid, 1, 1)[:3]
-    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
-    raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher asks
-    convert = plan.convert
-    current_device = torch._C._cuda_getDevice
-    described = _described_launcher(compiled)  # None for kernels without host TMA descriptors
-    sync = plan.sync
-    capturing = torch._C._cuda_isCurrentStreamCapturing
-
-    def launch_with(values):
-        if current_device() != device:  # the kernel is loaded on `device`: launch it there
-            with torch.cuda.device(device):
-                return launch_with(values)
-        if before is not None:
-            before()
-        stream = raw_stream(device)
-        if sync is not None:
-            values = sync.values_for(values, stream, capturing())
-        if convert is not None:
-            values = convert(values, False)
-        if described is not None:
-            described(grid, stream, function, packed, [*values, *constexprs])
-        else:
-            run(grid[0], grid[1], grid[2], stream, function, packed, None, None, None,
-                *values, *constexprs)
-    plan.launch_with = launch_with
-    values = list(plan.values)
-    return lambda: launch_with(values)
-
-
-DESCRIPTORS_KEPT = 16  # encoded TMA descriptors kept per descriptor argument of a plan's launch (on
-# Triton 3.9 the bound is shared: 16 times the descriptor arguments for all of them)
-
-
-def _described_launcher(compiled):
-    """Triton's launch of `compiled`, a kernel with host TMA descriptor arguments, without
-    encoding each descriptor anew at every launch as Triton's wrapper does
-    (driver.wrap_handle_tensordesc: a cuTensorMapEncodeTiled per descriptor and a Python loop
-    over every argument). It keeps, per argument, the encoding Triton's own make_tensordesc_arg
-    made for each (base address, shape, strides) it has seen. None where the kernel has no host
-    descriptors or needs launch scratch, or Triton's launcher is not built as this expects
-    (the caller then launches through Triton)."""
-    runner = compiled.run
-    wrapper = getattr(runner, "launch", None)
-    code, closure = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
-    if code is None or not closure or getattr(runner, "global_scratch_size", 1) or \
-            getattr(runner, "profile_scratch_size", 1):
-        return None
-    cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in closure)))
-    if "relevant_paths" in cells:
-        return _described_launcher_39(runner, cells)
-    raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
-    if not callable(raw) or not indices or not metas or None in metas or len(metas) != len(indices):
-        return None
-    try:
-        from triton.backends.nvidia.driver import make_tensordesc_arg
-    except ImportError:
-        return None
-    meta_of = dict(zip(sorted(indices), metas))
-    kept: dict = {i: {} for i in indices}
-    cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
-
-    def expand(args) -> list:
-        out = []
-        for i, arg in enumerate(args):
-            encodings = kept.get(i)
-            if encodings is None:
-                out.append(arg)
-                continue
-            key = (arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides))
-            encoded = encodings.get(key)
-            if encoded is None:
-                if len(encodings) >= DESCRIPTORS_KEPT:
-                    encodings.clear()
-                encoded = encodings[key] = make_tensordesc_arg(arg, meta_of[i])
-            out.extend(encoded)
-        return out
-
-    def launch(grid, stream, function, packed, args) -> None:
-        raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, packed, None, None, None,
-            *expand(args))
-    return launch
-
-
-def _described_launcher_39(runner, cells):
-    """_described_launcher for Triton 3.9's wrapper (wrap_handle_tensordesc_impl), which expands
-    the descriptors in C++ (make_tensordesc_args) through a Python encoder per descriptor: the
-    same expansion, through an encoder that keeps what Triton's made per (metadata, base
-    address, shape, strides). None where the wrapper or the launcher is not as expected."""
-    try:
-        from triton._C.libtriton import make_tensordesc_args
-    except ImportError:
-        return None
-    raw, signature, paths, metas, encode = (cells.get(name) for name in (
-        "launcher", "signature", "relevant_paths", "tensordesc_meta", "make_tensordesc_arg"))
-    annotations, kernel_signature = getattr(runner, "arg_annotations", None), getattr(runner, "kernel_signature", None)
-    if not callable(raw) or not callable(encode) or not metas or None in metas or kernel_signature is None or \
-            getattr(runner, "gsan_enabled", True) or not isinstance(signature, tuple) or \
-            any(meta.get("is_im2col") for meta in metas):
-        return None
-    kept: dict = {}
-
-    def keep(arg, meta, base_args):
-        key = (id(meta), arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), arg.padding,
-               getattr(arg, "round_f32_to_tf32", False))
-        encoded = kept.get(key)
-        if encoded is None:
-            if len(kept) >= DESCRIPTORS_KEPT * len(metas):
-                kept.clear()
-            encoded = kept[key] = encode(arg, meta, base_args)
-        return encoded
-    cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
-
-    def launch(grid, stream, function, packed, args) -> None:
-        base = (grid[0], grid[1], grid[2], stream, function, cooperative, pdl, packed, None, None, None, None, None,
-                annotations, kernel_signature)
-        raw(*base, make_tensordesc_args(tuple(args), signature, paths, metas, base, keep))
-    return launch
-
-
 def on_device(device: torch.device):
     """Run a kernel's compile and launch with its tensors' GPU current: Triton compiles, loads
     and launches on the current device (the tensors may be on another one, cuda:1 in a
@@ -638,13 +510,6 @@ def _interpreted_launcher(plan):
         with _INTERPRETER_LOCK:
             kernel[grid](*plan.jit_values(values), **meta)
     return launch_with
-
-
-def _hooked(hook) -> bool:
-    """Whether a Triton launch hook is installed: a function, or (Triton >= 3.5) a HookChain
-    object, which is always truthy, with functions in its `calls`."""
-    calls = getattr(hook, "calls", None)
-    return bool(calls) if calls is not None else hook is not None
 
 
 def _smaller_plan(kernel, args):
