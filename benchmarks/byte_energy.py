@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from .power_probe import charged_ratio, dynamic_mj, gpu_session, idle_power_w, measure, run_case
+from .power_probe import charged_ratio, dynamic_mj, idle_power_w, measure, parse_with_session, run_case
 
 DEFAULT_CASES = "lincomb:S1,lincomb:S2,relu_aux:S1,relu_aux:S2"
 DRAM_ELEMENTS = 2 ** 30      # fp16: 2 GiB, forty times an H100's or H200's L2
@@ -172,12 +172,10 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default=DEFAULT_CASES, help="comma list of workload:shape (fp16)")
     p.add_argument("--idle", type=float, default=2.0, help="seconds idle before each measurement")
     p.add_argument("--sustain", type=float, default=3.0, help="seconds of back-to-back calls")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    session = gpu_session()
-    if session is None:
+    opened = parse_with_session(p, argv)
+    if opened is None:
         return 2
-    epifuse, nvml, env = session
+    args, epifuse, nvml, env = opened
     energy = measure_bytes(nvml, args.idle, args.sustain)
     cases = []
     for spec in filter(None, args.cases.split(",")):

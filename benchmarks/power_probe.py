@@ -311,6 +311,15 @@ def gpu_session():
     return epifuse, nvml_handle(), collect_env(epifuse)
 
 
+def parse_with_session(parser, argv):
+    """`parser`'s arguments, with --out added, and gpu_session()'s (epifuse, nvml, env) after
+    them; None (said on stderr) without a CUDA GPU."""
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    session = gpu_session()
+    return None if session is None else (args, *session)
+
+
 def print_candidates(result: dict) -> None:
     ms = result["ms"]
     tune_c, sus_c = ms["cublas"]
@@ -340,12 +349,10 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=4, help="with --bench-alike")
     p.add_argument("--kernels", default="",
                    help="with --timeline or --bench-alike: only these kernels, by repr, ';'-separated")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    session = gpu_session()
-    if session is None:
+    opened = parse_with_session(p, argv)
+    if opened is None:
         return 2
-    epifuse, nvml, env = session
+    args, epifuse, nvml, env = opened
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
     def each_case(spec: str, measure, show, stem: str) -> int:
         """measure(epilogue, shape) for each 'epilogue:shape' of `spec`, shown as it comes,
