@@ -230,8 +230,10 @@ def test_toolchain_probe_compiles_a_cluster_and_finds_its_tile_load():
     assert result["cluster_of_two"]
     assert ".reqnctapercluster" not in toolchain_probe.cluster_ptx(num_ctas=1)
     assert len(result["cluster_load_ptx"]) == 1 and "cp.async.bulk.tensor.2d" in result["cluster_load_ptx"][0]
-    # where the copy takes a cache policy (Triton 3.9), the probe passes one and the PTX carries it
+    # where the copy takes a cache policy or a multicast flag (Triton 3.9), the probe passes it
+    # and the PTX carries it; where it takes neither (3.6), the PTX carries neither
     assert result["cache_hint_in_ptx"] == result["gluon_tma_load_cache_hint"]
+    assert result["multicast"] == result["gluon_tma_load_multicast_arg"]
     assert toolchain_probe.tma_loads("x\n  cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
                                      ".multicast::cluster [r1], [r2, {r3, r4}], [r5], h6;\n"
                                      "  cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [r7, {r3, r4}], [r1];") \
