@@ -55,7 +55,7 @@ def bound(source, rank: int = 2, **roles) -> Graph:
 
 
 def ops_in(graph: Graph) -> list[str]:
-    return [n.op for n in graph.nodes()]
+    return [n.op.name for n in graph.nodes()]
 
 
 def output_node(graph: Graph, name: str = "D") -> Node:

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, Phase, event, note, settings
 from hypothesis import seed as hypothesis_seed
 
 import epifuse
-from epifuse.backends.reference import reference_accum
+from epifuse.reference import reference_accum
 from epifuse.ops import OPS
 from epifuse.reference import evaluate
 from fuzz_strategies import Example, Operand, Output
@@ -239,8 +239,8 @@ def check_kernels(ex: Example | None, args, prior: dict | None = None) -> list[s
     Returns the names of the kernels that ran."""
     prior = prior or {}
     statuses = epifuse.kernel_statuses(args)
-    missing = [n.op for n in args.graph.nodes() if n.op in OPS and OPS[n.op].kind != "reduce"
-               and any(f"op {n.op} has no Triton lowering" in s.reason for _, s in statuses)]
+    missing = [n.op.name for n in args.graph.nodes() if not n.op.is_leaf and not n.op.is_reduction
+               and any(f"op {n.op.name} has no Triton lowering" in s.reason for _, s in statuses)]
     kernels = [k for k, s in statuses if s.ok and k.name != "reference"]
     if args.A.device.type == "cuda":  # one config per kernel class: each compile costs seconds
         kernels = [k for i, k in enumerate(kernels) if _variant(k) not in {_variant(j) for j in kernels[:i]}]
@@ -302,5 +302,5 @@ def fuzz_once(ex: Example, device) -> list[str]:
     event(f"outputs: {len(args.outputs)} ({len(args.reductions)} reductions)")
     event(f"batch: {ex.batch or 'none'}")
     for node in args.graph.nodes():
-        event(f"op: {node.op}")
+        event(f"op: {node.op.name}")
     return ran

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 import epifuse
-from epifuse.backends.reference import reference_accum
+from epifuse.reference import reference_accum
 from epifuse.ir import Output, op
 from epifuse.reference import evaluate
 
@@ -21,7 +21,7 @@ def reference_outputs(args: epifuse.GemmArguments, graph=None) -> dict:
 def magnitude_outputs(args: epifuse.GemmArguments) -> dict:
     """For each sum or mean output of `args`, the same reduction of |x| in float64: the scale an
     fp32 sum's rounding error is proportional to, however much its terms cancel."""
-    folds = [o for o in args.graph.outputs if o.node.op in ("sum", "mean")]
+    folds = [o for o in args.graph.outputs if o.node.op.name in ("sum", "mean")]
     if not folds:
         return {}
     return reference_outputs(args, args.graph.with_outputs(

@@ -593,7 +593,7 @@ def _output_shapes(A, B, source, operands) -> dict:
     graph, _ = _bound_graph(program, roles, len(shape))
     shapes = {}
     for out in graph.outputs:
-        if out.node.op in ("sum", "mean", "max", "min", "amax"):
+        if out.node.op.name in ("sum", "mean", "max", "min", "amax"):
             dims = out.node.params["dim"]
             shapes[out.name] = tuple(s for a, s in zip(AXES[3 - len(shape):], shape) if a not in dims) or (1,)
         else:

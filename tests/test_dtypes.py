@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import epifuse
-from epifuse.backends.reference import saturate
+from epifuse.reference import saturate
 from helpers import integer_tensor, reference_outputs, rel_error
 
 M, N, K = 64, 48, 32

@@ -241,7 +241,7 @@ def test_ssa_statements_refer_to_earlier_names():
     assert shape_of(parse(source)) == shape_of(program)
     graph = bound(source, C=("M", "N"))
     node = output_node(graph)  # D = mul(relu(add(x, C)), x): x is one shared node
-    assert node.op == "mul" and node.src[1] is node.src[0].src[0].src[0]
+    assert node.op.name == "mul" and node.src[1] is node.src[0].src[0].src[0]
 
 
 def test_ssa_end_to_end(AB):

@@ -69,8 +69,8 @@ def test_every_op_folds_on_literals(op):
     from epifuse.passes.fold import fold_literal_op
     args = [const(0.5)] + [const(0.25)] * (OPS[op].arity - 1)
     params = (("min", -1.0),) if op == "clamp" else None  # clamp() without bounds does not parse
-    folded = fold_literal_op(Node(op, args, params))
-    assert folded is not None and folded.op == "const"
+    folded = fold_literal_op(Node(OPS[op], args, params))
+    assert folded is not None and folded.op.name == "const"
 
 
 def test_regression_max_with_a_negative_int_reduces(device):

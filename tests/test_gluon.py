@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 import epifuse
-from epifuse.backends.reference import saturate
+from epifuse.reference import saturate
 from epifuse.backends.triton import codegen, gluon_codegen, pingpong
 from fuzz_harness import build, describe, seeded
 from fuzz_strategies import Example, examples

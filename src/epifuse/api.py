@@ -164,13 +164,12 @@ class GemmArguments:
         self.reductions = {}
         for out_ in self.graph.outputs:
             dest = self.outputs[out_.name]
-            opdef = OPS.get(out_.node.op)
-            kind = out_.node.op if opdef is not None and opdef.kind == "reduce" else None
-            if kind is not None:
-                self.reductions[out_.name] = kind
+            reduction = out_.node.op if out_.node.op.is_reduction else None
+            if reduction is not None:
+                self.reductions[out_.name] = reduction.name
             self.strides[out_.name] = output_strides(
                 out_.name, dest, self.accum_shape, A.device,
-                out_.node.params["dim"] if kind else None, kind)
+                out_.node.dims if reduction else None, reduction)
         self._check_aliasing()
         tensors = [A, B, *self.outputs.values(),
                    *(v for v in self.operands.values() if isinstance(v, torch.Tensor))]
@@ -206,6 +205,11 @@ class GemmArguments:
                         raise ShapeError(f"Output {name} partly overlaps operand {op_name}.",
                                          hint="An output may alias an operand only as the very same "
                                               "view (an in-place update such as D = C).")
+
+    def reduction_op(self, name: str):
+        """The reduction OpDef of output `name`, or None for a tile output."""
+        node = self.graph.output(name).node
+        return node.op if node.op.is_reduction else None
 
     def reduced_count(self, name: str) -> int:
         """How many elements one value of reduction output `name` folds together."""
@@ -355,8 +359,7 @@ def _through_torch_ops(A, B, tensors: dict) -> bool:
 
 
 def _allocate_output(node, A, accum_shape, out_dtype):
-    opdef = OPS.get(node.op)
-    if opdef is not None and opdef.kind == "reduce":
+    if node.op.is_reduction:
         axes = AXES[3 - len(accum_shape):]
         shape = [s for a, s in zip(axes, accum_shape) if a not in node.params["dim"]]
         return torch.empty(shape or (1,), device=A.device, dtype=torch.float32)

@@ -29,13 +29,10 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from . import ops
 from .errors import EpilogueError, InternalError
 from .frontend import IDENTIFIER
-from .ir import AXES, Graph, Node, Operand, Output, op
-from .ops import OPS
-from .ops.registry import Sym
-
-EXTREMES = ("max", "min", "amax")
+from .ir import ACCUM, AXES, CONST, INPUT, Graph, Node, Operand, Output, Sym, accum, input_node, op
 
 
 @dataclass(frozen=True)
@@ -74,7 +71,7 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
         name = names.fresh(prefix)
         extra[name] = Operand(name, kind, tuple(in_axes))
         sources[name] = source
-        return Sym(Node("input", (), extra[name]))
+        return Sym(input_node(extra[name]))
 
     wrt_ids = {id(_leaf(name, operands)) for name in wrt if name == "accum" or name in operands}
     nodes = graph.nodes()
@@ -89,7 +86,7 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
     for name in seeded:
         out = outputs[name]
         reduced = _is_reduce(out.node)
-        kept = tuple(a for a in axes if not reduced or a not in out.node.params["dim"])
+        kept = tuple(a for a in axes if not reduced or a not in out.node.dims)
         seed = new_input(f"grad_{name}", "tensor", kept, ("grad", name))
         _accumulate(grads, out.node, seed)
         if reduced and id(out.node) not in reduce_inputs:
@@ -101,19 +98,19 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
         g = grads.get(id(node))
         if g is None or id(node) not in needs or not node.src:
             continue
-        opdef = OPS[node.op]
+        opdef = node.op
         if opdef.vjp is None:
-            raise EpilogueError(f"The op {node.op} has no derivative rule, so this epilogue cannot "
+            raise EpilogueError(f"The op {opdef.name} has no derivative rule, so this epilogue cannot "
                                 "be differentiated.", hint="Detach its inputs, or add `vjp=` to "
                                 "the op's OpDef in epifuse/ops.")
         params = {**dict(opdef.params), **node.params}
-        if opdef.kind == "reduce":
+        if opdef.is_reduction:
             value, count = reduce_inputs[id(node)]
             contributions = opdef.vjp(g, Sym(node.src[0]), value, **params, count=count)
         else:
             contributions = opdef.vjp(g, *(Sym(s) for s in node.src), Sym(node), **params)
         if len(contributions) != len(node.src):
-            raise InternalError(f"the vjp of {node.op} returned {len(contributions)} gradients "
+            raise InternalError(f"the vjp of {opdef.name} returned {len(contributions)} gradients "
                                 f"for {len(node.src)} inputs")
         for src, contribution in zip(node.src, contributions):
             if contribution is not None and id(src) in needs:
@@ -130,11 +127,11 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
         node = g.node
         if name != "accum":
             dims = tuple(a for a in axes if a not in operands[name].axes)
-            node = op("sum", node, dim=dims) if dims else node
+            node = op(ops.sum, node, dim=dims) if dims else node
         results.append(Output(out_name, node))
 
     backward = Graph(tuple(results), ())
-    used = {n.arg.name for n in backward.nodes() if n.op == "input"}
+    used = backward.operand_names_read()
     all_inputs = [*graph.operands, *extra.values()]
     kept_inputs = tuple(o for o in all_inputs if o.name in used)
     for o in graph.operands:
@@ -146,16 +143,16 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
 def restrict(graph: Graph, names: Sequence[str]) -> Graph:
     """The forward graph computing only the outputs `names` (operands it no longer reads dropped)."""
     outputs = tuple(o for o in graph.outputs if o.name in names)
-    used = {n.arg.name for n in Graph(outputs, ()).nodes() if n.op == "input"}
+    used = Graph(outputs, ()).operand_names_read()
     return Graph(outputs, tuple(o for o in graph.operands if o.name in used), graph.names, graph.locs)
 
 
 def _leaf(name: str, operands: dict) -> Node:
-    return Node("accum") if name == "accum" else Node("input", (), operands[name])
+    return accum() if name == "accum" else input_node(operands[name])
 
 
 def _is_reduce(node: Node) -> bool:
-    return node.op in OPS and OPS[node.op].kind == "reduce"
+    return node.op.is_reduction
 
 
 def _accumulate(grads: dict, node: Node, contribution: Sym) -> None:
@@ -196,11 +193,11 @@ def graph_source(graph: Graph, rank: int, name: str = "epilogue", accum: str = "
     text: dict[int, str] = {}
     lines = []
     for node in graph.nodes():
-        if node.op == "accum":
+        if node.op is ACCUM:
             text[id(node)] = accum
-        elif node.op == "const":
+        elif node.op is CONST:
             text[id(node)] = _literal(node.arg)
-        elif node.op == "input":
+        elif node.op is INPUT:
             text[id(node)] = node.arg.name
         else:
             args = [text[id(s)] for s in node.src]
@@ -210,7 +207,7 @@ def graph_source(graph: Graph, rank: int, name: str = "epilogue", accum: str = "
                 if value is not None:
                     args.append(f"{key}={_literal(value)}")
             var = names.fresh("t")
-            lines.append(f"    {var} = {node.op}({', '.join(args)})")
+            lines.append(f"    {var} = {node.op.name}({', '.join(args)})")
             text[id(node)] = var
     for out in graph.outputs:
         lines.append(f"    {out.name} = {text[id(out.node)]}")
@@ -237,4 +234,4 @@ def _literal(value) -> str:
     return repr(value)
 
 
-__all__ = ["Backward", "derive", "restrict", "graph_source", "EXTREMES"]
+__all__ = ["Backward", "derive", "restrict", "graph_source"]

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from .errors import EpilogueError, EpilogueSyntaxError, Location
 from .frontend import Expr, Program
-from .ir import AXES, Graph, Node, Operand, Output, const
+from .ir import AXES, Graph, Node, Operand, Output, accum, const, input_node
 from .ops import OPS
 
 
 def bind(program: Program, operands: dict[str, Operand], rank: int) -> Graph:
     """Build the Graph of `program` with `operands` (name -> Operand) for a rank-2/3 accum."""
-    env: dict[str, Node] = {"accum": Node("accum")}
+    env: dict[str, Node] = {"accum": accum()}
     names: dict[Node, str] = {}
     locs: dict[Node, Location] = {}
     for name in program.operands:
-        env[name] = Node("input", (), operands[name])
+        env[name] = input_node(operands[name])
         names.setdefault(env[name], name)
     for stmt in program.statements:
         node = _evaluate(stmt.expr, env, rank, locs)
@@ -59,15 +59,15 @@ def _evaluate(expr: Expr, env: dict[str, Node], rank: int, locs: dict) -> Node:
 def _call_node(expr: Expr, srcs: list[Node], rank: int, locs: dict) -> Node:
     opdef = OPS[expr.value]
     for s in srcs:
-        if s.op in OPS and OPS[s.op].kind == "reduce":
+        if s.op.is_reduction:
             raise EpilogueError(
-                f"The result of {s.op}() is used by {opdef.name}(); a reduction's result can only "
+                f"The result of {s.op.name}() is used by {opdef.name}(); a reduction's result can only "
                 "be returned as an output.", expr.loc,
                 "Return the reduced value and finish the computation on it after the GEMM.")
     params = dict(expr.params)
-    if opdef.kind == "reduce":
+    if opdef.is_reduction:
         params = {"dim": _axes_of(params.get("dim"), rank, expr.loc, opdef.name)}
-    node = Node(opdef.name, srcs, tuple(sorted(params.items())) if params else None)
+    node = Node(opdef, srcs, tuple(sorted(params.items())) if params else None)
     locs.setdefault(node, expr.loc)
     return node
 

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from .errors import EpilogueArgumentError
-from .ir import AXES, Graph, Node, Output
+from .ir import ACCUM, AXES, CONST, INPUT, Graph, Node, Output
 
 # ---- verification ----------------------------------------------------------------------------
 
@@ -115,7 +115,7 @@ def default_tolerance(args, name: str) -> tuple[float, float]:
 def reference_outputs(args, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
     """Every output of `args` by the reference interpreter in `dtype`, in its destination's
     shape, folded into the destination's current value for `accumulate=True` reductions."""
-    from .backends.reference import reference_accum, saturate
+    from .reference import reference_accum, saturate
     from .reference import evaluate
     if args.A.device.type == "meta":
         raise EpilogueArgumentError("verify=True compares values, and tensors on the meta device have none.",
@@ -127,10 +127,9 @@ def reference_outputs(args, dtype: torch.dtype = torch.float64) -> dict[str, tor
     for name, value in results.items():
         dest = args.outputs[name]
         value = value.reshape(dest.shape)
-        kind = args.reductions.get(name)
-        if kind is not None and args.accumulate:
-            combine = {"max": torch.maximum, "amax": torch.maximum, "min": torch.minimum}.get(kind, torch.add)
-            value = combine(dest.to(dtype), value)
+        op = args.reduction_op(name)
+        if op is not None and args.accumulate:
+            value = op.reduction.merge(dest.to(dtype), value)
         if dest.dtype == torch.bool:
             value = (value != 0).to(dtype)   # NaN is true, as torch converts it
         elif not dest.dtype.is_floating_point:
@@ -294,7 +293,7 @@ def trace(args, tile: tuple[int, int] = (0, 0), tile_shape: tuple[int, int] | No
     """Every intermediate value of the epilogue of `args` on output tile `tile` = (i, j): rows
     i*BM ... and columns j*BN ... of accum (all batches), BM x BN = `tile_shape`."""
     from .api import GemmArguments
-    from .backends.reference import reference_accum
+    from .reference import reference_accum
     from .binding import bind
     from .reference import evaluate
     from .shapes import classify_operand
@@ -329,7 +328,7 @@ def trace(args, tile: tuple[int, int] = (0, 0), tile_shape: tuple[int, int] | No
     named = dataclasses.replace(program, outputs=tuple((s.target, s.loc) for s in program.statements))
     graph = bind(named, roles, len(args.accum_shape))     # not optimized: the user's own steps
     env = {o.name: o.node for o in graph.outputs}
-    nodes = [n for n in graph.nodes() if n.op != "const"]
+    nodes = [n for n in graph.nodes() if n.op is not CONST]
     every = Graph(tuple(Output(f"#{k}", n) for k, n in enumerate(nodes)), graph.operands,
                   graph.names, graph.locs)
     results = evaluate(every, accum, operands, dtype)
@@ -350,23 +349,23 @@ def trace(args, tile: tuple[int, int] = (0, 0), tile_shape: tuple[int, int] | No
 
 
 def _label(node: Node, graph: Graph, labels: dict) -> str:
-    if node.op == "accum":
+    if node.op is ACCUM:
         return "accum"
-    if node.op == "input":
+    if node.op is INPUT:
         return node.arg.name
     return graph.name_of(node) or _expression(node, labels)
 
 
 def _expression(node: Node, labels: dict) -> str:
-    if node.op == "accum":
+    if node.op is ACCUM:
         return "accum"
-    if node.op == "input":
+    if node.op is INPUT:
         return node.arg.name
-    if node.op == "const":
+    if node.op is CONST:
         return repr(node.arg)
-    parts = [labels.get(id(s)) or (repr(s.arg) if s.op == "const" else "?") for s in node.src]
+    parts = [labels.get(id(s)) or (repr(s.arg) if s.op is CONST else "?") for s in node.src]
     parts += [f"{k}={v!r}" for k, v in node.params.items()]
-    text = f"{node.op}({', '.join(parts)})"
+    text = f"{node.op.name}({', '.join(parts)})"
     return text if len(text) <= 72 else text[:69] + "..."
 
 
@@ -416,7 +415,6 @@ def _quote(text: str) -> str:
 
 def dot_source(graph: Graph, title: str = "epilogue") -> str:
     """The Graph as graphviz DOT: leaves at the top, outputs at the bottom."""
-    from .ops import OPS
     if not isinstance(graph, Graph):
         raise EpilogueArgumentError(f"Drawing takes a Graph (such as GemmArguments.graph), not {type(graph).__name__}.")
     lines = [f"digraph {_quote(title)} {{", "  rankdir=TB;",
@@ -426,18 +424,17 @@ def dot_source(graph: Graph, title: str = "epilogue") -> str:
     for k, node in enumerate(graph.nodes()):
         ids[id(node)] = f"n{k}"
         axes = "".join(a for a in AXES if a in node.axes) or "scalar"
-        if node.op == "accum":
+        if node.op is ACCUM:
             label, shape, color = "accum", "box", _COLORS["accum"]
-        elif node.op == "input":
+        elif node.op is INPUT:
             label, shape, color = f"{node.arg.name}\n{node.arg.kind} [{axes}]", "box", _COLORS["input"]
-        elif node.op == "const":
+        elif node.op is CONST:
             label, shape, color = repr(node.arg), "plaintext", _COLORS["const"]
         else:
             params = ", ".join(f"{k2}={v!r}" for k2, v in node.params.items())
             user = graph.name_of(node)
-            label = node.op + (f"({params})" if params else "") + (f"\n{user}" if user else "")
-            reduce = OPS.get(node.op) is not None and OPS[node.op].kind == "reduce"
-            shape, color = "ellipse", _COLORS["reduce" if reduce else "op"]
+            label = node.op.name + (f"({params})" if params else "") + (f"\n{user}" if user else "")
+            shape, color = "ellipse", _COLORS["reduce" if node.op.is_reduction else "op"]
         lines.append(f"  n{k} [label={_quote(label)}, shape={shape}, fillcolor={_quote(color)}];")
         for s in node.src:
             lines.append(f"  {ids[id(s)]} -> n{k};")

@@ -72,7 +72,7 @@ def _triton_status(name: str, kind: str) -> str:
     from .backends.triton.rules import missing_rules
     if kind == "reduce":
         return "yes (reduction stage)"
-    missing = missing_rules()
+    missing = {op.name: reason for op, reason in missing_rules().items()}
     return "yes" if name not in missing else f"no: {missing[name]}"
 
 

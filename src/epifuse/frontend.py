@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 from .errors import (EpilogueSyntaxError, Location, UnsupportedOperationError,
                      did_you_mean)
-from .ops import OPS, dtype_from_name, lookup, spellings
+from .ops import OPS, lookup, rounding_dtype, spellings
+from .ops.dtypes import CAST_METHODS
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -35,7 +36,6 @@ MODULE_PREFIXES = {
     ("torch",), ("F",), ("nn", "functional"), ("torch", "nn", "functional"), ("functional",),
     ("torch", "special"), ("epifuse",), ("ops",), ("epifuse", "ops"),
 }
-_CAST_METHODS = {"half": "float16", "float": "float32", "bfloat16": "bfloat16", "double": "float64"}
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow",
            ast.BitAnd: "logical_and", ast.BitOr: "logical_or"}
 _CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
@@ -447,8 +447,8 @@ class _Visitor:
         return self.resolve(spelled, args, keywords, node, loc, method=receiver is not None)
 
     def resolve(self, spelled: str, args, keywords, node, loc, method: bool) -> Expr:
-        if method and spelled in _CAST_METHODS and not args[1:] and not keywords:
-            return Expr("call", "to", (self.expr(args[0]),), (("dtype", _CAST_METHODS[spelled]),), loc)
+        if method and spelled in CAST_METHODS and not args[1:] and not keywords:
+            return Expr("call", "to", (self.expr(args[0]),), (("dtype", CAST_METHODS[spelled]),), loc)
         if spelled in ("max", "min") and _is_binary_extremum(args, keywords):
             spelled = "maximum" if spelled == "max" else "minimum"
         opdef = lookup(spelled)
@@ -533,7 +533,7 @@ def _is_number(v) -> bool:
 # What each param accepts, and what its error says it needs: the parser checks source by these
 # rules, and load_program checks a key read from disk by the same ones.
 _PARAM_RULES = {
-    "dtype": (lambda v: isinstance(v, str) and dtype_from_name(v) is not None,
+    "dtype": (lambda v: isinstance(v, str) and rounding_dtype(v) is not None,
               "a dtype such as torch.float16 for 'dtype'"),
     "dim": (lambda v: v is None or (isinstance(v, tuple) and all(_is_int(d) for d in v)),
             "dim to be an int or a tuple of ints"),

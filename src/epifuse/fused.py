@@ -182,8 +182,7 @@ def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors
     for o in graph.outputs:
         if o.name not in missing:
             continue
-        opdef = OPS.get(o.node.op)
-        if opdef is not None and opdef.kind == "reduce":
+        if o.node.op.is_reduction:
             shape = [s for a, s in zip(axes, accum_shape) if a not in o.node.params["dim"]]
             out[o.name] = torch.empty(shape or (1,), device=A.device, dtype=torch.float32)
         else:

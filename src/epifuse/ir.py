@@ -1,15 +1,15 @@
 """The epilogue IR: frozen, hash-consed nodes and the graph of one bound epilogue.
 
-A `Node` is (op, src, arg). Nodes are interned: building a node equal to an existing one
-returns the existing object, so common-subexpression elimination is construction and node
-equality is identity. Leaf ops:
+A `Node` is (op, src, arg), `op` an `OpDef`. Nodes are interned: building a node equal to an
+existing one returns the existing object, so common-subexpression elimination is construction
+and node equality is identity. Three leaf ops are not in the user-visible registry:
 
-    accum                      the GEMM accumulator tile
-    const   arg=float          a literal (folded in double precision, emitted as fp32)
-    input   arg=Operand        an epilogue operand (scalar, row, column, tile, per-batch scalar)
+    ACCUM                       the GEMM accumulator tile
+    CONST   arg=float           a literal (folded in double precision, emitted as fp32)
+    INPUT   arg=Operand         an epilogue operand (scalar, row, column, tile, per-batch scalar)
 
-Every other op is a name in the ops registry, with `arg` its sorted compile-time parameters
-(for reductions: the reduced axes). `axes` says which of accum's axes ("L", "M", "N") a value
+Every other op is a registry op, with `arg` its sorted compile-time parameters (for
+reductions: the reduced axes). `axes` says which of accum's axes ("L", "M", "N") a value
 varies along; `dtype` is "float" or "bool".
 """
 from __future__ import annotations
@@ -20,9 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .errors import InternalError, Location
-from .ops import OPS
+from .ops import OPS, OpDef, Symbolic
 
 AXES = ("L", "M", "N")
+
+ACCUM = OpDef("accum", 0, None, kind="leaf", doc="the GEMM accumulator")
+CONST = OpDef("const", 0, None, kind="leaf", doc="a literal")
+INPUT = OpDef("input", 0, None, kind="leaf", doc="an epilogue operand")
 
 
 @dataclass(frozen=True)
@@ -51,13 +55,15 @@ class Node:
     __slots__ = ("op", "src", "arg", "axes", "dtype", "__weakref__")
     _interned: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
 
-    op: str
+    op: OpDef
     src: tuple["Node", ...]
     arg: Any
     axes: frozenset
     dtype: str
 
-    def __new__(cls, op: str, src: Iterable["Node"] = (), arg: Any = None):
+    def __new__(cls, op: OpDef, src: Iterable["Node"] = (), arg: Any = None):
+        if not isinstance(op, OpDef):
+            raise InternalError(f"a node's op is an OpDef, not {op!r}")
         src = tuple(src)
         key = (op, _freeze(arg), tuple(id(s) for s in src))
         node = cls._interned.get(key)
@@ -78,39 +84,106 @@ class Node:
 
     @property
     def params(self) -> dict[str, Any]:
-        return dict(self.arg or ())
+        return dict(self.arg or ()) if self.op not in (CONST, INPUT) else {}
+
+    @property
+    def reduction(self):
+        """The op's Reduction (what it folds, how partials combine), or None."""
+        return self.op.reduction
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The axes a reduction folds."""
+        return tuple(self.params["dim"])
 
     def __repr__(self) -> str:
-        return f"Node({self.op}, {self.arg!r}, {len(self.src)} src)"
+        return f"Node({self.op.name}, {self.arg!r}, {len(self.src)} src)"
 
 
-def _infer(op: str, src: tuple[Node, ...], arg: Any) -> tuple[frozenset, str]:
+def _infer(op: OpDef, src: tuple[Node, ...], arg: Any) -> tuple[frozenset, str]:
     """Shape and dtype propagation: which accum axes a value varies along, and its type."""
-    if op == "accum":
-        return frozenset(("L", "M", "N")), "float"
-    if op == "const":
+    if op is ACCUM:
+        return frozenset(AXES), "float"
+    if op is CONST:
         return frozenset(), "float"
-    if op == "input":
+    if op is INPUT:
         return frozenset(arg.axes), "float"
-    opdef = OPS.get(op)
-    if opdef is None:
+    if op.is_leaf or OPS.get(op.name) is not op:
         raise InternalError(f"node with unknown op {op!r}")
-    if len(src) != opdef.arity:
-        raise InternalError(f"{op} takes {opdef.arity} inputs, got {len(src)}")
+    if len(src) != op.arity:
+        raise InternalError(f"{op.name} takes {op.arity} inputs, got {len(src)}")
     axes = frozenset().union(*(s.axes for s in src))
-    if opdef.kind == "reduce":
+    if op.is_reduction:
         return axes - frozenset(dict(arg)["dim"]), "float"
-    if opdef.kind in ("compare", "logical"):
-        return axes, "bool"
-    return axes, "float"
+    return axes, "bool" if op.makes_bool else "float"
+
+
+def accum() -> Node:
+    return Node(ACCUM)
 
 
 def const(value: float) -> Node:
-    return Node("const", (), float(value))
+    return Node(CONST, (), float(value))
 
 
-def op(name: str, *src: Node, **params) -> Node:
-    return Node(name, src, tuple(sorted(params.items())) if params else None)
+def input_node(operand: Operand) -> Node:
+    return Node(INPUT, (), operand)
+
+
+def op(which: OpDef | str, *src: Node, **params) -> Node:
+    """A node applying `which` (an OpDef or a registry name) to `src`."""
+    opdef = OPS[which] if isinstance(which, str) else which
+    return Node(opdef, src, tuple(sorted(params.items())) if params else None)
+
+
+class Sym(Symbolic):
+    """A value in a derivative rule: an IR node with arithmetic that builds nodes.
+
+    `g * y * (1.0 - y)` and `where(x > 0.0, g, 0.0)` (with `where` the registry op) build the
+    same interned nodes the binder would. `==` keeps Python's meaning; write `eq(a, b)`.
+    """
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Node):
+        self.node = node
+
+    @classmethod
+    def apply(cls, opdef: OpDef, args: tuple, params: dict) -> "Sym":
+        return cls(op(opdef, *(cls.lift(a).node for a in args), **params))
+
+    @staticmethod
+    def lift(value) -> "Sym":
+        if isinstance(value, Sym):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"a derivative rule used {type(value).__name__}; only Syms and numbers mix")
+        return Sym(const(float(value)))
+
+    def _binary(self, name, other, reverse=False):
+        a, b = (Sym.lift(other), self) if reverse else (self, Sym.lift(other))
+        return OPS[name](a, b)
+
+    def __add__(self, o): return self._binary("add", o)
+    def __radd__(self, o): return self._binary("add", o, True)
+    def __sub__(self, o): return self._binary("sub", o)
+    def __rsub__(self, o): return self._binary("sub", o, True)
+    def __mul__(self, o): return self._binary("mul", o)
+    def __rmul__(self, o): return self._binary("mul", o, True)
+    def __truediv__(self, o): return self._binary("div", o)
+    def __rtruediv__(self, o): return self._binary("div", o, True)
+    def __pow__(self, o): return self._binary("pow", o)
+    def __lt__(self, o): return self._binary("lt", o)
+    def __le__(self, o): return self._binary("le", o)
+    def __gt__(self, o): return self._binary("gt", o)
+    def __ge__(self, o): return self._binary("ge", o)
+    def __and__(self, o): return self._binary("logical_and", o)
+    def __or__(self, o): return self._binary("logical_or", o)
+    def __neg__(self): return OPS["neg"](self)
+    def __invert__(self): return OPS["logical_not"](self)
+
+    def __repr__(self) -> str:
+        return f"Sym({self.node!r})"
 
 
 @dataclass(frozen=True)
@@ -123,6 +196,10 @@ class Output:
 
     name: str
     node: Node
+
+    @property
+    def reduction(self):
+        return self.node.reduction
 
 
 @dataclass(frozen=True)
@@ -165,8 +242,14 @@ class Graph:
             count[id(o.node)] = count.get(id(o.node), 0) + 1
         return count
 
+    def operand_names_read(self) -> set[str]:
+        return {n.arg.name for n in self.nodes() if n.op is INPUT}
+
     def with_outputs(self, outputs) -> "Graph":
         return Graph(tuple(outputs), self.operands, self.names, self.locs)
+
+    def output(self, name: str) -> Output:
+        return next(o for o in self.outputs if o.name == name)
 
     def name_of(self, node: Node) -> str | None:
         return (self.names or {}).get(node)
@@ -186,15 +269,15 @@ def format_graph(graph: Graph) -> str:
         user = graph.name_of(node)
         ids[id(node)] = f"%{i}" + (f"({user})" if user else "")
         args = ", ".join(ids[id(s)] for s in node.src)
-        if node.op == "const":
+        if node.op is CONST:
             detail = repr(node.arg)
-        elif node.op == "input":
+        elif node.op is INPUT:
             detail = f"{node.arg.name} [{node.arg.kind}, axes={''.join(node.arg.axes) or '-'}]"
         else:
             params = ", ".join(f"{k}={v!r}" for k, v in (node.arg or ()))
             detail = args + (", " + params if params and args else params)
         axes = "".join(a for a in AXES if a in node.axes) or "-"
-        lines.append(f"{ids[id(node)]} = {node.op}({detail})  : {node.dtype}[{axes}]")
+        lines.append(f"{ids[id(node)]} = {node.op.name}({detail})  : {node.dtype}[{axes}]")
     for o in graph.outputs:
         lines.append(f"return {o.name} <- {ids[id(o.node)]}")
     return "\n".join(lines)
@@ -204,12 +287,12 @@ def verify(graph: Graph) -> None:
     """Check invariants between passes; raises InternalError on a malformed graph."""
     operand_names = {o.name for o in graph.operands}
     for node in graph.nodes():
-        if node.op == "input" and node.arg.name not in operand_names:
+        if node.op is INPUT and node.arg.name not in operand_names:
             raise InternalError(f"input {node.arg.name!r} is not an operand", format_graph(graph))
-        if node.op not in ("accum", "const", "input") and node.op not in OPS:
+        if not node.op.is_leaf and OPS.get(node.op.name) is not node.op:
             raise InternalError(f"unknown op {node.op!r}", format_graph(graph))
         for s in node.src:
-            if s.op in OPS and OPS[s.op].kind == "reduce":
+            if s.op.is_reduction:
                 raise InternalError("a reduction feeds another node", format_graph(graph))
     names = [o.name for o in graph.outputs]
     if len(set(names)) != len(names):

@@ -1,16 +1,31 @@
-"""The reference backend's interpreter: evaluate a Graph with torch ops, on any device.
+"""The executable spec: what an epilogue computes, evaluated with torch ops on any device.
 
-This is the executable spec every kernel is tested against. Operand tensors are given in
-their user shapes (torch broadcasting against accum does the rest); results come back in
-`dtype` (float64 for verification), one tensor per output, reductions already reduced over
-their dims (not kept).
+Every kernel is tested against this module. `reference_accum` is the GEMM (exact in int64 for
+integer inputs), `evaluate` runs a Graph over it, and `saturate` is the conversion every kernel
+applies when it stores a value into an output's dtype. Operand tensors are given in their user
+shapes (torch broadcasting against accum does the rest); results come back in `dtype` (float64
+for verification), one tensor per output, reductions already reduced over their dims.
 """
 from __future__ import annotations
 
 import torch
 
-from .ir import AXES, Graph, Node
-from .ops import OPS
+from .ir import ACCUM, AXES, CONST, INPUT, Graph, Node
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def reference_accum(A: torch.Tensor, B: torch.Tensor, dtype=torch.float32,
+                    accumulator_type: torch.dtype | None = None) -> torch.Tensor:
+    """accum = A @ B in `dtype` (int64 for integer inputs, exact), broadcasting batch dims.
+    An fp16 `accumulator_type` holds accum rounded to fp16 (the kernels' sums round at every
+    step, so they agree with this within fp16's accumulated rounding, exactly on small integers)."""
+    if not A.is_floating_point():
+        return torch.matmul(A.to(torch.int64).cpu(), B.to(torch.int64).cpu()).to(A.device)
+    accum = torch.matmul(A.to(dtype), B.to(dtype))
+    if accumulator_type == torch.float16:
+        accum = accum.to(torch.float16).to(dtype)
+    return accum
 
 
 def evaluate(graph: Graph, accum: torch.Tensor, operands: dict, dtype=torch.float32) -> dict:
@@ -25,26 +40,26 @@ def evaluate(graph: Graph, accum: torch.Tensor, operands: dict, dtype=torch.floa
         value = values[id(out.node)]
         if value.dtype == torch.bool:
             value = value.to(dtype)
-        if OPS.get(out.node.op) is None or OPS[out.node.op].kind != "reduce":
+        if not out.node.op.is_reduction:
             value = torch.broadcast_to(value, accum.shape)
         results[out.name] = value
     return results
 
 
 def _evaluate_node(node: Node, src, accum, operands, dtype, rank):
-    if node.op == "accum":
+    if node.op is ACCUM:
         return accum.to(dtype)
-    if node.op == "const":
+    if node.op is CONST:
         return torch.tensor(node.arg, dtype=dtype, device=accum.device)
-    if node.op == "input":
+    if node.op is INPUT:
         value = operands[node.arg.name]
         if not isinstance(value, torch.Tensor):
             return torch.tensor(float(value), dtype=dtype, device=accum.device)
         value = value.to(device=accum.device, dtype=dtype)
         return value.reshape(()) if node.arg.kind == "tensor" and not node.arg.axes else value
-    opdef = OPS[node.op]
+    opdef = node.op
     params = node.params
-    if opdef.kind == "reduce":
+    if opdef.is_reduction:
         full = torch.broadcast_to(src[0], accum.shape).to(dtype)
         axes = AXES[3 - rank:]
         dims = tuple(axes.index(a) for a in params["dim"])
@@ -53,9 +68,22 @@ def _evaluate_node(node: Node, src, accum, operands, dtype, rank):
         src = [s.to(dtype) if s.dtype == torch.bool else s for s in src]
     if opdef.kind == "logical":
         src = [s if s.dtype == torch.bool else s != 0 for s in src]
-    if node.op == "where" and src[0].dtype != torch.bool:
+    if opdef.name == "where" and src[0].dtype != torch.bool:
         src = [src[0] != 0, *src[1:]]
     result = opdef.ref(*src, **params)
     if result.is_floating_point() and result.dtype != dtype:
         result = result.to(dtype)
     return result
+
+
+def saturate(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The conversion every kernel applies to outputs, before the cast to `dtype`: integers
+    round to nearest even and saturate (NaN becomes 0); fp8 saturates to its largest finite
+    value (NaN stays NaN); other floating types round to nearest even (the cast itself)."""
+    if dtype in FP8_MAX:
+        return value.clamp(-FP8_MAX[dtype], FP8_MAX[dtype])
+    if dtype.is_floating_point or dtype == torch.bool:
+        return value
+    info = torch.iinfo(dtype)
+    value = torch.nan_to_num(value.double(), nan=0.0, posinf=info.max, neginf=info.min)
+    return torch.round(value).clamp(info.min, info.max)

@@ -131,9 +131,9 @@ def _storable(dtype: torch.dtype) -> bool:
         return False
 
 
-def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kind) -> dict:
+def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, op) -> dict:
     """Strides of an output per stored axis; checks its shape (and reduction dims), dtype, device
-    and that no two of its elements share memory."""
+    and that no two of its elements share memory. `op` is the reduction's OpDef, None for a tile."""
     _check_layout(f"Output {name}", dest)
     if dest.device != device:
         raise ShapeError(f"Output {name} is on {dest.device} but A and B are on {device}.")
@@ -150,7 +150,7 @@ def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kin
                          hint="Pass a tensor whose elements are distinct in memory: an expanded "
                               "or as_strided view cannot be written; use torch.empty(...) or .clone().")
     acc_axes = AXES[3 - len(accum_shape):]
-    if kind is None:
+    if op is None:
         if tuple(dest.shape) != tuple(accum_shape):
             raise ShapeError(f"Output {name} has shape {_shape(dest.shape)} but accum is "
                              f"{_shape(accum_shape)}; an elementwise output must match accum.")
@@ -158,10 +158,11 @@ def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, kin
         return {a: strides.get(a, 0) for a in AXES}
     kept = [a for a in acc_axes if a not in dims]
     empty = [str(acc_axes.index(a)) for a in dims if accum_shape[acc_axes.index(a)] == 0]
-    if empty and kind in ("max", "min", "amax"):
+    kind = op.name
+    if empty and op.reduction.needs_elements:
         raise ShapeError(f"Output {name}: {kind}() over dim {', '.join(empty)} of accum "
                          f"{_shape(accum_shape)} reduces an empty dimension, which has no "
-                         f"{'maximum' if kind != 'min' else 'minimum'} (torch raises here too).",
+                         f"{op.reduction.combine} (torch raises here too).",
                          hint="Skip the GEMM for empty problems, or reduce with sum().")
     kept_shape = tuple(s for a, s in zip(acc_axes, accum_shape) if a in kept)
     keep_shape = tuple(1 if a in dims else s for a, s in zip(acc_axes, accum_shape))

@@ -229,8 +229,8 @@ def _output_specs(e: Entry, graph, accum_shape, A: Tensor, out_dtypes: str, comp
     axes = AXES[3 - len(accum_shape):]
     specs = []
     for out, dtype_name in zip(graph.outputs, named):
-        if out.node.op in OPS and OPS[out.node.op].kind == "reduce":
-            dims = out.node.params["dim"]
+        if out.node.op.is_reduction:
+            dims = out.node.dims
             shape = tuple(s for a, s in zip(axes, accum_shape) if a not in dims) or (1,)
             default = torch.float64 if compute_dtype == torch.float64 else torch.float32
         else:
@@ -332,7 +332,7 @@ def _backward_plan(epilogue: str, roles, rank, wrt, seeded) -> _BackwardPlan:
         wrt_name = next(n for n, o in backward.grads.items() if o == out.name)
         if wrt_name == "accum":
             kinds.append("accum")
-        elif out.node.op == "sum":
+        elif out.node.op.is_reduction:
             kinds.append("reduce")
         else:
             kinds.append(("operand", wrt_name))
@@ -406,8 +406,7 @@ class _Step:
         self.options, self.values, self.accum = options, values, accum
         self.accum_shape = accum_shape
         self.axes = AXES[3 - len(accum_shape):]
-        self.reductions = {o.name: o.node.params["dim"] for o in graph.outputs
-                           if o.node.op in OPS and OPS[o.node.op].kind == "reduce"}
+        self.reductions = {o.name: o.node.dims for o in graph.outputs if o.node.op.is_reduction}
         if accum is not None:
             self.A, self.B = accum[..., :0], accum[..., :0, :]  # K = 0: accum is an operand
             self.accum_dtype = accum.dtype

@@ -8,21 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..reference import evaluate
+from ..reference import evaluate, reference_accum, saturate
 from .base import check_arguments, Kernel, Status, supported
-
-
-def reference_accum(A: torch.Tensor, B: torch.Tensor, dtype=torch.float32,
-                    accumulator_type: torch.dtype | None = None) -> torch.Tensor:
-    """accum = A @ B in `dtype` (int64 for integer inputs, exact), broadcasting batch dims.
-    An fp16 `accumulator_type` holds accum rounded to fp16 (the kernels' sums round at every
-    step, so they agree with this within fp16's accumulated rounding, exactly on small integers)."""
-    if not A.is_floating_point():
-        return torch.matmul(A.to(torch.int64).cpu(), B.to(torch.int64).cpu()).to(A.device)
-    accum = torch.matmul(A.to(dtype), B.to(dtype))
-    if accumulator_type == torch.float16:
-        accum = accum.to(torch.float16).to(dtype)
-    return accum
 
 
 class ReferenceKernel(Kernel):
@@ -50,25 +37,7 @@ def write_results(args, results: dict) -> None:
     for name, value in results.items():
         dest = args.outputs[name]
         value = value.reshape(dest.shape)
-        kind = args.reductions.get(name)
-        if kind is not None and args.accumulate:
-            old = dest.to(value.dtype)
-            value = {"max": torch.maximum, "amax": torch.maximum, "min": torch.minimum}.get(
-                kind, torch.add)(old, value)
+        op = args.reduction_op(name)
+        if op is not None and args.accumulate:
+            value = op.reduction.merge(dest.to(value.dtype), value)
         dest.copy_(saturate(value, dest.dtype))
-
-
-FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
-
-
-def saturate(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The conversion every kernel applies to outputs: integers round to nearest even and
-    saturate (NaN becomes 0); fp8 saturates to its largest finite value (NaN stays NaN);
-    other floating types round to nearest even."""
-    if dtype in FP8_MAX:
-        return value.clamp(-FP8_MAX[dtype], FP8_MAX[dtype])
-    if dtype.is_floating_point or dtype == torch.bool:
-        return value
-    info = torch.iinfo(dtype)
-    value = torch.nan_to_num(value.double(), nan=0.0, posinf=info.max, neginf=info.min)
-    return torch.round(value).clamp(info.min, info.max)

@@ -8,9 +8,10 @@ op's torch reference, so an epilogue function is also its own eager version:
 >>> relu(torch.tensor([-1.0, 2.0]))
 tensor([0., 2.])
 """
-from .registry import OPS, Cost, OpDef, lookup, register, spellings
+from .registry import OPS, Cost, OpDef, Reduction, Symbolic, lookup, reductions, register, spellings
+from .dtypes import dtype_from_name, dtype_name, rounding_dtype
 from .elementwise import *  # noqa: F401,F403  (the op objects)
-from .elementwise import dtype_from_name
 from .reduce import *  # noqa: F401,F403
 
-__all__ = ["OPS", "OpDef", "Cost", "lookup", "register", "spellings", "dtype_from_name", *OPS]
+__all__ = ["OPS", "OpDef", "Cost", "Reduction", "Symbolic", "lookup", "register", "spellings", "reductions",
+           "dtype_from_name", "dtype_name", "rounding_dtype", *OPS]

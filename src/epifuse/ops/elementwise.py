@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .dtypes import rounding_dtype
 from .registry import Cost, OpDef, register
 
 # Derivative rules (`vjp=`) follow torch's own formulas (tools/autograd/derivatives.yaml), so
@@ -19,19 +20,9 @@ _SQRT_2_OVER_PI = 0.7978845608028654
 _SQRT_HALF = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
 
-_DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
-    "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
-    "double": torch.float64, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
-}
-
-
-def dtype_from_name(name: str) -> torch.dtype | None:
-    return _DTYPES.get(name)
-
 
 def _round_through(x: torch.Tensor, dtype="float32") -> torch.Tensor:
-    target = dtype if isinstance(dtype, torch.dtype) else _DTYPES[dtype]
+    target = dtype if isinstance(dtype, torch.dtype) else rounding_dtype(dtype)
     return x.to(target).to(x.dtype)
 
 

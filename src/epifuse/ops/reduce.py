@@ -1,41 +1,31 @@
 """Reductions over accum's dimensions: sum, mean, max, min, amax (max of |x|).
 
 A reduction's input is broadcast to accum's shape first, so `dim` always counts accum's
-dimensions ((M, N) or (L, M, N)); `dim=None` reduces everything. Sums accumulate in fp32 (or
-float64 in the reference) whatever the destination's dtype.
+dimensions ((M, N) or (L, M, N)); `dim=None` reduces everything. Each op's `Reduction` says
+what it folds and how partial results combine; sums accumulate in fp32 (or float64 in the
+reference) whatever the destination's dtype.
 """
 from __future__ import annotations
 
 import torch
 
-from .registry import OPS, Cost, OpDef, register
+from .registry import OPS, Cost, OpDef, Reduction, register
 
 
-def _reducer(fn):
+def _reference(reduction: Reduction):
+    """The torch reference of a reduction: its fold over `dim` (all dims for None)."""
     def ref(x, dim=None, keepdim=False):
         x = x if x.is_floating_point() else x.float()
-        return fn(x, dim, keepdim)
+        if reduction.magnitude:
+            x = x.abs()
+        dims = tuple(range(x.dim())) if dim is None else dim
+        if reduction.mean:
+            return torch.mean(x, dim=dims, keepdim=keepdim) if x.dim() else x
+        if reduction.combine == "add":
+            return torch.sum(x, dim=dims, keepdim=keepdim) if x.dim() else x
+        fold = torch.amax if reduction.combine == "maximum" else torch.amin
+        return fold(x, dim=dims, keepdim=keepdim)
     return ref
-
-
-def _sum(x, dim, keepdim):
-    return torch.sum(x, dim=dim, keepdim=keepdim) if dim is not None else torch.sum(x)
-
-
-def _mean(x, dim, keepdim):
-    return torch.mean(x, dim=dim, keepdim=keepdim) if dim is not None else torch.mean(x)
-
-
-def _max(x, dim, keepdim):
-    return torch.amax(x, dim=dim if dim is not None else (), keepdim=keepdim)
-
-
-def _min(x, dim, keepdim):
-    return torch.amin(x, dim=dim if dim is not None else (), keepdim=keepdim)
-
-
-def _amax(x, dim, keepdim):
-    return _max(x.abs(), dim, keepdim)
 
 
 _PARAMS = (("dim", None), ("keepdim", False))
@@ -62,15 +52,18 @@ def _amax_vjp(g, x, y, dim=None, keepdim=False, count=None):
     return (OPS["where"](OPS["eq"](OPS["abs"](x), y), g * OPS["sign"](x), 0.0),)
 
 
-sum = register(OpDef("sum", 1, _reducer(_sum), params=_PARAMS, kind="reduce",
-                     doc="sum over dim (fp32 accumulation)", identity=0.0, vjp=_sum_vjp))
-mean = register(OpDef("mean", 1, _reducer(_mean), params=_PARAMS, kind="reduce",
-                      doc="mean over dim", vjp=_mean_vjp))
-max = register(OpDef("max", 1, _reducer(_max), params=_PARAMS, kind="reduce",
-                     doc="maximum over dim (with two tensors: elementwise maximum)", vjp=_extreme_vjp))
-min = register(OpDef("min", 1, _reducer(_min), params=_PARAMS, kind="reduce",
-                     doc="minimum over dim (with two tensors: elementwise minimum)", vjp=_extreme_vjp))
-amax = register(OpDef("amax", 1, _reducer(_amax), params=_PARAMS, kind="reduce",
-                      doc="maximum of |x| over dim (for fp8 scaling)", cost=Cost(2), vjp=_amax_vjp))
+def _reduction(name, reduction: Reduction, doc: str, vjp, cost=None) -> OpDef:
+    return register(OpDef(name, 1, _reference(reduction), params=_PARAMS, kind="reduce", doc=doc,
+                          cost=cost or Cost(), vjp=vjp, reduction=reduction))
+
+
+sum = _reduction("sum", Reduction("add", 0.0), "sum over dim (fp32 accumulation)", _sum_vjp)
+mean = _reduction("mean", Reduction("add", 0.0, mean=True), "mean over dim", _mean_vjp)
+max = _reduction("max", Reduction("maximum", float("-inf"), needs_elements=True, reads_result=True),
+                 "maximum over dim (with two tensors: elementwise maximum)", _extreme_vjp)
+min = _reduction("min", Reduction("minimum", float("inf"), needs_elements=True, reads_result=True),
+                 "minimum over dim (with two tensors: elementwise minimum)", _extreme_vjp)
+amax = _reduction("amax", Reduction("maximum", 0.0, magnitude=True, needs_elements=True, reads_result=True),
+                  "maximum of |x| over dim (for fp8 scaling)", _amax_vjp, Cost(2))
 
 __all__ = [n for n, v in list(globals().items()) if isinstance(v, OpDef)]

@@ -1,12 +1,17 @@
 """The ops registry: one `OpDef` per op, read by every part of epifuse.
 
-The parser's vocabulary, the reference executor, every backend's lowering table, the op
-reference in the docs and the "did you mean" suggestions all come from `OPS`. A backend that
-has no rule for an op reports the op as unsupported (see `backends.base`), never a KeyError.
+The parser's vocabulary, the binder, the passes, the reference interpreter, autodiff, every
+backend's lowering table, the op reference in the docs and the "did you mean" suggestions all
+come from `OPS`. A reduction is an op too: its `Reduction` record says what it folds and how
+partial results combine, which is all a backend reads to accumulate it. A backend that has no
+rule for an op reports the op as unsupported, never a KeyError.
 
-Derivative rules (`vjp`) are written with the ops themselves: called on `Sym` values (IR nodes
-in disguise) an op builds a node instead of running torch, so a backward is itself a Graph
-that every backend lowers (see `epifuse.autodiff`).
+IR nodes hold their `OpDef` (`node.op is ops.relu`); ops compare by identity only, and
+comparing one with a string raises, so a stale `node.op == "relu"` cannot silently be False.
+
+Derivative rules (`vjp`) are written with the ops themselves: applied to a `Symbolic` value
+(an IR node in disguise, `epifuse.ir.Sym`) an op builds a node instead of running torch, so a
+backward is itself a Graph that every backend lowers (`epifuse.autodiff`).
 """
 from __future__ import annotations
 
@@ -24,6 +29,58 @@ class Cost:
     special: int = 0
 
 
+# How two partial results of a reduction fold, as the torch function that folds a tensor along
+# dims and the one that folds two tensors elementwise (NaN propagates through both, as in torch).
+_FOLDS = {"add": (torch.sum, torch.add), "maximum": (torch.amax, torch.maximum),
+          "minimum": (torch.amin, torch.minimum)}
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """What a reduction op computes, for every backend.
+
+    combine     how partial results fold: "add", "maximum" or "minimum"
+    identity    what an element outside the problem contributes (a masked edge of a tile)
+    magnitude   folds |x| rather than x (amax)
+    mean        the result is divided by the number of elements folded
+    needs_elements  an empty fold has no value (a maximum of nothing): refused up front
+    reads_result    the derivative rule compares inputs with the result (max, min, amax)
+    """
+
+    combine: str
+    identity: float
+    magnitude: bool = False
+    mean: bool = False
+    needs_elements: bool = False
+    reads_result: bool = False
+
+    def __post_init__(self):
+        if self.combine not in _FOLDS:
+            raise ValueError(f"unknown combine {self.combine!r}; one of {sorted(_FOLDS)}")
+
+    def fold(self, x: torch.Tensor, dims) -> torch.Tensor:
+        """Partial results `x` folded along `dims` (no division for a mean)."""
+        return _FOLDS[self.combine][0](x, dim=dims)
+
+    def merge(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Two results folded into one (what `accumulate=True` does with a destination)."""
+        return _FOLDS[self.combine][1](a, b)
+
+
+class Symbolic:
+    """A value that builds IR when an op is applied to it (`epifuse.ir.Sym` is the one kind).
+
+    Subclasses implement `apply(op, args, params)`; the registry only recognizes them, so it
+    does not depend on the IR.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def apply(cls, op: "OpDef", args: tuple, params: dict) -> "Symbolic":
+        raise NotImplementedError
+
+
 @dataclass(frozen=True, eq=False)
 class OpDef:
     """One op.
@@ -32,8 +89,8 @@ class OpDef:
     arity      number of tensor inputs
     ref        torch reference: ref(*tensors, **params)
     params     compile-time parameters with their defaults, in torch's positional order
-    kind       "elementwise", "compare" (bool result), "logical" (bool in and out),
-               "cast" or "reduce"
+    kind       "elementwise", "compare" (bool result), "logical" (bool in and out), "cast",
+               "reduce" (with `reduction`), or "leaf" (accum, literals and operands: IR only)
     aliases    other names a user may write (torch.multiply, torch.clip, ...)
     doc        one line for the op reference
     commutative, identity   algebraic traits the rewrite rules read
@@ -43,11 +100,12 @@ class OpDef:
                or None where no gradient flows), built from ops on `Sym` values; g is the
                gradient of the result y. Reductions also get `count=` (a Sym: how many
                elements each result folds). Every op has one (comparisons return Nones).
+    reduction  for kind "reduce": what it folds and how (see Reduction)
     """
 
     name: str
     arity: int
-    ref: Callable[..., torch.Tensor]
+    ref: Callable[..., torch.Tensor] | None
     params: tuple[tuple[str, Any], ...] = ()
     kind: str = "elementwise"
     aliases: tuple[str, ...] = ()
@@ -57,10 +115,36 @@ class OpDef:
     selects: tuple[int, ...] = ()
     cost: Cost = field(default_factory=Cost)
     vjp: Callable[..., tuple] | None = None
+    reduction: Reduction | None = None
+
+    def __post_init__(self):
+        if (self.kind == "reduce") != (self.reduction is not None):
+            raise ValueError(f"op {self.name}: a reduction needs kind 'reduce' and a Reduction, and only it")
 
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(p for p, _ in self.params)
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.reduction is not None
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.kind == "leaf"
+
+    @property
+    def makes_bool(self) -> bool:
+        """Whether the result is a condition (a comparison or logic)."""
+        return self.kind in ("compare", "logical")
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            raise TypeError(f"an OpDef compared with the string {other!r}: compare ops by identity "
+                            f"(node.op is ops.{other}) or by name (node.op.name == {other!r})")
+        return self is other
+
+    __hash__ = object.__hash__
 
     def __call__(self, *args, **kwargs):
         """Run the op on torch tensors (or numbers), so an epilogue is its own reference.
@@ -68,8 +152,11 @@ class OpDef:
         The same reading as the parser's: max(a, b) / min(a, b) with a second operand that is
         not an int dim are elementwise; clamp bounds may be tensors.
         """
-        if any(isinstance(a, Sym) for a in args[:self.arity]):
-            return self._build(args, kwargs)  # a derivative rule building IR (see Sym)
+        symbolic = next((a for a in args[:self.arity] if isinstance(a, Symbolic)), None)
+        if symbolic is not None:
+            params = dict(zip(self.param_names, args[self.arity:]))
+            params.update(kwargs)
+            return type(symbolic).apply(self, args[:self.arity], params)
         if self.name in ("max", "min") and len(args) == 2 and not kwargs and not isinstance(args[1], (int, tuple)):
             return OPS["maximum" if self.name == "max" else "minimum"](*args)
         tensors = [a if isinstance(a, torch.Tensor) else torch.as_tensor(a) for a in args[:self.arity]]
@@ -79,62 +166,8 @@ class OpDef:
         params.update(kwargs)
         return self.ref(*tensors, **params)
 
-    def _build(self, args, kwargs) -> "Sym":
-        from ..ir import Node
-        params = dict(zip(self.param_names, args[self.arity:]))
-        params.update(kwargs)
-        src = tuple(Sym.lift(a).node for a in args[:self.arity])
-        return Sym(Node(self.name, src, tuple(sorted(params.items())) if params else None))
-
     def __repr__(self) -> str:
         return f"OpDef({self.name})"
-
-
-class Sym:
-    """A value in a derivative rule: an IR node with arithmetic that builds nodes.
-
-    `g * y * (1.0 - y)` and `where(x > 0.0, g, 0.0)` (with `where` the registry op) build the
-    same interned nodes the binder would. `==` keeps Python's meaning; write `eq(a, b)`.
-    """
-
-    __slots__ = ("node",)
-
-    def __init__(self, node):
-        self.node = node
-
-    @staticmethod
-    def lift(value) -> "Sym":
-        if isinstance(value, Sym):
-            return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"a derivative rule used {type(value).__name__}; only Syms and numbers mix")
-        from ..ir import const
-        return Sym(const(float(value)))
-
-    def _binary(self, name, other, reverse=False):
-        a, b = (Sym.lift(other), self) if reverse else (self, Sym.lift(other))
-        return OPS[name](a, b)
-
-    def __add__(self, o): return self._binary("add", o)
-    def __radd__(self, o): return self._binary("add", o, True)
-    def __sub__(self, o): return self._binary("sub", o)
-    def __rsub__(self, o): return self._binary("sub", o, True)
-    def __mul__(self, o): return self._binary("mul", o)
-    def __rmul__(self, o): return self._binary("mul", o, True)
-    def __truediv__(self, o): return self._binary("div", o)
-    def __rtruediv__(self, o): return self._binary("div", o, True)
-    def __pow__(self, o): return self._binary("pow", o)
-    def __lt__(self, o): return self._binary("lt", o)
-    def __le__(self, o): return self._binary("le", o)
-    def __gt__(self, o): return self._binary("gt", o)
-    def __ge__(self, o): return self._binary("ge", o)
-    def __and__(self, o): return self._binary("logical_and", o)
-    def __or__(self, o): return self._binary("logical_or", o)
-    def __neg__(self): return OPS["neg"](self)
-    def __invert__(self): return OPS["logical_not"](self)
-
-    def __repr__(self) -> str:
-        return f"Sym({self.node!r})"
 
 
 OPS: dict[str, OpDef] = {}
@@ -142,6 +175,8 @@ _SPELLINGS: dict[str, OpDef] = {}
 
 
 def register(op: OpDef) -> OpDef:
+    if op.is_leaf:
+        raise ValueError(f"{op.name} is an IR leaf, not an op a user may write")
     for spelling in (op.name, *op.aliases):
         if spelling in _SPELLINGS:
             raise RuntimeError(f"op spelling {spelling!r} registered twice")
@@ -157,3 +192,8 @@ def lookup(spelling: str) -> OpDef | None:
 
 def spellings() -> list[str]:
     return sorted(_SPELLINGS)
+
+
+def reductions() -> list[OpDef]:
+    """Every reduction op, in registration order."""
+    return [op for op in OPS.values() if op.is_reduction]

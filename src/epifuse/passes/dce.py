@@ -9,6 +9,6 @@ from ..ir import Graph
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:
-    used = {n.arg.name for n in graph.nodes() if n.op == "input"}
+    used = graph.operand_names_read()
     operands = tuple(o for o in graph.operands if o.name in used)
     return Graph(graph.outputs, operands, graph.names, graph.locs)

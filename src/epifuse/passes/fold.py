@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import Graph, Node, const
-from ..ops import OPS
+from .. import ops
+from ..ir import CONST, Graph, Node, const
 from ..rewrite import rewrite
 
 
 def fold_literal_op(node: Node) -> Node | None:
-    opdef = OPS.get(node.op)
-    if opdef is None or opdef.kind not in ("elementwise", "cast") or not node.src:
+    opdef = node.op
+    if opdef.kind not in ("elementwise", "cast") or not node.src:
         return None
-    if not all(s.op == "const" for s in node.src):
+    if not all(s.op is CONST for s in node.src):
         return None
     values = [torch.tensor(s.arg, dtype=torch.float64) for s in node.src]
-    if node.op == "where":
+    if node.op is ops.where:
         values[0] = values[0] != 0  # a number as a condition: nonzero is true (as the reference reads it)
     return const(float(opdef.ref(*values, **node.params)))
 

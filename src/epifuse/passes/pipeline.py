@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ..ir import Graph, verify
+from ..ir import INPUT, Graph, verify
 from .algebra import simplify_algebra
 from .dce import eliminate_dead_code
 from .fold import fold_constants
@@ -34,11 +34,11 @@ def canonical_text(graph: Graph) -> str:
     lines = []
     for i, node in enumerate(graph.nodes()):
         index[id(node)] = i
-        if node.op == "input":
+        if node.op is INPUT:
             arg = (position[node.arg.name], node.arg.kind, node.arg.axes)
         else:
             arg = node.arg
-        lines.append(f"{node.op} {arg!r} {[index[id(s)] for s in node.src]}")
+        lines.append(f"{node.op.name} {arg!r} {[index[id(s)] for s in node.src]}")
     lines.append("outputs " + repr([index[id(o.node)] for o in graph.outputs]))
     lines.append("operands " + repr([(o.kind, o.axes) for o in graph.operands]))
     return "\n".join(lines)

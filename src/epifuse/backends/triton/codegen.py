@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ... import ops
 from ...errors import InternalError
-from ...ir import AXES, Graph, Node
-from ...ops import OPS
+from ...ir import ACCUM, AXES, CONST, INPUT, Graph, Node
+from ...ops import OpDef
 from .gluon_api import gluon_api, policy_argument
 from .rules import LOG_OF_NORMAL, LogSum, _f, helper_source, log_sum, rule_for
 
-REDUCE_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf"), "amax": 0.0}
-_COMBINE = {"sum": "_add", "mean": "_add", "max": "_max_nan", "min": "_min_nan", "amax": "_max_nan"}
+# The @jit helper that folds two partial results, by the reduction's combine.
+_COMBINE = {"add": "_add", "maximum": "_max_nan", "minimum": "_min_nan"}
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,16 @@ class OutputParams:
     """
 
     name: str
-    reduce: str | None
+    reduce: OpDef | None
     mode: str
     axes: tuple
     prefix: str
     dims: tuple = ()
+
+    @property
+    def scaled(self) -> bool:
+        """A mean folded by atomics: each partial is scaled by 1 / count before it is added."""
+        return self.mode == "atomic" and self.reduce.reduction.mean
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ class Layout:
         for y in self.outputs:
             names.append(f"{y.prefix}_ptr")
             names.extend(f"{y.prefix}_s{a.lower()}" for a in y.axes)
-            if y.reduce == "mean" and y.mode == "atomic":
+            if y.scaled:
                 names.append(f"{y.prefix}_scale")
         return names
 
@@ -80,14 +86,15 @@ class Layout:
         return [slot.prefix for slot in self.tile_slots()]
 
 
-def reduction_mode(op: str, deterministic: bool) -> str:
+def reduction_mode(op: OpDef, deterministic: bool) -> str:
     """Sums fold with atomics unless asked to be deterministic. amax always folds with an atomic
     integer maximum of the fp32 bits: |x|, and NaN with its sign cleared, order as int32 as they
     do as floats, so the result is exact (identical run to run) and NaN where any element is.
     max and min use partials, which keep NaN exact for either sign."""
-    if op == "amax":
+    reduction = op.reduction
+    if reduction.magnitude:
         return "atomic"
-    return "atomic" if op in ("sum", "mean") and not deterministic else "partials"
+    return "atomic" if reduction.combine == "add" and not deterministic else "partials"
 
 
 def launch_layout(graph: Graph, deterministic: bool = False) -> Layout:
@@ -95,9 +102,8 @@ def launch_layout(graph: Graph, deterministic: bool = False) -> Layout:
                      for i, o in enumerate(graph.operands))
     outputs = []
     for j, out in enumerate(graph.outputs):
-        opdef = OPS.get(out.node.op)
-        if opdef is not None and opdef.kind == "reduce":
-            dims = tuple(out.node.params["dim"])
+        if out.node.op.is_reduction:
+            dims = out.node.dims
             mode = reduction_mode(out.node.op, deterministic)
             axes = AXES if mode == "partials" else tuple(a for a in AXES if a not in dims)
             outputs.append(OutputParams(out.name, out.node.op, mode, axes, f"y{j}", dims))
@@ -492,18 +498,18 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
     for i, node in enumerate(graph.nodes()):
         var = f"v{i}"
         names[id(node)] = var
-        if node.op == "accum":
+        if node.op is ACCUM:
             lines.append(f"{var} = acc_e.to(tl.float32)")
-        elif node.op == "const":
+        elif node.op is CONST:
             names[id(node)] = _f(node.arg)
-        elif node.op == "input":
+        elif node.op is INPUT:
             lines.extend(_load_operand(var, operand_prefix[node.arg.name], style))
-        elif OPS[node.op].kind == "reduce":
+        elif node.op.is_reduction:
             continue  # emitted by its output's store
         else:
             rule = rule_for(node)
             if rule is None:
-                raise InternalError(f"no Triton rule for {node.op}; supports() should have said so")
+                raise InternalError(f"no Triton rule for {node.op.name}; supports() should have said so")
             helpers.update(rule.helpers)
             srcs = [_coerce(names[id(s.src[0])], s.src[0], s, 0) if k in rule.through else _coerce(names[id(s)], s, node, k)
                     for k, s in enumerate(node.src)]
@@ -513,14 +519,14 @@ def _emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tupl
             lines.extend(_store_tile(y, names[id(out.node)], out.node, style))
         else:
             source = out.node.src[0]
-            logs = log_sum(source) if y.reduce in ("sum", "mean") and "N" in y.dims else None
+            logs = log_sum(source) if y.reduce.reduction.combine == "add" and "N" in y.dims else None
             lines.extend(_store_reduction(y, names, source, style, logs, helpers))
     return lines, helpers
 
 
 def _coerce(expr: str, src: Node, user: Node, position: int) -> str:
     """Bools where conditions are expected, floats everywhere else."""
-    wants_bool = OPS[user.op].kind == "logical" or (user.op == "where" and position == 0)
+    wants_bool = user.op.kind == "logical" or (user.op is ops.where and position == 0)
     if wants_bool and src.dtype == "float":
         return f"({expr} != 0)"
     if not wants_bool and src.dtype == "bool":
@@ -637,7 +643,8 @@ def _store_reduction(y: OutputParams, names: dict, node: Node, style: str,
     """Reduce the tile over its in-tile dims; fold it in atomically or store it as a partial.
     `logs`: the summand's log term, summed as logs of products (rules.LogSum; y.dims has N)."""
     r = f"r_{y.prefix}"
-    combine = _COMBINE[y.reduce]
+    reduction = y.reduce.reduction
+    combine = _COMBINE[reduction.combine]
 
     def reduce_call(v, axis):
         return f"tl.reduce({v}, {axis}, {combine})"
@@ -646,9 +653,9 @@ def _store_reduction(y: OutputParams, names: dict, node: Node, style: str,
     summed = node if logs is None else logs.rest
     if summed is not None:
         tile = _as_full_tile(names[id(summed)], summed, style)
-        if y.reduce == "amax":
+        if reduction.magnitude:
             tile = f"tl.abs({tile})"
-        lines.append(f"{r} = tl.where(mask, {tile}, {_f(REDUCE_IDENTITY[y.reduce])})")
+        lines.append(f"{r} = tl.where(mask, {tile}, {_f(reduction.identity)})")
         if "N" in y.dims:
             lines.append(f"{r} = {reduce_call(r, 1)}")   # (BLOCK_M,), or a scalar after the next line
             if "M" in y.dims:
@@ -669,13 +676,13 @@ def _store_reduction(y: OutputParams, names: dict, node: Node, style: str,
     index = {"L": "pid_l", "M": "rm[:, None]" if both else "rm", "N": "rn[None, :]" if both else "rn"}
     mask = {("M",): ", mask=mask_m", ("N",): ", mask=mask_n", ("M", "N"): ", mask=mask"}.get(kept, "")
     if y.mode == "atomic":
-        if y.reduce == "mean":
+        if y.scaled:
             lines.append(f"{r} = {r} * {y.prefix}_scale")
         terms = [f"{index[a]} * {y.prefix}_s{a.lower()}" for a in y.axes]
         address = f"{y.prefix}_ptr + {' + '.join(terms) or '0'}"
         # relaxed: nothing in the kernel reads the result back, and acq_rel costs each atomic a
         # GPU-wide fence and an L1 invalidation
-        if y.reduce == "amax":  # see reduction_mode
+        if reduction.magnitude:  # see reduction_mode
             lines.append(f"tl.atomic_max(({address}).to(tl.pointer_type(tl.int32)), "
                          f"{r}.to(tl.int32, bitcast=True) & 0x7FFFFFFF{mask}, sem='relaxed')")
         else:

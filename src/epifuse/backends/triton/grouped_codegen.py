@@ -113,7 +113,7 @@ def _mean_scales(layout: Layout) -> list[str]:
     size = {"M": "M.to(tl.float32)", "N": "N.to(tl.float32)", "L": "1.0"}
     lines = []
     for y in layout.outputs:
-        if y.reduce == "mean" and y.mode == "atomic":
+        if y.scaled:
             count = " * ".join(size[a] for a in y.dims)
             lines.append(f"{y.prefix}_scale = 1.0 / tl.maximum({count}, 1.0)")
     return lines

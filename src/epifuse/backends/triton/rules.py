@@ -16,7 +16,9 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
-from ...ops import OPS
+from ... import ops
+from ...ir import CONST
+from ...ops import OPS, OpDef
 
 
 @dataclass(frozen=True)
@@ -45,65 +47,65 @@ def _f(value: float) -> str:
 
 _NAN_ALL = "propagate_nan=tl.PropagateNan.ALL"
 
-TRITON: dict[str, Rule] = {
-    "add": Rule(lambda a, b: f"({a} + {b})"),
-    "sub": Rule(lambda a, b: f"({a} - {b})"),
-    "mul": Rule(lambda a, b: f"({a} * {b})"),
-    "div": Rule(lambda a, b: f"tl.div_rn({a}, {b})"),
-    "pow": Rule(lambda a, b: f"_pow({a}, {b})", ("_pow",)),
-    "minimum": Rule(lambda a, b: f"tl.minimum({a}, {b}, {_NAN_ALL})"),
-    "maximum": Rule(lambda a, b: f"tl.maximum({a}, {b}, {_NAN_ALL})"),
-    "lt": Rule(lambda a, b: f"({a} < {b})"),
-    "le": Rule(lambda a, b: f"({a} <= {b})"),
-    "gt": Rule(lambda a, b: f"({a} > {b})"),
-    "ge": Rule(lambda a, b: f"({a} >= {b})"),
-    "eq": Rule(lambda a, b: f"({a} == {b})"),
-    "ne": Rule(lambda a, b: f"({a} != {b})"),
+TRITON: dict[OpDef, Rule] = {
+    ops.add: Rule(lambda a, b: f"({a} + {b})"),
+    ops.sub: Rule(lambda a, b: f"({a} - {b})"),
+    ops.mul: Rule(lambda a, b: f"({a} * {b})"),
+    ops.div: Rule(lambda a, b: f"tl.div_rn({a}, {b})"),
+    ops.pow: Rule(lambda a, b: f"_pow({a}, {b})", ("_pow",)),
+    ops.minimum: Rule(lambda a, b: f"tl.minimum({a}, {b}, {_NAN_ALL})"),
+    ops.maximum: Rule(lambda a, b: f"tl.maximum({a}, {b}, {_NAN_ALL})"),
+    ops.lt: Rule(lambda a, b: f"({a} < {b})"),
+    ops.le: Rule(lambda a, b: f"({a} <= {b})"),
+    ops.gt: Rule(lambda a, b: f"({a} > {b})"),
+    ops.ge: Rule(lambda a, b: f"({a} >= {b})"),
+    ops.eq: Rule(lambda a, b: f"({a} == {b})"),
+    ops.ne: Rule(lambda a, b: f"({a} != {b})"),
     # where, not & and |: the interpreter broadcasts a scalar condition as a float array,
     # which numpy's bitwise_and refuses next to a bool tile.
-    "logical_and": Rule(lambda a, b: f"tl.where({a}, {b}, False)"),
-    "logical_or": Rule(lambda a, b: f"tl.where({a}, True, {b})"),
-    "logical_not": Rule(lambda a: f"({a} == 0)"),
+    ops.logical_and: Rule(lambda a, b: f"tl.where({a}, {b}, False)"),
+    ops.logical_or: Rule(lambda a, b: f"tl.where({a}, True, {b})"),
+    ops.logical_not: Rule(lambda a: f"({a} == 0)"),
     # Triton's unary minus is 0 - x: +0.0 for +0.0, and an instruction of its own on Hopper;
     # x * -1.0 is IEEE negation, which the CUDA compiler folds into the next operation
-    "neg": Rule(lambda a: f"({a} * -1.0)"),
-    "abs": Rule(lambda a: f"tl.abs({a})"),
-    "sqrt": Rule(lambda a: f"tl.sqrt_rn({a})"),
-    "rsqrt": Rule(lambda a: f"tl.rsqrt({a})"),
-    "square": Rule(lambda a: f"({a} * {a})"),
-    "reciprocal": Rule(lambda a: f"tl.div_rn(1.0, {a})"),
-    "sign": Rule(lambda a: f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, 0.0))"),  # NaN -> 0 as torch
-    "exp": Rule(lambda a: f"tl.exp({a})"),
-    "exp2": Rule(lambda a: f"tl.exp2({a})"),
-    "expm1": Rule(lambda a: f"_expm1({a})", ("_expm1",)),
-    "log": Rule(lambda a: f"tl.log({a})"),
-    "log2": Rule(lambda a: f"tl.log2({a})"),
-    "log1p": Rule(lambda a: f"_log1p({a})", ("_log1p",)),
-    "sin": Rule(lambda a: f"tl.sin({a})"),
-    "cos": Rule(lambda a: f"tl.cos({a})"),
-    "tan": Rule(lambda a: f"_tan({a})", ("_tan",)),
-    "erf": Rule(lambda a: f"tl.erf({a})"),
-    "tanh": Rule(lambda a: f"_tanh({a})", ("_tanh",)),
-    "sigmoid": Rule(lambda a: f"_sigmoid({a})", ("_sigmoid",)),
-    "relu": Rule(lambda a: f"tl.maximum({a}, 0.0, {_NAN_ALL})"),
-    "relu6": Rule(lambda a: f"_clamp({a}, 0.0, 6.0)", ("_clamp",)),
-    "silu": Rule(lambda a: f"tl.fdiv({a}, 1.0 + tl.exp({a} * -1.0))"),
-    "hardswish": Rule(lambda a: f"tl.div_rn({a} * _clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
-    "hardsigmoid": Rule(lambda a: f"tl.div_rn(_clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
-    "mish": Rule(lambda a: f"({a} * _tanh(_softplus({a}, 1.0, 20.0)))", ("_tanh", "_softplus")),
-    "where": Rule(lambda c, a, b: f"tl.where({c}, {a}, {b})"),
-    "multiply_add": Rule(lambda a, b, c: f"({a} * {b} + {c})"),
-    "prelu": Rule(lambda x, w: f"tl.where({x} >= 0, {x}, {w} * {x})"),
-    "clamp": Rule(lambda a, min=None, max=None: _clamp(a, min, max), ("_clamp",)),
-    "leaky_relu": Rule(lambda a, negative_slope=0.01:
+    ops.neg: Rule(lambda a: f"({a} * -1.0)"),
+    ops.abs: Rule(lambda a: f"tl.abs({a})"),
+    ops.sqrt: Rule(lambda a: f"tl.sqrt_rn({a})"),
+    ops.rsqrt: Rule(lambda a: f"tl.rsqrt({a})"),
+    ops.square: Rule(lambda a: f"({a} * {a})"),
+    ops.reciprocal: Rule(lambda a: f"tl.div_rn(1.0, {a})"),
+    ops.sign: Rule(lambda a: f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, 0.0))"),  # NaN -> 0 as torch
+    ops.exp: Rule(lambda a: f"tl.exp({a})"),
+    ops.exp2: Rule(lambda a: f"tl.exp2({a})"),
+    ops.expm1: Rule(lambda a: f"_expm1({a})", ("_expm1",)),
+    ops.log: Rule(lambda a: f"tl.log({a})"),
+    ops.log2: Rule(lambda a: f"tl.log2({a})"),
+    ops.log1p: Rule(lambda a: f"_log1p({a})", ("_log1p",)),
+    ops.sin: Rule(lambda a: f"tl.sin({a})"),
+    ops.cos: Rule(lambda a: f"tl.cos({a})"),
+    ops.tan: Rule(lambda a: f"_tan({a})", ("_tan",)),
+    ops.erf: Rule(lambda a: f"tl.erf({a})"),
+    ops.tanh: Rule(lambda a: f"_tanh({a})", ("_tanh",)),
+    ops.sigmoid: Rule(lambda a: f"_sigmoid({a})", ("_sigmoid",)),
+    ops.relu: Rule(lambda a: f"tl.maximum({a}, 0.0, {_NAN_ALL})"),
+    ops.relu6: Rule(lambda a: f"_clamp({a}, 0.0, 6.0)", ("_clamp",)),
+    ops.silu: Rule(lambda a: f"tl.fdiv({a}, 1.0 + tl.exp({a} * -1.0))"),
+    ops.hardswish: Rule(lambda a: f"tl.div_rn({a} * _clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
+    ops.hardsigmoid: Rule(lambda a: f"tl.div_rn(_clamp({a} + 3.0, 0.0, 6.0), 6.0)", ("_clamp",)),
+    ops.mish: Rule(lambda a: f"({a} * _tanh(_softplus({a}, 1.0, 20.0)))", ("_tanh", "_softplus")),
+    ops.where: Rule(lambda c, a, b: f"tl.where({c}, {a}, {b})"),
+    ops.multiply_add: Rule(lambda a, b, c: f"({a} * {b} + {c})"),
+    ops.prelu: Rule(lambda x, w: f"tl.where({x} >= 0, {x}, {w} * {x})"),
+    ops.clamp: Rule(lambda a, min=None, max=None: _clamp(a, min, max), ("_clamp",)),
+    ops.leaky_relu: Rule(lambda a, negative_slope=0.01:
                        f"tl.where({a} > 0, {a}, {a} * {_f(negative_slope)})"),
-    "elu": Rule(lambda a, alpha=1.0: f"tl.where({a} > 0, {a}, {_f(alpha)} * _expm1({a}))",
+    ops.elu: Rule(lambda a, alpha=1.0: f"tl.where({a} > 0, {a}, {_f(alpha)} * _expm1({a}))",
                 ("_expm1",)),
-    "gelu": Rule(lambda a, approximate="none": f"_gelu_{approximate}({a})",
+    ops.gelu: Rule(lambda a, approximate="none": f"_gelu_{approximate}({a})",
                  ("_gelu_none", "_gelu_tanh")),
-    "softplus": Rule(lambda a, beta=1.0, threshold=20.0:
+    ops.softplus: Rule(lambda a, beta=1.0, threshold=20.0:
                      f"_softplus({a}, {_f(beta)}, {_f(threshold)})", ("_softplus",)),
-    "to": Rule(lambda a, dtype="float32": f"{a}.to({_TL_DTYPES[dtype]}).to(tl.float32)"),
+    ops.to: Rule(lambda a, dtype="float32": f"{a}.to({_TL_DTYPES[dtype]}).to(tl.float32)"),
 }
 
 # A log whose argument a clamp keeps inside the normal positive floats needs no subnormal, zero,
@@ -130,20 +132,20 @@ _EXCESS_RANGE = (0.0, 2.0 ** 120)
 
 def rule_for(node) -> Rule | None:
     """The rule that lowers `node`: its op's, or a cheaper one its operands allow."""
-    if node.op == "log":
+    if node.op is ops.log:
         low, high = value_bounds(node.src[0])
         if _NORMAL_RANGE[0] <= low and high <= _NORMAL_RANGE[1]:
             return LOG_OF_NORMAL
-    if node.op == "log1p":
+    if node.op is ops.log1p:
         low, high = value_bounds(node.src[0])
         if _EXCESS_RANGE[0] < low and high <= _EXCESS_RANGE[1]:
             return LOG1P_OF_EXCESS
-    if node.op == "exp" and value_bounds(node)[0] >= MIN_NORMAL:  # no result is subnormal
+    if node.op is ops.exp and value_bounds(node)[0] >= MIN_NORMAL:  # no result is subnormal
         return EXP_FLUSHED
-    if node.op == "add":
+    if node.op is ops.add:
         for k in (0, 1):
             exp, other = node.src[k], node.src[1 - k]
-            if exp.op == "exp" and other.op == "const" and abs(other.arg) >= _ABSORBS_SUBNORMALS:
+            if exp.op is ops.exp and other.op is CONST and abs(other.arg) >= _ABSORBS_SUBNORMALS:
                 return ADD_EXP_FLUSHED[k]
     return TRITON.get(node.op)
 
@@ -172,19 +174,19 @@ def log_sum(node) -> LogSum | None:
     """The LogSum of a summed node of the form log(y), -log(y), a + log(y), log(y) + a or a - log(y)
     (log(y) or -log(y) in each), where y's bounds allow a group; None otherwise."""
     def signed_log(n):
-        if n.op in ("log", "log1p"):
-            return n.src[0], 1.0, n.op == "log1p"
-        if n.op == "neg" and n.src[0].op in ("log", "log1p"):
-            return n.src[0].src[0], -1.0, n.src[0].op == "log1p"
+        if n.op is ops.log or n.op is ops.log1p:
+            return n.src[0], 1.0, n.op is ops.log1p
+        if n.op is ops.neg and (n.src[0].op is ops.log or n.src[0].op is ops.log1p):
+            return n.src[0].src[0], -1.0, n.src[0].op is ops.log1p
         return None
 
     rest, found = None, signed_log(node)
-    if found is None and node.op in ("add", "sub"):
+    if found is None and (node.op is ops.add or node.op is ops.sub):
         a, b = node.src
         found, rest = signed_log(b), a
-        if found is not None and node.op == "sub":
+        if found is not None and node.op is ops.sub:
             found = (found[0], -found[1], found[2])
-        elif found is None and node.op == "add":
+        elif found is None and node.op is ops.add:
             found, rest = signed_log(a), b
     if found is None:
         return None
@@ -217,18 +219,18 @@ def value_bounds(node, _known: dict | None = None) -> tuple[float, float]:
 
 
 def _bounds(node, known: dict) -> tuple[float, float]:
-    if node.op == "const":
+    if node.op is CONST:
         return node.arg, node.arg
-    if node.op == "exp":
+    if node.op is ops.exp:
         low, high = value_bounds(node.src[0], known)
         return (_exp_bound(low) * (1.0 - _EXP_ROUNDING), _exp_bound(high) * (1.0 + _EXP_ROUNDING))
-    if node.op == "clamp":
+    if node.op is ops.clamp:
         # a clamp's bounds are numbers or absent: the parser turns value bounds into maximum / minimum
         low, high = node.params.get("min", -math.inf), node.params.get("max", math.inf)
         x_low, x_high = value_bounds(node.src[0], known)
         return min(max(x_low, low), high), min(max(x_high, low), high)  # min > max gives max
-    if node.op in ("minimum", "maximum"):
-        pick = min if node.op == "minimum" else max
+    if node.op is ops.minimum or node.op is ops.maximum:
+        pick = min if node.op is ops.minimum else max
         (a_low, a_high), (b_low, b_high) = (value_bounds(s, known) for s in node.src)
         return pick(a_low, b_low), pick(a_high, b_high)
     return -math.inf, math.inf
@@ -244,13 +246,8 @@ def _exp_bound(x: float) -> float:
 _TL_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
               "float64": "tl.float64", "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5"}
 
-UNSUPPORTED: dict[str, str] = {
-    "sum": "reductions are emitted by the kernel's reduction stage, not as elementwise rules",
-    "mean": "reductions are emitted by the kernel's reduction stage, not as elementwise rules",
-    "max": "reductions are emitted by the kernel's reduction stage, not as elementwise rules",
-    "min": "reductions are emitted by the kernel's reduction stage, not as elementwise rules",
-    "amax": "reductions are emitted by the kernel's reduction stage, not as elementwise rules",
-}
+# Ops with no Triton rule, and why (supports() reports the reason).
+UNSUPPORTED: dict[OpDef, str] = {}
 
 
 def _clamp(a: str, lo, hi) -> str:
@@ -426,7 +423,8 @@ def helper_source(names, target: str) -> str:
     return "".join(parts)
 
 
-def missing_rules() -> dict[str, str]:
-    """Every registry op without a rule, with the reason (UNSUPPORTED or 'no lowering yet')."""
-    return {name: UNSUPPORTED.get(name, "no Triton lowering yet")
-            for name in OPS if name not in TRITON}
+def missing_rules() -> dict[OpDef, str]:
+    """Every elementwise registry op without a rule, with the reason (UNSUPPORTED or 'no
+    lowering yet'); reductions are lowered by the epilogue's reduction stage instead."""
+    return {op: UNSUPPORTED.get(op, "no Triton lowering yet")
+            for op in OPS.values() if op not in TRITON and not op.is_reduction}

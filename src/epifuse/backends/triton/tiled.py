@@ -22,13 +22,12 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ...ops import OPS
 from ...runtime import compiled as compiled_index
 from ...runtime.cache import load_kernel_module
 from ..base import check_arguments, Kernel, Status, supported, unsupported
 from ...ir import AXES
 from ...shapes import accumulator_types, output_strides
-from ..reference import FP8_MAX, saturate
+from ...reference import FP8_MAX, saturate
 from .codegen import ZEROING_SHAPES, emit_kernel, launch_layout, zeroable
 from .launch import direct_launcher
 from .rules import missing_rules
@@ -132,8 +131,8 @@ class TritonTiled(Kernel):
         if args.compute_dtype != torch.float32:
             return unsupported(f"compute dtype {args.compute_dtype}: this kernel computes in float32")
         for node in args.graph.nodes():
-            if node.op in _MISSING and OPS[node.op].kind != "reduce":
-                return unsupported(f"op {node.op} has no Triton lowering: {_MISSING[node.op]}")
+            if node.op in _MISSING:
+                return unsupported(f"op {node.op.name} has no Triton lowering: {_MISSING[node.op]}")
         for name, dest in args.outputs.items():
             if dest.dtype not in OUTPUT_DTYPES:
                 return unsupported(f"output {name} has dtype {dest.dtype}; this kernel stores fp32, "
@@ -466,7 +465,7 @@ def epilogue_values(args, layout, buffers) -> list:
         tensor, strides = buffers[y.name]
         values.append(tensor)
         values.extend(strides[a] for a in y.axes)
-        if y.reduce == "mean" and y.mode == "atomic":
+        if y.scaled:
             values.append(1.0 / max(args.reduced_count(y.name), 1))
     return values
 
@@ -557,9 +556,9 @@ def prepare_reduction(y, buffer: torch.Tensor, dest: torch.Tensor, accumulate: b
     else:
         if buffer is not dest:
             buffer.copy_(dest)
-        if y.reduce == "amax":  # a NaN with its sign set would order below every |x| (reduction_mode)
+        if y.reduce.reduction.magnitude:  # a NaN with its sign set would order below every |x| (reduction_mode)
             buffer.masked_fill_(buffer.isnan(), float("nan"))
-    if y.reduce == "mean" and count == 0:
+    if y.reduce.reduction.mean and count == 0:
         buffer.fill_(float("nan"))
 
 
@@ -567,14 +566,13 @@ def finish_reduction(y, work: torch.Tensor, dest: torch.Tensor, accumulate: bool
     """Write a reduction computed into `work` (partials or an fp32 atomic buffer) to `dest`."""
     if y.mode == "partials":
         dims = tuple(AXES.index(a) for a in AXES if a in y.dims)
-        fold = {"sum": torch.sum, "mean": torch.sum, "max": torch.amax, "min": torch.amin}[y.reduce]
-        result = fold(work, dim=dims)
-        if y.reduce == "mean":
+        reduction = y.reduce.reduction
+        result = reduction.fold(work, dims)
+        if reduction.mean:
             result = result / count  # 0 / 0 = NaN over an empty dim, as torch
         result = result.reshape(dest.shape)
         if accumulate:
-            combine = {"max": torch.maximum, "min": torch.minimum}.get(y.reduce, torch.add)
-            result = combine(dest.to(torch.float32), result)
+            result = reduction.merge(dest.to(torch.float32), result)
     else:
         result = work
     dest.copy_(saturate(result, dest.dtype))
