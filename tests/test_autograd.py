@@ -13,7 +13,9 @@ import torch
 
 import epifuse
 from epifuse import api, torch_ops
-from epifuse.autodiff import derive, graph_source
+from epifuse.autodiff import derive
+from epifuse.printing import graph_source
+from epifuse.arguments import bound_graph
 from epifuse.binding import bind
 from epifuse.frontend import parse
 from epifuse.ir import AXES, Operand
@@ -78,7 +80,7 @@ def _torch_reference(src, A, B, operands, compute=F64):
     program = parse(src)
     accum = A.to(compute) @ B.to(compute)
     roles = torch_ops._plan(program, A, B, operands)[4]
-    graph, _ = api._bound_graph(program, roles, accum.dim())
+    graph, _ = bound_graph(program, roles, accum.dim())
     values = {k: (v.to(compute) if isinstance(v, torch.Tensor) else v) for k, v in operands.items()}
     results = evaluate(graph, accum, values, compute)
     return tuple(results[o.name].reshape(_shape_of(o, accum)) for o in graph.outputs)
@@ -324,14 +326,14 @@ def test_backward_runs_on_the_fused_kernels(monkeypatch):
     """float32 on CPU: forward, backward epilogue and the reductions it implies all run in
     generated kernels (Triton's interpreter), not in the reference kernel."""
     used = []
-    original = torch_ops._choose_kernel
+    original = torch_ops.choose_kernel
 
     def spy(args):
         kernel = original(args)
         used.append((args.K, kernel.name))
         return kernel
 
-    monkeypatch.setattr(torch_ops, "_choose_kernel", spy)
+    monkeypatch.setattr(torch_ops, "choose_kernel", spy)
     src = ("def epi(accum, bias, C):\n    F = accum + bias\n    D = gelu(F) * C\n"
            "    r = sum(D, dim=1)\n    return D, F, r\n")
     A, B, bias, C = (_leaf(*s, dtype=torch.float32) for s in ((40, 24), (24, 36), (36,), (40, 36)))

@@ -30,6 +30,7 @@ import pytest
 import torch
 
 import epifuse
+from epifuse.backends import select
 from epifuse.runtime import cache, compiled, tune
 from helpers import integer_tensor, reference_outputs, rel_error, run_spawned
 
@@ -276,47 +277,34 @@ def test_tuning_keys_tell_operand_layouts_apart():
     keys = [tune.tuning_key(args(C)) for C in (aligned, unaligned_rows, transposed)]
     assert len(set(keys)) == 3
     assert tune.tuning_key(args(torch.zeros(64, 48))) == keys[0]
-    epifuse.api._CHOSEN.clear()
+    select._CHOSEN.clear()
     for C in (aligned, unaligned_rows, transposed, torch.zeros(64, 48)):
-        epifuse.api._choose_kernel(args(C))
-    assert len(epifuse.api._CHOSEN) == 3
+        select.choose_kernel(args(C))
+    assert len(select._CHOSEN) == 3
 
 
-def test_remembered_choices_tell_small_grids_apart(monkeypatch):
-    """Within one shape bucket the 128x128 tiles may fill the GPU for one shape and not for
-    the next, which changes the candidates (the 64-row ping-pong): each side keeps its own
-    choice. (A CPU has no SMs to count, so the predicate is stood in for.)"""
+def test_remembered_choices_are_kept_per_signature(monkeypatch):
+    """Within one shape bucket the 128x128 tiles may fill the GPU for one shape and not for the
+    next, and all of B may fit in a quarter of L2 for one and not the other, which changes the
+    candidates (the 64-row ping-pong, the two-rows-deep tile order): a kernel is remembered per
+    full argument signature, so no shape is served another's choice, and a repeated signature
+    is served without choosing again. (A CPU has no SMs to count nor an L2 to ask, so the
+    predicates are stood in for.)"""
     from epifuse.backends.triton import persistent
     src = "def epi(accum):\n    D = accum * 2.0\n    return D\n"
 
-    def args(M):
-        return epifuse.GemmArguments(torch.ones(M, 32), torch.ones(32, 48),
-                                     epilogue=epifuse.EpilogueArguments(src, D=torch.empty(M, 48)))
-    assert tune.shape_bucket(args(40)) == tune.shape_bucket(args(60))
+    def args(M, N):
+        return epifuse.GemmArguments(torch.ones(M, 32), torch.ones(32, N),
+                                     epilogue=epifuse.EpilogueArguments(src, D=torch.empty(M, N)))
+    assert tune.shape_bucket(args(40, 40)) == tune.shape_bucket(args(60, 56))
     monkeypatch.setattr(persistent, "leaves_sms_idle", lambda a: a.M < 50)
-    epifuse.api._CHOSEN.clear()
-    for M in (40, 60, 45):
-        epifuse.api._choose_kernel(args(M))
-    assert len(epifuse.api._CHOSEN) == 2
-
-
-def test_remembered_choices_tell_b_in_l2_apart(monkeypatch):
-    """Within one shape bucket all of B may fit in a quarter of L2 for one shape and not for the
-    next, which changes the candidates (the two-rows-deep tile order): each side keeps its own
-    choice. (A CPU has no L2 to ask, so the predicate is stood in for.)"""
-    from epifuse.backends.triton import persistent
-    src = "def epi(accum):\n    D = accum * 3.0\n    return D\n"
-
-    def args(N):
-        return epifuse.GemmArguments(torch.ones(32, 32), torch.ones(32, N),
-                                     epilogue=epifuse.EpilogueArguments(src, D=torch.empty(32, N)))
-    assert tune.shape_bucket(args(40)) == tune.shape_bucket(args(56))
-    assert not persistent.b_fits_l2(args(40))  # never on a CPU
     monkeypatch.setattr(persistent, "b_fits_l2", lambda a: a.N < 50)
-    epifuse.api._CHOSEN.clear()
-    for N in (40, 56, 48):
-        epifuse.api._choose_kernel(args(N))
-    assert len(epifuse.api._CHOSEN) == 2
+    chosen = []
+    monkeypatch.setattr(tune, "choose", lambda a, kernels: chosen.append((a.M, a.N)) or kernels[0])
+    select._CHOSEN.clear()
+    for M, N in ((40, 40), (60, 40), (40, 56), (40, 40), (60, 40)):
+        select.choose_kernel(args(M, N))
+    assert chosen == [(40, 40), (60, 40), (40, 56)] and len(select._CHOSEN) == 3
 
 
 @pytest.mark.gpu
@@ -331,7 +319,7 @@ def test_malformed_or_stale_tuning_file_on_gpu(cache_root):
     assert rel_error(D, A.double() @ B.double() * float(src.split("* ")[1].split("\n")[0])) < 1e-2
     data = json.loads(path.read_text())
     path.write_text(json.dumps({k: "<a kernel that does not exist>" for k in data}))
-    epifuse.api._CHOSEN.clear()
+    select._CHOSEN.clear()
     tune._MEMORY.clear()
     D2 = epifuse.gemm(A, B, src)
     assert torch.equal(D, D2)
@@ -583,14 +571,14 @@ def _determinism_args(source, deterministic, device, seed):
 
 
 def _output_shapes(A, B, source, operands) -> dict:
-    from epifuse.api import _bound_graph
+    from epifuse.arguments import bound_graph
     from epifuse.frontend import parse
     from epifuse.ir import AXES
     from epifuse.shapes import accum_shape_of, classify_operand
     program = parse(source)
     shape, _ = accum_shape_of(A, B)
     roles = tuple(classify_operand(n, operands[n], shape, A.device)[0] for n in program.operands)
-    graph, _ = _bound_graph(program, roles, len(shape))
+    graph, _ = bound_graph(program, roles, len(shape))
     shapes = {}
     for out in graph.outputs:
         if out.node.op.name in ("sum", "mean", "max", "min", "amax"):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import epifuse
-from epifuse import callsite
+from epifuse.runtime import callsite
 from helpers import integer_tensor
 
 SRC = "def epi(accum, bias, alpha):\n    D = relu(accum * alpha + bias)\n    F = accum - bias\n    return D, F\n"
@@ -187,7 +187,7 @@ def test_split_k_launches_are_kept_with_their_workspace(device, monkeypatch):
         if config is not None:
             kernels = [splitk.TritonSplitK(config)]
         return chosen.setdefault("k", kernels[0])
-    monkeypatch.setattr(api, "_choose_kernel", choose_split_k)
+    monkeypatch.setattr(api, "choose_kernel", choose_split_k)
     K = 160 if device == "cpu" else 1024
     B = integer_tensor(K, 40, dtype=torch.float16, device=device)
     bias = integer_tensor(40, dtype=torch.float32, device=device)

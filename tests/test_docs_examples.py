@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from epifuse import docs
+from epifuse.tools import docs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -20,7 +20,7 @@ PAGES = [ROOT / "docs" / "tutorial.md", ROOT / "docs" / "kernels.md"]
 def test_ops_reference_is_generated_from_the_registry():
     committed = (ROOT / "docs" / "ops.md").read_text()
     assert committed == docs.render_ops_reference(), \
-        "docs/ops.md is out of date: run `PYTHONPATH=src python -m epifuse.docs -o docs/ops.md`"
+        "docs/ops.md is out of date: run `PYTHONPATH=src python -m epifuse.tools.docs -o docs/ops.md`"
 
 
 def test_ops_reference_lists_every_op_and_named_epilogue():
@@ -38,7 +38,7 @@ def test_docs_check_command(tmp_path, capsys):
     stale = tmp_path / "ops.md"
     stale.write_text("# old\n")
     assert docs.main(["--check", str(stale)]) == 1
-    assert "is out of date; run: python -m epifuse.docs -o" in capsys.readouterr().err
+    assert "is out of date; run: python -m epifuse.tools.docs -o" in capsys.readouterr().err
     assert docs.main(["-o", str(stale)]) == 0 and stale.read_text() == docs.render_ops_reference()
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import epifuse
+import epifuse.verify
 from epifuse.reference import saturate
 from helpers import integer_tensor, reference_outputs, rel_error
 
@@ -144,13 +145,13 @@ def test_verify_lets_tf32_flip_a_few_conditions_only(monkeypatch, device):
         "def e(accum):\n    D = accum > 0.5\n    return D\n", D=D))
     references = epifuse.debug.reference_outputs(args)
     D.copy_(references["D"].bool())
-    monkeypatch.setattr(epifuse.debug, "_tf32", lambda args: True)
+    monkeypatch.setattr(epifuse.verify, "_tf32", lambda args: True)
     D[0, :3] = ~D[0, :3]                    # 3 of 3072: within 1e-3
     report = epifuse.debug.check(args, references)
     assert report.ok and "3 of 3072 flipped" in str(report)
     D[1, :] = ~D[1, :]                      # 51 of 3072
     assert not epifuse.debug.check(args, references).ok
-    monkeypatch.setattr(epifuse.debug, "_tf32", lambda args: False)
+    monkeypatch.setattr(epifuse.verify, "_tf32", lambda args: False)
     D.copy_(references["D"].bool())
     D[0, 0] = ~D[0, 0]
     assert not epifuse.debug.check(args, references).ok

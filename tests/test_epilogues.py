@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 import epifuse
 from epifuse import EpilogueError, debug, epilogues as E
-from epifuse.epilogues import ScaleType, program_source
+from epifuse.epilogues import ScaleType
+from epifuse.printing import program_source
 from epifuse.frontend import parse
 from epifuse.ops import relu, sigmoid
 

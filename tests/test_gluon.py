@@ -502,7 +502,7 @@ def test_kept_epifuse_gemm_calls(monkeypatch):
     launch (epifuse.callsite) with new inputs and new outputs, and stay exact."""
     from epifuse import api, callsite
     kernel = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0])
-    monkeypatch.setattr(api, "_choose_kernel", lambda args: kernel)
+    monkeypatch.setattr(api, "choose_kernel", lambda args: kernel)
     M, N, K = 1000, 744, 520
     B = integer_tensor(K, N, low=-1, high=2, device="cuda")
     bias = integer_tensor(N, dtype=torch.float32, device="cuda")

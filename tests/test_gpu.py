@@ -150,7 +150,7 @@ def test_repeated_runs_take_the_direct_launch_and_see_new_data(kernel_index):
 def test_repeated_gemm_calls_reuse_the_launch_with_new_tensors():
     """epifuse.gemm's kept launch (epifuse.callsite) on the GPU kernels: new inputs, fresh
     outputs, a side stream, every call exact."""
-    from epifuse import callsite
+    from epifuse.runtime import callsite
     src = "def epi(accum, bias, C):\n    F = accum + bias\n    D = relu(F) + C\n    return D, F\n"
     M, N, K = 640, 384, 512
     B = integer_tensor(K, N, low=-1, high=2, dtype=torch.bfloat16, device="cuda")

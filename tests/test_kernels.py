@@ -182,7 +182,7 @@ def test_scalar_tensor_read_at_run_time(device):
 
 
 def test_repeated_run_reuses_parse_bind_and_codegen(device, monkeypatch):
-    from epifuse import api, frontend
+    from epifuse import arguments, frontend
     from epifuse.backends.triton import tiled
     src = "def epi(accum, beta):\n    D = accum + beta\n    return D\n"
     A, B = ints(M, K, device=device), ints(K, N, device=device)
@@ -195,8 +195,8 @@ def test_repeated_run_reuses_parse_bind_and_codegen(device, monkeypatch):
             return fn(*a, **k)
         return wrapper
 
-    monkeypatch.setattr(frontend, "_parse_source", counting("parse", frontend._parse_source))
-    monkeypatch.setattr(api, "bind", counting("bind", api.bind))
+    monkeypatch.setattr(frontend, "parse_source", counting("parse", frontend.parse_source))
+    monkeypatch.setattr(arguments, "bind", counting("bind", arguments.bind))
     monkeypatch.setattr(tiled, "emit_kernel", counting("emit", tiled.emit_kernel))
     epifuse.gemm(A, B, src, beta=2.0)
     assert calls == {"parse": 0, "bind": 0, "emit": 0}

@@ -11,7 +11,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import epifuse
-from epifuse import program_json, torch_ops
+from epifuse import printing, torch_ops
 from epifuse.nn import ACTIVATIONS, FusedLinear, fuse_linear_activations
 from epifuse.ops import gelu, relu, sigmoid, sum  # noqa: A004  (names the epilogues below use)
 
@@ -81,8 +81,8 @@ KEY_EPILOGUES = [
 @pytest.mark.parametrize("epilogue", KEY_EPILOGUES)
 def test_program_dump_round_trips(epilogue):
     program = epifuse.frontend.parse(epilogue)
-    text = program_json.dump_program(program)
-    assert program_json.load_program(text) == program
+    text = printing.dump_program(program)
+    assert printing.load_program(text) == program
 
 
 @pytest.mark.parametrize("epilogue", KEY_EPILOGUES)
@@ -232,7 +232,7 @@ def test_fake_tensor_shapes(a_shape, b_shape, epilogue, operands, out_dtype, exp
     def no_kernel(args):
         raise AssertionError("a kernel ran under FakeTensorMode")
 
-    monkeypatch.setattr(torch_ops, "_choose_kernel", no_kernel)
+    monkeypatch.setattr(torch_ops, "choose_kernel", no_kernel)
     with FakeTensorMode():
         A = torch.empty(a_shape, dtype=torch.bfloat16, requires_grad=requires_grad)
         B = torch.empty(b_shape, dtype=torch.bfloat16)
@@ -243,7 +243,7 @@ def test_fake_tensor_shapes(a_shape, b_shape, epilogue, operands, out_dtype, exp
 
 
 def test_fake_tensor_fused_linear(monkeypatch):
-    monkeypatch.setattr(torch_ops, "_choose_kernel", lambda args: pytest.fail("a kernel ran"))
+    monkeypatch.setattr(torch_ops, "choose_kernel", lambda args: pytest.fail("a kernel ran"))
     with FakeTensorMode():
         layer = FusedLinear(16, 32, epilogue="silu", dtype=torch.bfloat16)
         y = layer(torch.empty(2, 3, 16, dtype=torch.bfloat16))

@@ -78,9 +78,8 @@ def test_tuning_drops_a_first_kernel_that_cannot_be_timed_again():
 def test_tuning_records_every_timing_in_order(monkeypatch):
     """A tuning's history keeps each timing as it ran (the first pass, the first kernel again,
     then the contenders again), so that a report can tell a drifting clock from a faster kernel."""
-    import triton.testing
     times = iter([100.0, 98.0, 150.0, 97.0, 101.0, 104.0])
-    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: next(times) / 1e3)
+    monkeypatch.setattr(tune, "do_bench", lambda fn, **kw: next(times) / 1e3)
     monkeypatch.setenv("EPIFUSE_QUIET", "1")
 
     class Fake:
@@ -138,10 +137,9 @@ def _identity_args():
     (102.0, 132, "pingpong"),   # its one 8x8 tile would leave SMs idle: time alone decides
 ])
 def test_within_three_percent_the_kernel_reading_fewer_operand_bytes_wins(monkeypatch, coop_us, sms, chosen):
-    import triton.testing
     # the first pass, the first kernel again, then both again (the first kernel first)
     times = iter([100.0, coop_us, 100.0, 100.0, coop_us])
-    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: next(times) / 1e3)
+    monkeypatch.setattr(tune, "do_bench", lambda fn, **kw: next(times) / 1e3)
     monkeypatch.setattr(tune, "_sms", lambda args: sms)
     monkeypatch.setenv("EPIFUSE_QUIET", "1")
     kernels = [_TiledFake("pingpong", 128, 128), _TiledFake("coop", 128, 256)]

@@ -270,7 +270,7 @@ def test_overlapping_launches_on_two_streams_finish():
 def test_kept_launches_zero_their_reductions(monkeypatch):
     """Repeated epifuse.gemm calls with NaN-filled reduction outputs: the kept launch runs
     nothing but the kernel (its reductions zeroed there), and every call is right."""
-    from epifuse import callsite
+    from epifuse.runtime import callsite
     monkeypatch.setenv("EPIFUSE_TUNE", "0")  # the untimed order: the small-grid ping-pong first
     A, B, C, _ = _zeroed_problem("cuda", 128, 1024, depth=96)
     hits = callsite.HITS[0]

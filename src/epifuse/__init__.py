@@ -9,16 +9,12 @@
 tensor([[0., 0.],
         [0., 0.]])
 """
-from . import ops
-from .api import EpilogueArguments, GemmArguments, gemm, get_kernels, kernel_statuses
+from . import debug, epilogues, nn, ops, torch_ops
+from .api import EpilogueArguments, GemmArguments, GroupedGemmArguments, gemm, get_kernels, kernel_statuses
 from .errors import EpilogueError, InternalError
-from . import nn, torch_ops  # noqa: E402  (registers the epifuse:: custom ops)
-from . import debug, epilogues  # noqa: E402
-from .fused import FusedGemm  # noqa: E402
-from .grouped import GroupedGemmArguments  # noqa: E402
+from .fused import FusedGemm
+from .version import __version__
 
-__version__ = "0.1.0"
-
-__all__ = ["EpilogueArguments", "GemmArguments", "get_kernels", "kernel_statuses", "gemm",
-           "EpilogueError", "InternalError", "ops", "nn", "torch_ops", "__version__",
-           "FusedGemm", "epilogues", "debug", "GroupedGemmArguments"]
+__all__ = ["EpilogueArguments", "GemmArguments", "GroupedGemmArguments", "get_kernels", "kernel_statuses",
+           "gemm", "EpilogueError", "InternalError", "FusedGemm", "ops", "nn", "torch_ops", "epilogues",
+           "debug", "__version__"]

@@ -19,6 +19,21 @@ import tokenize
 
 import torch
 
+from .api import get_kernels, kernel_statuses
+from .binding import bind
+from .demo import run_demo
+from .epilogues import NamedEpilogue
+from .errors import EpilogueError
+from .frontend import Program, parse, parse_source
+from .fused import FusedGemm, drop_self
+from .ir import Operand
+from .passes import canonical_hash, optimize
+from .printing import program_source
+from .tools.draw import dot_available, draw
+from .tools.ncu import compiled_stats, summarize_ncu
+from .tools.problems import ROLES, alignment_report, check_roles, random_arguments
+from .verify import run
+
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _EPILOGUE_HELP = ("the epilogue: a file (epi.py, or epi.py:name to pick one function or FusedGemm "
                   "class), a module:name (a function, a named epilogue such as "
@@ -34,7 +49,6 @@ class CommandError(Exception):
 
 def load_epilogue(spec: str):
     """(Program, default roles) for a file, file:name, module:name, or source string."""
-    from .frontend import parse
     if os.path.isfile(spec):
         return _from_file(spec, None)
     if ":" in spec and "\n" not in spec:
@@ -62,9 +76,6 @@ def _from_module(module: str, attr: str):
 
 
 def _from_object(obj, label: str):
-    from .epilogues import NamedEpilogue
-    from .frontend import Program, parse
-    from .fused import FusedGemm
     if isinstance(obj, Program):
         return obj, {}
     if isinstance(obj, NamedEpilogue):
@@ -88,13 +99,11 @@ def _from_object(obj, label: str):
 def _from_file(path: str, name: str | None):
     """Find the epilogue in a file without running it: a function taking accum, or a class with
     an `epilogue` method (a FusedGemm subclass)."""
-    from .frontend import _parse_source  # the parser proper: keeps the file's name and lines
-    from .fused import drop_self
     text = _read_source(path)
     try:
         module = ast.parse(text)   # no path: CPython would re-read the line from disk for a column
     except SyntaxError:
-        _parse_source(text, path, 0, from_string=False)   # raises the located syntax error
+        parse_source(text, path, 0, from_string=False)   # raises the located syntax error
         raise
     functions = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
     classes = {n.name: m for n in module.body if isinstance(n, ast.ClassDef)
@@ -117,7 +126,7 @@ def _from_file(path: str, name: str | None):
         is_method = node not in functions.values()
     lines = text.splitlines()
     segment = "\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n"
-    program = _parse_source(segment, path, node.lineno - 1, from_string=False)
+    program = parse_source(segment, path, node.lineno - 1, from_string=False)
     if is_method:
         owner = next(c for c, m in classes.items() if m is node)
         if not any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list):
@@ -129,7 +138,6 @@ def _from_file(path: str, name: str | None):
 # ---- arguments ------------------------------------------------------------------------------------
 
 def _role(text: str) -> tuple[str, str]:
-    from .debug import ROLES
     name, sep, role = text.partition("=")
     if not sep or not name or role not in ROLES:
         raise argparse.ArgumentTypeError(f"expected NAME=ROLE with ROLE one of {', '.join(ROLES)}, got {text!r}")
@@ -185,7 +193,6 @@ def _problem_options(p: argparse.ArgumentParser, shape_default=None, shape_help=
 
 
 def _arguments(ns, program, roles, fill=True, device=None):
-    from .debug import random_arguments
     M, N, K = ns.shape
     try:
         return random_arguments(program, M, N, K, L=ns.batch, dtype=_DTYPES[ns.dtype],
@@ -219,17 +226,10 @@ def _describe(ns, args) -> str:
 # ---- commands -------------------------------------------------------------------------------------
 
 def _cmd_demo(ns) -> int:
-    from .demo import run_demo
     return 0 if run_demo() else 1
 
 
 def _cmd_show(ns) -> int:
-    from .binding import bind
-    from .debug import dot_available, draw
-    from .epilogues import program_source
-    from .ir import Operand
-    from .passes import canonical_hash, optimize
-    from .debug import check_roles
     program, roles = load_epilogue(ns.epilogue)
     roles = {**roles, **dict(ns.role)}
     check_roles(program, roles)
@@ -264,12 +264,10 @@ def _cmd_show(ns) -> int:
 
 
 def _cmd_kernels(ns) -> int:
-    import epifuse
-    from .debug import alignment_report
     program, roles = load_epilogue(ns.epilogue)
     args = _arguments(ns, program, roles, fill=False)
     print(f"# {program.name}: {_describe(ns, args)}")
-    for kernel, status in epifuse.kernel_statuses(args, cc=ns.cc):
+    for kernel, status in kernel_statuses(args, cc=ns.cc):
         print(f"{'yes' if status.ok else 'no ':3s}  {kernel!r:55s} {status.reason}")
     print("# alignment (TMA needs 16-byte aligned bases and leading strides):")
     for name, ok, text in alignment_report(args):
@@ -278,15 +276,13 @@ def _cmd_kernels(ns) -> int:
 
 
 def _cmd_verify(ns) -> int:
-    import epifuse
-    from .debug import run
     if ns.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     program, roles = load_epilogue(ns.epilogue)
     if ns.shape is None:
         ns.shape = (512, 512, 256) if torch.cuda.is_available() else (64, 64, 32)
     args = _arguments(ns, program, roles)
-    statuses = epifuse.kernel_statuses(args)
+    statuses = kernel_statuses(args)
     supported = [k for k, s in statuses if s.ok]
     chosen = supported if ns.all else [_pick(supported, ns.kernel)] if supported else []
     print(f"# verify {program.name}: {_describe(ns, args)}, seed {ns.seed}, against the float64 reference")
@@ -310,7 +306,6 @@ _TARGET_MARK = "EPIFUSE_PROFILE_TARGET "
 
 
 def _cmd_profile(ns) -> int:
-    from .debug import summarize_ncu
     ncu = ns.ncu or shutil.which("ncu")
     if ncu is None:
         print("epifuse profile: Nsight Compute (`ncu`) is not on PATH, so profiling is unavailable "
@@ -357,11 +352,9 @@ def _cmd_profile(ns) -> int:
 
 def _cmd_profile_target(ns) -> int:
     """Inside ncu: build the arguments, run the kernel twice (the first compiles), report."""
-    import epifuse
-    from .debug import compiled_stats
     program, roles = load_epilogue(ns.epilogue)
     args = _arguments(ns, program, roles, device="cuda")
-    kernels = epifuse.get_kernels(args)
+    kernels = get_kernels(args)
     kernel = _pick(kernels, ns.kernel)
     kernel.run(args)
     torch.cuda.synchronize()
@@ -488,7 +481,6 @@ _COMMANDS = {"demo": _cmd_demo, "show": _cmd_show, "kernels": _cmd_kernels, "ver
 
 def one_line(exc: BaseException) -> str:
     """An error as one line: the message, the epilogue's file:line:column, the hint."""
-    from .errors import EpilogueError
     if isinstance(exc, EpilogueError):
         text = exc.message
         if exc.loc is not None:
@@ -514,7 +506,6 @@ def _parse(parser: argparse.ArgumentParser, argv: list) -> argparse.Namespace:
 def main(argv=None) -> int:
     parser = build_parser()
     ns = _parse(parser, sys.argv[1:] if argv is None else list(argv))
-    from .errors import EpilogueError
     try:
         return _COMMANDS[ns.command](ns)
     except KeyboardInterrupt:

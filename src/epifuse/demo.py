@@ -8,8 +8,11 @@ from __future__ import annotations
 import os
 
 import torch
+from triton.testing import do_bench
 
+from .api import gemm
 from .ops import gelu, relu
+from .version import __version__
 
 
 def alpha_beta_aux(accum, alpha, C, beta, extra):
@@ -59,8 +62,6 @@ def _eager(fn, A, B, operands):
 
 def run_demo(print_fn=print) -> bool:
     """Run every example; returns True when all match torch."""
-    import epifuse
-
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -69,12 +70,12 @@ def run_demo(print_fn=print) -> bool:
     dtype = torch.float16 if on_gpu else torch.float32
     where = (f"GPU {torch.cuda.get_device_name()}" if on_gpu
              else "CPU through Triton's interpreter")
-    print_fn(f"epifuse {epifuse.__version__} demo: {M}x{N}x{K}, {dtype}, {where}")
+    print_fn(f"epifuse {__version__} demo: {M}x{N}x{K}, {dtype}, {where}")
     A = torch.randn(M, K, device=device, dtype=dtype)
     B = torch.randn(K, N, device=device, dtype=dtype) / K ** 0.5
     all_ok = True
     for title, fn, operands in _examples(M, N, device, dtype):
-        outs = epifuse.gemm(A, B, fn, **operands)
+        outs = gemm(A, B, fn, **operands)
         outs = outs if isinstance(outs, tuple) else (outs,)
         refs = _eager(fn, A, B, operands)
         errors = [float((o.double() - r.double()).norm() / r.double().norm()) for o, r in zip(outs, refs)]
@@ -82,7 +83,7 @@ def run_demo(print_fn=print) -> bool:
         all_ok &= ok
         line = f"  {'ok  ' if ok else 'FAIL'} {title:42s} max rel. error {max(errors):.1e}"
         if on_gpu:
-            line += "  " + _timing(lambda: epifuse.gemm(A, B, fn, **operands),
+            line += "  " + _timing(lambda: gemm(A, B, fn, **operands),
                                    lambda: _eager(fn, A, B, operands))
         print_fn(line)
     print_fn("all examples match torch" if all_ok else "SOME EXAMPLES DO NOT MATCH")
@@ -90,7 +91,6 @@ def run_demo(print_fn=print) -> bool:
 
 
 def _timing(fused, eager) -> str:
-    from triton.testing import do_bench
     t_fused = do_bench(fused, return_mode="median")
     t_eager = do_bench(eager, return_mode="median")
     return f"epifuse {t_fused * 1e3:7.1f} us, eager torch {t_eager * 1e3:7.1f} us"

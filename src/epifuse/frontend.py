@@ -92,7 +92,7 @@ def parse(epilogue: Callable | str) -> Program:
 
 @functools.lru_cache(maxsize=512)
 def _parse_string(source: str) -> Program:
-    return _parse_source(source, "<epilogue string>", 0, from_string=True)
+    return parse_source(source, "<epilogue string>", 0, from_string=True)
 
 
 _FUNCTION_CACHE: dict[Any, Program] = {}
@@ -107,7 +107,7 @@ def _parse_function(fn: Callable) -> Program:
                                   hint="Write the epilogue with `def` and return named outputs.")
     source, filename, offset = read_source(
         fn, hint="Pass the epilogue as a string instead: EpilogueArguments(\"def epi(accum): ...\", ...).")
-    program = _parse_source(source, filename, offset, from_string=False)
+    program = parse_source(source, filename, offset, from_string=False)
     if code is not None:
         _FUNCTION_CACHE[code] = program
     return program
@@ -130,7 +130,7 @@ def clean_source(source: str) -> str:
                                       for line in _LINE_BREAK.split(source)))
 
 
-def _parse_source(source: str, filename: str, line_offset: int, from_string: bool) -> Program:
+def parse_source(source: str, filename: str, line_offset: int, from_string: bool) -> Program:
     if len(source) > MAX_SOURCE_CHARS:
         raise EpilogueSyntaxError(f"The epilogue source is {len(source)} characters long; "
                                   f"the limit is {MAX_SOURCE_CHARS}.")
@@ -622,4 +622,16 @@ def _op_symbol(op: ast.operator) -> str:
             ast.RShift: ">>", ast.BitXor: "^", ast.BitAnd: "&", ast.BitOr: "|"}.get(type(op), type(op).__name__)
 
 
-__all__ = ["Expr", "Statement", "Program", "parse", "OPS"]
+def names_used(program: Program) -> list[tuple[str, Location | None]]:
+    """Every variable name the statements read, with its place."""
+    found = []
+    stack = [s.expr for s in program.statements]
+    while stack:
+        e = stack.pop()
+        if e.kind == "name":
+            found.append((e.value, e.loc))
+        stack.extend(e.args)
+    return found
+
+
+__all__ = ["Expr", "Statement", "Program", "parse", "parse_source", "names_used"]

@@ -27,13 +27,15 @@ from typing import Any
 
 import torch
 
+from .api import gemm
+from .arguments import EpilogueArguments, GemmArguments, allocate_outputs
 from .errors import EpilogueArgumentError, EpilogueSyntaxError, did_you_mean
-from .frontend import Program, parse
+from .frontend import Program, names_used, parse
+from .printing import program_source
 
 
 def drop_self(program: Program, owner: str) -> Program:
     """The method's Program without its first parameter, which the body may not read."""
-    from .epilogues import names_used
     if not program.params or program.params[0] == "accum":
         loc = program.param_locs[0] if program.param_locs else None
         raise EpilogueSyntaxError(f"{owner}.epilogue must take self first: "
@@ -102,7 +104,6 @@ class FusedGemm:
         super().__init_subclass__(**kwargs)
         if "epilogue" not in cls.__dict__:
             return   # an intermediate base class; its subclasses define the epilogue
-        from .epilogues import program_source
         cls.program = method_program(cls)
         cls.source = program_source(cls.program)
         cls.operands = cls.program.operands
@@ -140,16 +141,14 @@ class FusedGemm:
     def __call__(self, A: torch.Tensor, B: torch.Tensor, **tensors) -> Any:
         """Run the fused GEMM; returns the outputs in return order (one output: the tensor).
         Outputs passed as keywords are written in place; the others are allocated."""
-        from .api import gemm
         self._check(tensors)
         return gemm(A, B, type(self).source, **self.options, **tensors)
 
     def arguments(self, A: torch.Tensor, B: torch.Tensor, *, accumulator_type=torch.float32, **tensors):
         """GemmArguments for `epifuse.get_kernels` / `kernel.run`; missing outputs are allocated."""
-        from .api import EpilogueArguments, GemmArguments
         self._check(tensors)
         o = self.options
-        tensors = allocate_outputs(type(self).program, A, B, tensors, o["out_dtype"])
+        tensors = allocate_outputs(type(self).program, A, B, tensors, o["out_dtype"], o["compute_dtype"])
         epi = EpilogueArguments(type(self).program, accumulate=o["accumulate"],
                                 deterministic=o["deterministic"], compute_dtype=o["compute_dtype"],
                                 **tensors)
@@ -160,35 +159,4 @@ class FusedGemm:
         return f"{type(self).__name__}({', '.join(self.operands)}) -> {', '.join(self.outputs)}"
 
 
-def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors: dict,
-                     out_dtype: torch.dtype | None = None) -> dict:
-    """`tensors` plus a new tensor for every output of `program` it lacks: tile outputs in
-    `out_dtype` (default A's dtype, float32 for integer inputs), reductions in float32."""
-    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
-        raise EpilogueArgumentError(f"out_dtype must be a torch.dtype such as torch.float16, not {out_dtype!r}.")
-    from .binding import bind
-    from .ir import AXES
-    from .ops import OPS
-    from .passes import optimize
-    from .shapes import accum_shape_of, classify_operand
-    missing = [name for name, _ in program.outputs if name not in tensors]
-    if not missing or any(name not in tensors for name in program.operands):
-        return dict(tensors)   # nothing to do, or EpilogueArguments will name what is missing
-    accum_shape, _ = accum_shape_of(A, B)
-    roles = {n: classify_operand(n, tensors[n], accum_shape, A.device)[0] for n in program.operands}
-    graph = optimize(bind(program, roles, len(accum_shape)))
-    out = dict(tensors)
-    axes = AXES[3 - len(accum_shape):]
-    for o in graph.outputs:
-        if o.name not in missing:
-            continue
-        if o.node.op.is_reduction:
-            shape = [s for a, s in zip(axes, accum_shape) if a not in o.node.params["dim"]]
-            out[o.name] = torch.empty(shape or (1,), device=A.device, dtype=torch.float32)
-        else:
-            dtype = out_dtype or (A.dtype if A.is_floating_point() else torch.float32)
-            out[o.name] = torch.empty(accum_shape, device=A.device, dtype=dtype)
-    return out
-
-
-__all__ = ["FusedGemm", "allocate_outputs", "method_program", "drop_self"]
+__all__ = ["FusedGemm", "method_program", "drop_self"]

@@ -25,46 +25,10 @@ import torch
 from torch import Tensor, nn
 
 from . import torch_ops
-from .autodiff import _Names
-from .epilogues import number_literal
+from .activations import ACTIVATIONS, activation_source, of_module
 from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
 from .frontend import Expr, Program, Statement, parse
-
-# Named epilogues: the expression applied to `x` (accum plus bias).
-ACTIVATIONS = {
-    "identity": "x", "relu": "relu(x)", "gelu": "gelu(x)", "gelu_tanh": "gelu(x, approximate='tanh')",
-    "silu": "silu(x)", "sigmoid": "sigmoid(x)", "tanh": "tanh(x)", "relu6": "relu6(x)",
-    "mish": "mish(x)", "hardswish": "hardswish(x)", "hardsigmoid": "hardsigmoid(x)",
-    "softplus": "softplus(x)", "elu": "elu(x)", "leaky_relu": "leaky_relu(x)",
-    "relu_squared": "square(relu(x))",
-}
-
-
-def activation_source(expression: str, bias: bool, name: str = "fused_linear") -> str:
-    """The epilogue source applying `expression` (in `x`) to accum (+ bias)."""
-    params = "accum, bias" if bias else "accum"
-    pre = "accum + bias" if bias else "accum"
-    return f"def {name}({params}):\n    x = {pre}\n    D = {expression}\n    return D\n"
-
-
-def _activation_expression(module: nn.Module) -> str | None:
-    """The epilogue expression of a torch activation module, or None if it has none."""
-    simple = {nn.ReLU: "relu(x)", nn.SiLU: "silu(x)", nn.Sigmoid: "sigmoid(x)", nn.Tanh: "tanh(x)",
-              nn.ReLU6: "relu6(x)", nn.Mish: "mish(x)", nn.Hardswish: "hardswish(x)",
-              nn.Hardsigmoid: "hardsigmoid(x)", nn.Identity: "x"}
-    if type(module) in simple:
-        return simple[type(module)]
-    if type(module) is nn.GELU:
-        return "gelu(x)" if module.approximate == "none" else "gelu(x, approximate='tanh')"
-    params = {nn.LeakyReLU: ("leaky_relu", "negative_slope"), nn.ELU: ("elu", "alpha"),
-              nn.Softplus: ("softplus", "beta", "threshold")}.get(type(module))
-    if params is None:
-        return None
-    values = [float(getattr(module, name)) for name in params[1:]]
-    if any(math.isnan(v) for v in values):
-        return None   # no literal spells NaN: left unfused
-    return f"{params[0]}(x, {', '.join(number_literal(v) for v in values)})"
-
+from .printing import FreshNames
 
 def _program(epilogue, bias: bool) -> tuple[Program, str | None, str]:
     """(program, the operand that receives the bias, a label for repr)."""
@@ -91,7 +55,7 @@ def _program(epilogue, bias: bool) -> tuple[Program, str | None, str]:
 def _add_bias(program: Program) -> Program:
     """The same epilogue with accum meaning accum + bias (a new last parameter)."""
     taken = {*program.params, *(s.target for s in program.statements)}
-    names = _Names(taken)
+    names = FreshNames(taken)
     bias, pre = names.fresh("bias"), names.fresh("accum_plus_bias")
     loc = program.statements[0].loc if program.statements else program.outputs[0][1]
 
@@ -242,10 +206,10 @@ def fuse_linear_activations(module: nn.Module, inplace: bool = False,
             linear, act = child._modules[first], child._modules[second]
             if type(linear) is not nn.Linear or _hooked(linear) or _hooked(act):
                 continue   # a hook sees the Linear's output, which fusing would never produce
-            expression = _activation_expression(act)
-            if expression is None or type(act) is nn.Identity:
+            activation = of_module(act)
+            if activation is None or type(act) is nn.Identity:
                 continue
-            source = activation_source(expression, linear.bias is not None)
+            source = activation_source(activation, linear.bias is not None)
             child._modules[first] = FusedLinear.from_linear(linear, source, recompute)
             child._modules[second] = nn.Identity()
     return module

@@ -10,7 +10,7 @@ Two operators, generic over epilogues:
                       bool accumulate, bool deterministic, str precision) -> ()
 
 `epilogue` is the epilogue's key (`Entry.key`): a header with a digest, then the Program as
-JSON (program_json.dump_program), compressed and base64-encoded, so the ops read the same epilogue
+JSON (printing.dump_program), compressed and base64-encoded, so the ops read the same epilogue
 in any process. torch.compile bakes the argument into graphs it caches on disk (inductor's FX
 graph and AOTAutograd caches); a later process that loads them has not traced the backward, so
 it never registered the backward's epilogue, and a process-local number would name nothing, or
@@ -58,18 +58,15 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .api import _bound_graph, _choose_kernel, EpilogueArguments, GemmArguments, IDENTITY_EPILOGUE
-from .autodiff import _Names, derive, graph_source, restrict
+from .arguments import IDENTITY_EPILOGUE, EpilogueArguments, GemmArguments, bound_graph, output_specs
+from .autodiff import derive, restrict
+from .backends.select import choose_kernel
 from .errors import EpilogueArgumentError
 from .frontend import Expr, Program, Statement, parse
-from .program_json import dump_program, load_program
 from .ir import AXES
-from .ops import OPS
+from .ops import dtype_from_name, dtype_name
+from .printing import FreshNames, dump_program, graph_source, load_program
 from .shapes import accum_shape_of, classify_operand
-
-# every dtype by its name, as out_dtypes spells it: which ones an output may take is the
-# launch path's to say, as for epifuse.gemm without autograd
-_DTYPE_BY_NAME = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 # ---- the epilogue table -----------------------------------------------------------------------
@@ -165,7 +162,7 @@ def read_key(key: str) -> tuple[Program, bool]:
 
 def _with_accum_output(program: Program) -> Program:
     taken = {*program.params, *(s.target for s in program.statements)}
-    name = _Names(taken).fresh("saved_accum")
+    name = FreshNames(taken).fresh("saved_accum")
     loc = program.outputs[-1][1]
     statement = Statement(name, Expr("name", "accum", loc=loc), loc)
     return dataclasses.replace(program, statements=program.statements + (statement,),
@@ -210,36 +207,34 @@ def _plan(program: Program, A: Tensor, B: Tensor, values: dict):
     accum_shape, _ = accum_shape_of(A, B)
     roles = tuple(classify_operand(name, values[name], accum_shape, A.device)[0]
                   for name in program.operands)
-    graph, _ = _bound_graph(program, roles, len(accum_shape))
+    graph, _ = bound_graph(program, roles, len(accum_shape))
     return program, graph, tuple(accum_shape), values, roles
 
 
 def _output_specs(e: Entry, graph, accum_shape, A: Tensor, out_dtypes: str, compute_dtype) -> list:
-    """(shape, dtype) of each output: tiles are accum-shaped (A's dtype by default), reductions
-    drop their dims (float32 by default; float64 when computing in float64).
-
-    out_dtypes: "" (defaults), "tiles=float16" (the caller's tile outputs), or one name per
-    output, comma-separated ("" for a default).
-    """
+    """(shape, dtype) of each output: epifuse.gemm's (arguments.output_specs), or as `out_dtypes`
+    says: "" (those), "tiles=float16" (the caller's tile outputs), or one name per output,
+    comma-separated ("" for the default)."""
     tiles = out_dtypes.removeprefix("tiles=") if out_dtypes.startswith("tiles=") else ""
     named = out_dtypes.split(",") if out_dtypes and not tiles else [""] * len(graph.outputs)
     if len(named) != len(graph.outputs):
         raise EpilogueArgumentError(f"out_dtypes {out_dtypes!r} names {len(named)} dtypes for "
                                     f"{len(graph.outputs)} outputs.")
-    axes = AXES[3 - len(accum_shape):]
+    defaults = output_specs(graph, accum_shape, A, None, compute_dtype)
     specs = []
-    for out, dtype_name in zip(graph.outputs, named):
-        if out.node.op.is_reduction:
-            dims = out.node.dims
-            shape = tuple(s for a, s in zip(axes, accum_shape) if a not in dims) or (1,)
-            default = torch.float64 if compute_dtype == torch.float64 else torch.float32
-        else:
-            shape = accum_shape
-            default = A.dtype if A.is_floating_point() else torch.float32
-            if tiles and len(specs) < e.visible:
-                default = _DTYPE_BY_NAME[tiles]
-        specs.append((shape, _DTYPE_BY_NAME[dtype_name] if dtype_name else default))
+    for k, (out, dtype_name) in enumerate(zip(graph.outputs, named)):
+        shape, dtype = defaults[out.name]
+        if tiles and k < e.visible and not out.node.op.is_reduction:
+            dtype = _dtype(tiles)
+        specs.append((shape, _dtype(dtype_name) if dtype_name else dtype))
     return specs
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = dtype_from_name(name)
+    if dtype is None:
+        raise EpilogueArgumentError(f"epifuse::gemm got the output dtype {name!r}, which names no torch dtype.")
+    return dtype
 
 
 def _run(program, A, B, values, outputs, compute_dtype, deterministic, precision, accumulate):
@@ -247,7 +242,7 @@ def _run(program, A, B, values, outputs, compute_dtype, deterministic, precision
         epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
                                 compute_dtype=compute_dtype, **values, **outputs)
         args = GemmArguments(A, B, epilogue=epi, precision=precision)
-        _choose_kernel(args).run(args)
+        choose_kernel(args).run(args)
 
 
 # ---- the operators ----------------------------------------------------------------------------
@@ -322,10 +317,10 @@ def _backward_plan(epilogue: str, roles, rank, wrt, seeded) -> _BackwardPlan:
         return plan
     e = resolve(epilogue)
     user = e.user
-    graph, _ = _bound_graph(user, roles, rank)
+    graph, _ = bound_graph(user, roles, rank)
     backward = derive(graph, wrt, seeded, rank)
     taken = {"accum", *user.params, *backward.sources, *(o.name for o in backward.graph.outputs)}
-    saved = _Names(taken).fresh("saved_accum") if e.saves_accum else None
+    saved = FreshNames(taken).fresh("saved_accum") if e.saves_accum else None
     source = graph_source(backward.graph, rank, f"{user.name}_backward", accum=saved or "accum")
     kinds = []
     for out in backward.graph.outputs:
@@ -449,12 +444,12 @@ class _Step:
         names = []
         for kind in plan.out_dtypes:
             if kind == "accum":
-                names.append(_name(self.accum_dtype))
+                names.append(dtype_name(self.accum_dtype))
             elif kind == "reduce":
                 names.append("float64" if compute == torch.float64 else "float32")
             else:
                 t = self.values[kind[1]]
-                names.append(_name(t.dtype if t.is_floating_point() else compute))
+                names.append(dtype_name(t.dtype if t.is_floating_point() else compute))
         return names
 
     def call(self, epilogue: str, special: dict, out_dtypes: str) -> list:
@@ -468,10 +463,6 @@ def _call(epilogue, A, B, program, values, out_dtypes, options):
     tensors, numbers, kinds = pack(program.operands, values)
     return torch.ops.epifuse.gemm(epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype,
                                   deterministic, precision)
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 torch.library.register_autograd("epifuse::gemm", _backward, setup_context=_setup_context)
@@ -515,7 +506,7 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
         if accumulate:
             raise EpilogueArgumentError("accumulate=True needs the output tensors to fold into.",
                                         hint="Pass them as keyword arguments (D=..., r=...).")
-        dtypes = f"tiles={_name(out_dtype)}" if out_dtype is not None else ""
+        dtypes = f"tiles={dtype_name(out_dtype)}" if out_dtype is not None else ""
         outs = torch.ops.epifuse.gemm(key, A, B, operands, numbers, kinds, dtypes, compute_dtype,
                                       deterministic, precision)[:visible]
     outs = tuple(outs)

@@ -1,21 +1,23 @@
-"""The reference kernel: the epilogue evaluated with torch ops after a torch matmul.
+"""The reference kernels: the epilogue evaluated with torch ops after a torch matmul.
 
-Correct on every device and dtype epifuse accepts, but not fused: it is the fallback when no
+Correct on every device and dtype epifuse accepts, but not fused: the fallback when no
 generated kernel supports the arguments (CPU tensors without Triton's interpreter, say), and
-the baseline that tests and `verify` compare against.
+the baseline that tests and `verify` compare against. The grouped one runs each group in turn.
 """
 from __future__ import annotations
 
 import torch
 
+from .. import verify as verification
+from ..arguments import check_arguments
 from ..reference import evaluate, reference_accum, saturate
-from .base import check_arguments, Kernel, Status, supported
+from .base import Kernel, Status, supported
 
 
 class ReferenceKernel(Kernel):
     name = "reference"
 
-    def supports(self, args) -> Status:
+    def supports(self, args, cc: int | None = None) -> Status:
         return supported("torch matmul then the epilogue in torch ops: correct everywhere, not fused")
 
     def compile(self, args) -> None:
@@ -24,12 +26,30 @@ class ReferenceKernel(Kernel):
     def run(self, args, verify: bool = False) -> None:
         check_arguments(self, args)
         if verify:
-            from ..debug import run as run_verified
-            return run_verified(self, args)
+            return verification.run(self, args)
         dtype = torch.float64 if args.compute_dtype == torch.float64 else torch.float32
         accum = reference_accum(args.A, args.B, dtype, args.accumulator_type).reshape(args.accum_shape)
-        results = evaluate(args.graph, accum, args.operands, dtype)
-        write_results(args, results)
+        write_results(args, evaluate(args.graph, accum, args.operands, dtype))
+
+
+class GroupedReference(Kernel):
+    name = "reference_grouped"
+
+    def __init__(self):
+        self._single = ReferenceKernel()
+
+    def supports(self, grouped, cc: int | None = None) -> Status:
+        return supported("the reference kernel on each group in turn: correct everywhere, not fused")
+
+    def compile(self, grouped) -> None:
+        check_arguments(self, grouped, grouped=True)
+
+    def run(self, grouped, verify: bool = False) -> None:
+        check_arguments(self, grouped, grouped=True)
+        if verify:
+            return verification.run_grouped(self, grouped)
+        for problem in grouped.problems:
+            self._single.run(problem)
 
 
 def write_results(args, results: dict) -> None:

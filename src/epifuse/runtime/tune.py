@@ -20,8 +20,12 @@ import threading
 
 import torch
 import triton
+from triton.testing import do_bench
 
+from ..arguments import EpilogueArguments, GemmArguments
+from ..backends.triton.persistent import gpu_sms, output_tiles
 from ..shapes import operand_layouts
+from ..version import __version__
 from .cache import cache_dir, write_atomically
 
 _LOCK = threading.Lock()
@@ -38,7 +42,6 @@ def shape_bucket(args) -> str:
 
 
 def tuning_key(args) -> str:
-    from .. import __version__
     device = args.A.device
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     outputs = ",".join(f"{n}:{t.dtype}" for n, t in args.outputs.items())
@@ -83,7 +86,6 @@ def _store(key: str, choice: str) -> None:
 
 def _scratch_args(args):
     """The same problem writing into fresh outputs."""
-    from ..api import EpilogueArguments, GemmArguments
     epi = args.epilogue
     outputs = {name: torch.empty_like(t) for name, t in epi.outputs.items()}
     scratch = EpilogueArguments(epi.program, accumulate=False, deterministic=epi.deterministic,
@@ -135,7 +137,6 @@ TUNE_WARMUP_MS, TUNE_REP_MS = 3, 15  # each timing (do_bench); benchmarks.power_
 
 
 def _time_all(args, kernels):
-    from triton.testing import do_bench
     scratch = _scratch_args(args)
     quiet = bool(os.environ.get("EPIFUSE_QUIET"))
     attempts = [0]
@@ -169,7 +170,6 @@ def _time_all(args, kernels):
 
 def _sms(args) -> int | None:
     """The SM count of args' GPU (None on a CPU or under the interpreter)."""
-    from ..backends.triton.persistent import gpu_sms
     return gpu_sms(args)
 
 
@@ -182,7 +182,6 @@ def operand_bytes_per_output(kernel, args, sms: int | None) -> float:
     config = config_of(args) if config_of is not None else None
     if not hasattr(config, "block_m") or getattr(config, "split_k", 1) > 1:
         return float("inf")
-    from ..backends.triton.persistent import output_tiles
     if sms is not None and output_tiles(args, config) < sms:
         return float("inf")
     return 1 / config.block_m + 1 / config.block_n

@@ -18,7 +18,9 @@ from ...ir import AXES
 from ...runtime import compiled as compiled_index
 from ...runtime.cache import load_kernel_module
 from ...shapes import output_strides
-from ..base import check_arguments, Kernel, Status, supported, unsupported
+from ... import verify as verification
+from ...arguments import check_arguments
+from ..base import Kernel, Status, supported, unsupported
 from .codegen import Layout, launch_layout
 from .grouped_codegen import column_hints, emit_grouped_kernel, table_columns
 from .launch import direct_launcher
@@ -133,8 +135,7 @@ class TritonGrouped(Kernel):
         """Write every output of every group; `verify=True` also checks them against the
         float64 reference (epifuse.debug.VerificationError names the group and the error)."""
         if verify:
-            from ...grouped_verify import run_verified
-            return run_verified(self, grouped)
+            return verification.run_grouped(self, grouped)
         plan = getattr(grouped, "_plans", {}).get(self)
         if plan is not None and plan.simple and plan.fast is not None:
             plan.fast()  # the common repeated call: nothing but the launch

@@ -24,7 +24,9 @@ import triton
 
 from ...runtime import compiled as compiled_index
 from ...runtime.cache import load_kernel_module
-from ..base import check_arguments, Kernel, Status, supported, unsupported
+from ... import verify as verification
+from ...arguments import check_arguments
+from ..base import Kernel, Status, supported, unsupported
 from ...ir import AXES
 from ...shapes import accumulator_types, output_strides
 from ...reference import FP8_MAX, saturate
@@ -301,8 +303,7 @@ class TritonTiled(Kernel):
         """Write every output of `args`. `verify=True` also checks them against the float64
         reference and raises epifuse.debug.VerificationError with the largest error."""
         if verify:
-            from ...debug import run as run_verified
-            return run_verified(self, args)
+            return verification.run(self, args)
         plan = getattr(args, "_plans", {}).get(self)
         if plan is not None and plan.fast is not None and plan.simple:
             plan.fast()  # the common repeated call: no reductions, nothing else to do

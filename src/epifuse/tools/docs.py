@@ -1,8 +1,8 @@
 """Generate docs/ops.md, the op reference, from the ops registry (so it cannot fall out of date).
 
-    python -m epifuse.docs                   # print it
-    python -m epifuse.docs -o docs/ops.md    # write it
-    python -m epifuse.docs --check docs/ops.md   # exit 1 if the file differs from the registry
+    python -m epifuse.tools.docs                   # print it
+    python -m epifuse.tools.docs -o docs/ops.md    # write it
+    python -m epifuse.tools.docs --check docs/ops.md   # exit 1 if the file differs from the registry
 
 Everything here is read from the registry (`epifuse.ops.OPS`), the frontend's operator table,
 the Triton backend's rule table and the named epilogues; nothing is written by hand but prose.
@@ -12,6 +12,12 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+
+from .. import epilogues as E
+from ..activations import CUTLASS_NAMES
+from ..backends.triton.rules import missing_rules
+from ..frontend import _BINOPS, _CMPOPS
+from ..ops import OPS
 
 _GROUPS = (
     ("elementwise", "Elementwise math and activations"),
@@ -29,7 +35,7 @@ _ARG_NAMES = {"where": "cond, a, b", "prelu": "x, weight", "multiply_add": "a, b
 
 HEADER = """# Op reference
 
-<!-- Generated from the ops registry by `python -m epifuse.docs -o docs/ops.md`; do not edit.
+<!-- Generated from the ops registry by `python -m epifuse.tools.docs -o docs/ops.md`; do not edit.
      tests/test_docs_examples.py fails when this file and the registry disagree. -->
 
 Every op epifuse knows. Inside an epilogue an op is parsed, never called, and may be spelled
@@ -54,7 +60,6 @@ def _cell(text: str) -> str:
 
 
 def _operators() -> list[str]:
-    from .frontend import _BINOPS, _CMPOPS
     rows = [(_SYMBOLS[k], v) for k, v in {**_BINOPS, **_CMPOPS}.items() if k in _SYMBOLS]
     rows += [("-x", "neg"), ("~x", "logical_not"), ("max(a, b), min(a, b)", "maximum, minimum"),
              ("x.to(torch.float16), x.half(), x.bfloat16(), x.float()", "to")]
@@ -69,7 +74,6 @@ def _operators() -> list[str]:
 
 
 def _triton_status(name: str, kind: str) -> str:
-    from .backends.triton.rules import missing_rules
     if kind == "reduce":
         return "yes (reduction stage)"
     missing = {op.name: reason for op, reason in missing_rules().items()}
@@ -83,7 +87,6 @@ def _grad(d) -> str:
 
 
 def _op_table(kind: str) -> list[str]:
-    from .ops import OPS
     lines = ["| op | also | arguments | meaning | cost | Triton | grad |",
              "|---|---|---|---|---|---|---|"]
     for name in sorted(n for n, d in OPS.items() if d.kind == kind):
@@ -98,7 +101,6 @@ def _op_table(kind: str) -> list[str]:
 
 
 def _named_epilogues() -> list[str]:
-    from . import epilogues as E
     lines = ["## Named epilogues (`epifuse.epilogues`)", "",
              "Built from templates over the op names above; each is its own source (a `str`), "
              "usable wherever an epilogue function is. Shown with their defaults:", ""]
@@ -113,7 +115,7 @@ def _named_epilogues() -> list[str]:
               "Activations (`epifuse.epilogues.<name>()`, or any unary op name) for "
               "`LinearCombination(activation=...)`, `BiasElementwise` and `Generic`:", "",
               "| activation | becomes |", "|---|---|"]
-    for name, make in E.ACTIVATIONS.items():
+    for name, make in CUTLASS_NAMES.items():
         shown = "Clamp(min=0.0, max=1.0)" if name == "Clamp" else f"{name}()"
         act = make(min=0.0, max=1.0) if name == "Clamp" else make()
         lines.append(f"| `{shown}` | `{_cell(act.statements('F', 'D')[0])}` |")
@@ -133,7 +135,7 @@ def render_ops_reference() -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m epifuse.docs",
+    parser = argparse.ArgumentParser(prog="python -m epifuse.tools.docs",
                                      description="Generate the op reference (docs/ops.md) from the registry.")
     parser.add_argument("-o", "--output", help="write it here instead of printing it")
     parser.add_argument("--check", metavar="PATH", help="exit 1 if PATH differs from the generated text")
@@ -144,10 +146,10 @@ def main(argv=None) -> int:
             with open(ns.check) as f:
                 current = f.read()
         except OSError as exc:
-            print(f"python -m epifuse.docs: cannot read {ns.check}: {exc}", file=sys.stderr)
+            print(f"python -m epifuse.tools.docs: cannot read {ns.check}: {exc}", file=sys.stderr)
             return 1
         if current != text:
-            print(f"{ns.check} is out of date; run: python -m epifuse.docs -o {ns.check}", file=sys.stderr)
+            print(f"{ns.check} is out of date; run: python -m epifuse.tools.docs -o {ns.check}", file=sys.stderr)
             return 1
         return 0
     if ns.output:

@@ -1,0 +1,482 @@
+"""What a GEMM call is made of, checked: EpilogueArguments, GemmArguments, and its outputs.
+
+    epi = EpilogueArguments(fn_or_string, alpha=3.0, C=C, D=D, F=F)
+    args = GemmArguments(A=A, B=B, out=D, accumulator_type=torch.float32, epilogue=epi)
+
+Everything a user can get wrong is checked here, before any kernel compiles or any output is
+touched, and raised as an EpilogueError subclass that names the problem. A GemmArguments holds
+the bound, optimized Graph (`graph`, with its canonical hash `key`), each tensor's strides per
+accum axis, and `signature`: everything a kernel's support and choice can depend on, the key
+of the kernel memo. `output_specs` / `allocate_outputs` are the one place that decides the
+shape and dtype of an output epifuse allocates (epifuse.gemm, the torch ops, FusedGemm and
+the named epilogues all ask it).
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import torch
+
+from .binding import bind
+from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
+from .frontend import Program, parse
+from .ir import AXES, Graph, Operand
+from .passes import canonical_hash, optimize
+from .shapes import accum_shape_of, accumulator_types, classify_operand, output_strides, overlaps, span
+
+# environment variables that change which kernels run or which is chosen
+_CHOICE_ENVIRONMENT = ("TRITON_INTERPRET", "EPIFUSE_TUNE")
+
+IDENTITY_EPILOGUE = "def identity(accum):\n    D = accum\n    return D\n"
+
+
+class EpilogueArguments:
+    """An epilogue and the tensors and numbers its names refer to.
+
+    Keyword arguments name every operand (the function's parameters other than accum) and
+    every output (each returned name). Options: `accumulate=True` folds reduction results into
+    what the destinations hold; `deterministic=True` asks for run-to-run identical reductions;
+    `compute_dtype` (default torch.float32) is the type the epilogue math runs in.
+    """
+
+    def __init__(self, epilogue: Callable | str | Program, /, *, accumulate: bool = False,
+                 deterministic: bool = False, compute_dtype: torch.dtype = torch.float32,
+                 **tensors: Any):
+        self.program = epilogue if isinstance(epilogue, Program) else parse(epilogue)
+        self.accumulate = flag("accumulate", accumulate)
+        self.deterministic = flag("deterministic", deterministic)
+        self.compute_dtype = compute_dtype
+        program = self.program
+        expected = list(program.operands) + [name for name, _ in program.outputs]
+        places = dict(zip(program.params, program.param_locs))
+        places.update(program.outputs)
+        unexpected = [n for n in tensors if n not in expected]
+        for name in expected:
+            if name not in tensors:
+                role = "an operand" if name in program.operands else "an output tensor"
+                hint = f"Pass {name}=... ({role})."
+                close = difflib.get_close_matches(name, unexpected, n=1, cutoff=0.6)
+                if close:
+                    hint += f" The keyword {close[0]!r} you passed looks like a misspelling of it."
+                raise EpilogueArgumentError(
+                    f"Argument {name} is not provided in the kwargs of the EpilogueArguments "
+                    "constructor", places.get(name), hint)
+        for name in tensors:
+            if name not in expected:
+                raise EpilogueArgumentError(f"Unexpected keyword argument '{name}'",
+                                            hint=did_you_mean(name, expected) or
+                                            f"The epilogue's operands and outputs are: {', '.join(expected)}.")
+        self.operands = {n: tensors[n] for n in program.operands}
+        self.outputs = {n: tensors[n] for n, _ in program.outputs}
+        for name, value in self.outputs.items():
+            if not isinstance(value, torch.Tensor):
+                raise EpilogueArgumentError(
+                    f"Output {name} must be a torch.Tensor, but got {type(value).__name__}.")
+            _check_not_tracked_by_autograd(name, value)
+        for name, value in self.operands.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+                raise EpilogueArgumentError(
+                    f"Operand {name} must be a number or a torch.Tensor, but got {type(value).__name__}.")
+            if isinstance(value, torch.Tensor) and (value.is_complex() or value.dtype == torch.bool):
+                raise EpilogueArgumentError(f"Operand {name} has dtype {value.dtype}; use a real "
+                                            "floating-point or integer tensor.")
+
+
+def _check_not_tracked_by_autograd(name: str, output: torch.Tensor) -> None:
+    """Kernels write outputs in place, behind autograd's back; as with torch's out=, an output
+    that requires grad is refused while grad mode is on (torch.no_grad() allows it)."""
+    if output.requires_grad and torch.is_grad_enabled():
+        raise EpilogueArgumentError(
+            f"Output {name} requires grad: epifuse writes outputs in place, which autograd cannot "
+            "track (and torch forbids writing in place into a leaf that requires grad).",
+            hint=f"For differentiable outputs call epifuse.gemm(A, B, epilogue, ...) without passing "
+                 f"{name}; to just fill the tensor, pass {name}.detach() or build the arguments "
+                 "under torch.no_grad().")
+
+
+_BIND_CACHE: dict[tuple, tuple[Program, Graph, str]] = {}
+_BIND_LOCK = threading.Lock()
+
+
+def bound_graph(program: Program, roles: tuple[Operand, ...], rank: int) -> tuple[Graph, str]:
+    """The optimized Graph of `program` with operands in `roles` over a rank-`rank` accum, and
+    its canonical hash; bound once per program object, roles and rank."""
+    key = (id(program), roles, rank)
+    hit = _BIND_CACHE.get(key)
+    if hit is not None and hit[0] is program:
+        return hit[1], hit[2]
+    graph = optimize(bind(program, {o.name: o for o in roles}, rank))
+    entry = (program, graph, canonical_hash(graph))
+    with _BIND_LOCK:
+        _BIND_CACHE[key] = entry
+    return entry[1], entry[2]
+
+
+class GemmArguments:
+    """A GEMM `accum = A @ B` and its epilogue, bound and checked.
+
+    A is (M, K) or (L, M, K); B is (K, N) or (L, K, N); either may be 2-D while the other is
+    batched (it is then shared across L). `out` is the main output (the epilogue's D); without
+    an epilogue, `D = accum` is stored into `out`.
+    """
+
+    def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                 accumulator_type: torch.dtype | None = None,
+                 epilogue: EpilogueArguments | None = None, precision: str = "default"):
+        if epilogue is not None and not isinstance(epilogue, EpilogueArguments):
+            raise EpilogueArgumentError(
+                f"GemmArguments' epilogue must be an EpilogueArguments, not {type(epilogue).__name__}.",
+                hint="Wrap it with its tensors: epilogue=EpilogueArguments(epi, C=C, D=D).")
+        if epilogue is None:
+            if out is None:
+                raise EpilogueArgumentError("GemmArguments needs `out` or an `epilogue`.")
+            epilogue = EpilogueArguments(IDENTITY_EPILOGUE, D=out)
+        elif out is not None and "D" in epilogue.outputs and epilogue.outputs["D"] is not out:
+            raise EpilogueArgumentError("`out` and the epilogue's output D are different tensors.",
+                                        hint="Pass the same tensor as out=D and D=... (or leave out `out`).")
+        if precision not in ("default", "highest"):
+            raise EpilogueArgumentError(f"precision must be 'default' or 'highest', got {precision!r}.")
+        self.A, self.B = A, B
+        self.out = out
+        self.epilogue = epilogue
+        if accumulator_type is None:
+            accumulator_type = torch.float32 if not isinstance(A, torch.Tensor) or A.is_floating_point() \
+                else torch.int32
+        self.accumulator_type = accumulator_type
+        self.precision = precision
+        self.accumulate = epilogue.accumulate
+        self.deterministic = epilogue.deterministic
+        self.compute_dtype = epilogue.compute_dtype
+        self.accum_shape, (self.L, self.M, self.N, self.K) = accum_shape_of(A, B)
+        self.rank = len(self.accum_shape)
+        self.a_strides = _gemm_strides(A)
+        self.b_strides = _gemm_strides(B)
+        self._check_accumulator()
+        roles, self.strides = [], {}
+        self.operands = {}
+        for name, value in epilogue.operands.items():
+            role, strides = classify_operand(name, value, self.accum_shape, A.device)
+            roles.append(role)
+            self.operands[name] = value
+            self.strides[name] = strides
+        self.graph, self.key = bound_graph(epilogue.program, tuple(roles), self.rank)
+        self.outputs = dict(epilogue.outputs)
+        self.reductions = {}
+        for out_ in self.graph.outputs:
+            dest = self.outputs[out_.name]
+            reduction = out_.node.op if out_.node.op.is_reduction else None
+            if reduction is not None:
+                self.reductions[out_.name] = reduction.name
+            self.strides[out_.name] = output_strides(
+                out_.name, dest, self.accum_shape, A.device,
+                out_.node.dims if reduction else None, reduction)
+        self._check_aliasing()
+        tensors = [A, B, *self.outputs.values(),
+                   *(v for v in self.operands.values() if isinstance(v, torch.Tensor))]
+        self.largest_span = max(span(t) for t in tensors)
+
+    def _check_accumulator(self) -> None:
+        A, B = self.A, self.B
+        if A.dtype.is_floating_point != B.dtype.is_floating_point:
+            raise ShapeError(f"A is {A.dtype} and B is {B.dtype}: both must be floating point or both integer.")
+        allowed = accumulator_types(A.dtype, B.dtype)
+        if self.accumulator_type not in allowed:
+            inputs = A.dtype if A.dtype == B.dtype else f"{A.dtype} x {B.dtype}"
+            raise ShapeError(f"accumulator_type {self.accumulator_type} does not fit {inputs} inputs; "
+                             f"use {' or '.join(str(t) for t in allowed)}.")
+        if self.compute_dtype not in (torch.float32, torch.float64):
+            raise ShapeError(f"compute_dtype must be torch.float32 or torch.float64, got {self.compute_dtype}.")
+
+    def _check_aliasing(self) -> None:
+        outs = list(self.outputs.items())
+        for i, (name, dest) in enumerate(outs):
+            for label, t in (("A", self.A), ("B", self.B)):
+                if overlaps(dest, t):
+                    raise ShapeError(f"Output {name} overlaps the GEMM input {label}.",
+                                     hint="Write the epilogue's outputs to separate tensors.")
+            for other, t in outs[i + 1:]:
+                if overlaps(dest, t):
+                    raise ShapeError(f"Outputs {name} and {other} overlap in memory.")
+            for op_name, value in self.operands.items():
+                if isinstance(value, torch.Tensor) and overlaps(dest, value):
+                    same_view = (dest.data_ptr() == value.data_ptr() and dest.shape == value.shape
+                                 and dest.stride() == value.stride() and name not in self.reductions)
+                    if not same_view:
+                        raise ShapeError(f"Output {name} partly overlaps operand {op_name}.",
+                                         hint="An output may alias an operand only as the very same "
+                                              "view (an in-place update such as D = C).")
+
+    @property
+    def signature(self) -> tuple:
+        """Everything that decides which kernels support these arguments and which of them is
+        chosen: the bound epilogue, every tensor's shape, strides, dtype, device and 16-byte
+        alignment, the options, and the environment variables that change the choice. Number
+        operands enter by kind only: no kernel's support or speed depends on their values."""
+        sig = self.__dict__.get("_signature")
+        if sig is None:
+            tensors = [("A", self.A), ("B", self.B), *self.operands.items(), *self.outputs.items()]
+            sig = (self.key, self.rank, self.accumulator_type, self.precision, self.accumulate,
+                   self.deterministic, self.compute_dtype,
+                   tuple((name, tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+                         if isinstance(t, torch.Tensor) else (name, "number")
+                         for name, t in tensors),
+                   tuple(os.environ.get(v) for v in _CHOICE_ENVIRONMENT))
+            self.__dict__["_signature"] = sig
+        return sig
+
+    def reduction_op(self, name: str):
+        """The reduction OpDef of output `name`, or None for a tile output."""
+        node = self.graph.output(name).node
+        return node.op if node.op.is_reduction else None
+
+    def reduced_count(self, name: str) -> int:
+        """How many elements one value of reduction output `name` folds together."""
+        dims = next(o.node.params["dim"] for o in self.graph.outputs if o.name == name)
+        sizes = dict(zip(AXES, (self.L, self.M, self.N)))
+        return math.prod(sizes[a] for a in dims)
+
+
+def _gemm_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, row, column) strides; batch 0 when the operand is shared across L."""
+    if t.dim() == 3:
+        return (t.stride(0) if t.shape[0] > 1 else 0, t.stride(1), t.stride(2))
+    return (0, t.stride(0), t.stride(1))
+
+
+# ---- grouped GEMM ---------------------------------------------------------------------------
+
+class GroupedGemmArguments:
+    """A list of 2-D GEMMs with one shared epilogue, run together.
+
+    Attributes the kernels read: `problems` (the GemmArguments, one per group), `graph` and
+    `key` (the shared bound epilogue), `roles` (each operand's widest role), `device`,
+    `reductions`, `largest_span` and the options every group shares (`accumulator_type`,
+    `precision`, `accumulate`, `deterministic`, `compute_dtype`).
+    """
+
+    def __init__(self, problems: Sequence[GemmArguments]):
+        if not isinstance(problems, (list, tuple)):
+            raise EpilogueArgumentError(
+                f"GroupedGemmArguments takes a list of GemmArguments, not {type(problems).__name__}.")
+        if not problems:
+            raise EpilogueArgumentError("GroupedGemmArguments needs at least one problem; the list is empty.")
+        for i, p in enumerate(problems):
+            if not isinstance(p, GemmArguments):
+                raise EpilogueArgumentError(
+                    f"Group {i} is a {type(p).__name__}, not GemmArguments.",
+                    hint="Build each group with epifuse.GemmArguments(A, B, epilogue=...).")
+        self.problems = tuple(problems)   # checked together once: not to be changed after
+        first = self.problems[0]
+        for i, p in enumerate(self.problems):
+            _check_two_dimensional(i, p)
+            if i:
+                _check_same_setup(i, p, first)
+        self.roles = _widest_roles(self.problems)
+        self.graph, self.key = _shared_graph(self.problems, self.roles)
+        for i, p in enumerate(self.problems[1:], start=1):
+            _check_same_tensors(i, p, first)
+        _check_no_cross_group_overlap(self.problems)
+        self.device = first.A.device
+        self.accumulator_type = first.accumulator_type
+        self.precision = first.precision
+        self.accumulate = first.accumulate
+        self.deterministic = first.deterministic
+        self.compute_dtype = first.compute_dtype
+        self.reductions = dict(first.reductions)
+        self.largest_span = max(p.largest_span for p in self.problems)
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def __iter__(self):
+        return iter(self.problems)
+
+    def __getitem__(self, index: int) -> GemmArguments:
+        return self.problems[index]
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{p.M}x{p.N}x{p.K}" for p in self.problems[:4])
+        more = f", ... ({len(self)} groups)" if len(self) > 4 else ""
+        return f"GroupedGemmArguments([{sizes}{more}])"
+
+
+def _check_two_dimensional(i: int, p: GemmArguments) -> None:
+    if p.rank != 2:
+        raise ShapeError(f"Group {i} is batched: A is {tuple(p.A.shape)} and B is {tuple(p.B.shape)}, "
+                         f"so accum is {tuple(p.accum_shape)}; grouped GEMM problems are 2-D.",
+                         hint="Pass each batch entry as a group of its own (A[l], B[l]).")
+
+
+def _check_same_setup(i: int, p: GemmArguments, first: GemmArguments) -> None:
+    """Device, input dtypes and options: one launch has one of each."""
+    if p.A.device != first.A.device:
+        raise ShapeError(f"Group {i} is on {p.A.device} but group 0 is on {first.A.device}; "
+                         "all groups must be on one device.")
+    for label in ("A", "B"):
+        mine, theirs = getattr(p, label).dtype, getattr(first, label).dtype
+        if mine != theirs:
+            raise ShapeError(f"Group {i}: {label} is {mine} but group 0's {label} is {theirs}; "
+                             "all groups must use the same dtypes.")
+    for option in ("accumulator_type", "precision", "accumulate", "deterministic", "compute_dtype"):
+        mine, theirs = getattr(p, option), getattr(first, option)
+        if mine != theirs:
+            raise EpilogueArgumentError(f"Group {i} has {option}={mine!r} but group 0 has {theirs!r}; "
+                                        "all groups share one setting.")
+
+
+def _operand_roles(p: GemmArguments) -> dict[str, Operand]:
+    """Every operand's role in this group (the bound graph keeps only the operands it reads)."""
+    return {name: classify_operand(name, value, p.accum_shape, p.A.device)[0]
+            for name, value in p.operands.items()}
+
+
+def _widest_roles(problems: list[GemmArguments]) -> tuple[Operand, ...]:
+    """Each operand's role for the shared kernel: the union of the axes it varies along in any
+    group. A group where it varies along fewer axes is read with stride 0 along the others,
+    which is exactly torch's broadcasting of that group's tensor."""
+    first = problems[0]
+    names = first.epilogue.program.operands
+    outputs = [name for name, _ in first.epilogue.program.outputs]
+    roles = _operand_roles(first)
+    for i, p in enumerate(problems[1:], start=1):
+        program = p.epilogue.program
+        mine = [name for name, _ in program.outputs]
+        if program.operands != names or mine != outputs:
+            raise EpilogueArgumentError(
+                f"Group {i}'s epilogue has operands ({', '.join(program.operands)}) and outputs "
+                f"({', '.join(mine)}), but group 0's has operands ({', '.join(names)}) and outputs "
+                f"({', '.join(outputs)}); all groups share one epilogue.")
+        for name, role in _operand_roles(p).items():
+            shared = roles[name]
+            if role.kind != shared.kind:
+                raise EpilogueArgumentError(
+                    f"Operand {name} is a {_kind(shared)} in group 0 but a {_kind(role)} in group {i}.",
+                    hint="Numbers are passed once for the launch: pass a one-element tensor in "
+                         "every group for a per-group scalar.")
+            axes = tuple(a for a in AXES if a in shared.axes or a in role.axes)
+            roles[name] = Operand(name, shared.kind, axes)
+    return tuple(roles[name] for name in names)
+
+
+def _kind(role: Operand) -> str:
+    return "Python number" if role.kind == "number" else "tensor"
+
+
+def _shared_graph(problems: list[GemmArguments], roles: tuple[Operand, ...]):
+    """The epilogue bound to the widest roles; every group's must be the same graph."""
+    graph, key = bound_graph(problems[0].epilogue.program, roles, 2)
+    for i, p in enumerate(problems[1:], start=1):
+        _, mine = bound_graph(p.epilogue.program, roles, 2)
+        if mine != key:
+            raise EpilogueArgumentError(
+                f"Group {i}'s epilogue computes something different from group 0's (the same "
+                "operand and output names, another computation); all groups share one epilogue.",
+                hint="Build every group's EpilogueArguments from the same function or string.")
+    return graph, key
+
+
+def _check_same_tensors(i: int, p: GemmArguments, first: GemmArguments) -> None:
+    """Numbers equal; operand and output tensors of the same dtype in every group."""
+    for name, value in p.operands.items():
+        theirs = first.operands[name]
+        if isinstance(value, torch.Tensor):
+            if value.dtype != theirs.dtype:
+                raise ShapeError(f"Group {i}: operand {name} is {value.dtype} but group 0's is "
+                                 f"{theirs.dtype}; all groups must use the same dtypes.")
+        elif not _same_number(value, theirs):
+            raise EpilogueArgumentError(
+                f"Group {i}: operand {name} = {value!r} but group 0 has {name} = {theirs!r}; a number "
+                "operand is passed once for the launch, so it must be equal in every group.",
+                hint=f"Pass {name} as a one-element tensor in every group to vary it per group.")
+    for name, dest in p.outputs.items():
+        theirs = first.outputs[name].dtype
+        if dest.dtype != theirs:
+            raise ShapeError(f"Group {i}: output {name} is {dest.dtype} but group 0's is {theirs}; "
+                             "all groups must use the same dtypes.")
+
+
+def _same_number(a, b) -> bool:
+    a, b = float(a), float(b)
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _check_no_cross_group_overlap(problems: list[GemmArguments]) -> None:
+    """One launch runs every group at once: an output of one group must not share memory with
+    any tensor of another (each GemmArguments already checked its own). Intervals sorted by
+    start, so only neighbours in address order are compared."""
+    spans = []
+    for i, p in enumerate(problems):
+        tensors = [("A", p.A, False), ("B", p.B, False),
+                   *((n, t, False) for n, t in p.operands.items() if isinstance(t, torch.Tensor)),
+                   *((n, t, True) for n, t in p.outputs.items())]
+        for name, t, written in tensors:
+            if t.numel() and t.device.type != "meta":
+                start = t.data_ptr()
+                spans.append((start, start + span(t) * t.element_size(), i, name, written))
+    spans.sort()
+    open_spans: list[tuple] = []
+    for current in spans:
+        open_spans = [s for s in open_spans if s[1] > current[0]]
+        for other in open_spans:
+            if other[2] != current[2] and (other[4] or current[4]):
+                raise ShapeError(f"Group {other[2]}'s {other[3]} and group {current[2]}'s {current[3]} "
+                                 "share memory, and one of them is an output; groups run at once.",
+                                 hint="Give every group its own output tensors.")
+        open_spans.append(current)
+
+
+# ---- outputs epifuse allocates --------------------------------------------------------------
+
+def output_specs(graph: Graph, accum_shape, A: torch.Tensor, out_dtype: torch.dtype | None = None,
+                 compute_dtype: torch.dtype = torch.float32) -> dict[str, tuple[tuple, torch.dtype]]:
+    """(shape, dtype) of every output of `graph`, by name: a tile output has accum's shape and
+    `out_dtype` (default A's dtype; float32 for integer inputs); a reduction keeps accum's
+    other dims ((1,) when none) in float32, or float64 when the epilogue computes in float64."""
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise EpilogueArgumentError(f"out_dtype must be a torch.dtype such as torch.float16, not {out_dtype!r}.")
+    axes = AXES[3 - len(accum_shape):]
+    specs = {}
+    for o in graph.outputs:
+        if o.node.op.is_reduction:
+            shape = tuple(s for a, s in zip(axes, accum_shape) if a not in o.node.dims) or (1,)
+            specs[o.name] = (shape, torch.float64 if compute_dtype == torch.float64 else torch.float32)
+        else:
+            dtype = out_dtype or (A.dtype if A.is_floating_point() else torch.float32)
+            specs[o.name] = (tuple(accum_shape), dtype)
+    return specs
+
+
+def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors: dict,
+                     out_dtype: torch.dtype | None = None,
+                     compute_dtype: torch.dtype = torch.float32) -> dict:
+    """`tensors` plus a new tensor (see output_specs) for every output of `program` it lacks.
+    Where an operand is missing nothing is allocated: EpilogueArguments names what is missing."""
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise EpilogueArgumentError(f"out_dtype must be a torch.dtype such as torch.float16, not {out_dtype!r}.")
+    missing = [name for name, _ in program.outputs if name not in tensors]
+    if not missing or any(name not in tensors for name in program.operands):
+        return dict(tensors)
+    if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
+        raise ShapeError("A and B must be torch tensors.")
+    accum_shape, _ = accum_shape_of(A, B)
+    roles = tuple(classify_operand(n, tensors[n], accum_shape, A.device)[0] for n in program.operands)
+    graph, _ = bound_graph(program, roles, len(accum_shape))
+    specs = output_specs(graph, accum_shape, A, out_dtype, compute_dtype)
+    out = dict(tensors)
+    for name in missing:
+        shape, dtype = specs[name]
+        out[name] = torch.empty(shape, device=A.device, dtype=dtype)
+    return out
+
+
+def check_arguments(kernel, args, grouped: bool = False) -> None:
+    """A clear error where `args` is not the arguments object `kernel` runs on."""
+    expected = GroupedGemmArguments if grouped else GemmArguments
+    if not isinstance(args, expected):
+        raise EpilogueArgumentError(f"{kernel!r} runs on {expected.__name__}, not on {type(args).__name__}.",
+                                    hint=f"Pass the {expected.__name__} the kernel was chosen for.")
