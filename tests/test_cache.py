@@ -290,15 +290,15 @@ def test_remembered_choices_are_kept_per_signature(monkeypatch):
     full argument signature, so no shape is served another's choice, and a repeated signature
     is served without choosing again. (A CPU has no SMs to count nor an L2 to ask, so the
     predicates are stood in for.)"""
-    from epifuse.backends.triton import persistent
+    from epifuse.backends.triton import device
     src = "def epi(accum):\n    D = accum * 2.0\n    return D\n"
 
     def args(M, N):
         return epifuse.GemmArguments(torch.ones(M, 32), torch.ones(32, N),
                                      epilogue=epifuse.EpilogueArguments(src, D=torch.empty(M, N)))
     assert tune.shape_bucket(args(40, 40)) == tune.shape_bucket(args(60, 56))
-    monkeypatch.setattr(persistent, "leaves_sms_idle", lambda a: a.M < 50)
-    monkeypatch.setattr(persistent, "b_fits_l2", lambda a: a.N < 50)
+    monkeypatch.setattr(device, "leaves_sms_idle", lambda a: a.M < 50)
+    monkeypatch.setattr(device, "b_fits_l2", lambda a: a.N < 50)
     chosen = []
     monkeypatch.setattr(tune, "choose", lambda a, kernels: chosen.append((a.M, a.N)) or kernels[0])
     select._CHOSEN.clear()

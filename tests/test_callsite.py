@@ -178,14 +178,16 @@ def test_split_k_launches_are_kept_with_their_workspace(device, monkeypatch):
     """A kept split-K launch reuses its workspace and counters; every call must still be exact
     (the counters reset themselves), with new inputs each time."""
     from epifuse import api
-    from epifuse.backends.triton import splitk
-    config = splitk.SplitKConfig(16, 16, 16, 2, 1, 1, split_k=3) if device == "cpu" else None
+    from epifuse.backends.triton.configs import TileConfig
+    from epifuse.backends.triton.families import SPLIT_K
+    from epifuse.backends.triton.kernels import TritonKernel
+    config = TileConfig(16, 16, 16, 2, 1, 1, split_k=3) if device == "cpu" else None
     chosen = {}
 
     def choose_split_k(args):
         kernels = [k for k in api.get_kernels(args) if k.name == "triton_splitk"]
         if config is not None:
-            kernels = [splitk.TritonSplitK(config)]
+            kernels = [TritonKernel(SPLIT_K, config)]
         return chosen.setdefault("k", kernels[0])
     monkeypatch.setattr(api, "choose_kernel", choose_split_k)
     K = 160 if device == "cpu" else 1024

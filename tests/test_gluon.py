@@ -17,10 +17,14 @@ from hypothesis import strategies as st
 
 import epifuse
 from epifuse.reference import saturate
-from epifuse.backends.triton import codegen, gluon_codegen, pingpong
+from epifuse.backends.triton import configs, device, epilogue, gluon_api, source
+from epifuse.backends.triton.families import COOPERATIVE, PINGPONG, gluon_problem_check
+from epifuse.backends.triton.kernels import TritonKernel
+from epifuse.backends.triton.layout import launch_layout
 from fuzz_harness import build, describe, seeded
 from fuzz_strategies import Example, examples
 from helpers import integer_tensor, reference_outputs, rel_error
+from offline import compile_offline
 
 GELU = "def epi(accum, bias):\n    D = gelu(accum + bias, approximate='tanh')\n    return D\n"
 AUX = ("def epi(accum, alpha, C, bias):\n    F = accum * alpha + C * 2.0 + bias\n"
@@ -57,7 +61,7 @@ def _problem(src, M, N, K, dtype=torch.float16, device="cpu", kmajor=False, out=
 
 def test_refuses_cpu_tensors_with_a_reason():
     A, B, tensors = _problem(GELU, 64, 64, 64)
-    status = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]).supports(_args(GELU, A, B, **tensors))
+    status = TritonKernel(PINGPONG, configs.PINGPONG[0]).supports(_args(GELU, A, B, **tensors))
     assert not status and "Hopper GPUs only" in status.reason
 
 
@@ -66,65 +70,72 @@ def test_other_devices_get_reasons_not_errors():
     the reference kernel stays (the Gluon kernel asks no CUDA question first)."""
     A, B, tensors = _problem(GELU, 64, 64, 64, device="meta")
     args = _args(GELU, A, B, **tensors)
-    status = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]).supports(args, cc=90)
+    status = TritonKernel(PINGPONG, configs.PINGPONG[0]).supports(args, cc=90)
     assert not status and "Hopper GPUs only" in status.reason
     assert [k.name for k, s in epifuse.kernel_statuses(args) if s] == ["reference"]
 
 
-PINGPONG, COOPERATIVE = pingpong.GluonPingPong, pingpong.GluonCooperative
-EVERY_CONFIG = ([(PINGPONG, c) for c in pingpong.CUDA_CONFIGS + pingpong.SMALL_GRID_CONFIGS
-                 + pingpong.ROW_ORDER_CONFIGS]
-                + [(COOPERATIVE, c) for c in pingpong.COOPERATIVE_CONFIGS])
+EVERY_CONFIG = ([(PINGPONG, c) for c in configs.PINGPONG + configs.SMALL_GRID + configs.ROW_ORDER]
+                + [(COOPERATIVE, c) for c in configs.COOPERATIVE])
+
+
+def pingpong_configs(dtype):
+    return configs.by_dtype(dtype, configs.PINGPONG, configs.PINGPONG_BYTES)
+
+
+def small_grid_configs(dtype):
+    return configs.by_dtype(dtype, configs.SMALL_GRID, configs.SMALL_GRID_BYTES)
+
+
+def cooperative_configs(dtype):
+    return () if dtype == torch.int8 else configs.by_dtype(dtype, configs.COOPERATIVE, configs.COOPERATIVE_BYTES)
 
 
 def _config_id(kernel_config):
-    cls, config = kernel_config
+    family, config = kernel_config
     rows = "" if config.block_m == 128 else f"-m{config.block_m}"
     group = "" if config.group_m == 8 else f"-g{config.group_m}"
-    return f"{cls.schedule}{rows}-{config.epilogue_pieces}-s{config.num_stages}{group}"
+    return f"{family.name.removeprefix('gluon_')}{rows}-{config.epilogue_pieces}-s{config.num_stages}{group}"
 
 
 def test_row_order_configs_differ_from_the_usual_only_in_tile_order():
     """The config offered where B fits in L2 is the five-stage ping-pong taken two tile rows at a
     time; one-byte inputs are not offered it (their configs were not measured with it)."""
-    (row,) = pingpong.row_order_configs(torch.float16)
-    assert row.group_m == 2 and dataclasses.replace(row, group_m=8) in pingpong.CUDA_CONFIGS
-    assert pingpong.row_order_configs(torch.float8_e4m3fn) == ()
+    (row,) = configs.ROW_ORDER
+    assert row.group_m == 2 and dataclasses.replace(row, group_m=8) in configs.PINGPONG
     assert len({_config_id(k) for k in EVERY_CONFIG}) == len(EVERY_CONFIG)
 
 
 def test_an_unreported_l2_size_offers_no_row_order(monkeypatch):
     """torch before 2.5 has no L2_cache_size in the device properties: the size reads as 0, so
     no B fits (and nothing raises)."""
-    from epifuse.backends.triton import persistent
-
     class OldProperties:
         multi_processor_count = 132
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: OldProperties())
-    persistent._l2_bytes.cache_clear()
+    device.l2_bytes.cache_clear()
     try:
-        assert persistent._l2_bytes(0) == 0
+        assert device.l2_bytes(0) == 0
     finally:
-        persistent._l2_bytes.cache_clear()
+        device.l2_bytes.cache_clear()
 
 
-@pytest.mark.parametrize("src,deterministic,kmajor,dtype,cls,config", [
-    (GELU, False, False, torch.float16, PINGPONG, pingpong.CUDA_CONFIGS[0]),
-    (AUX, False, True, torch.bfloat16, PINGPONG, pingpong.CUDA_CONFIGS[1]),
-    (LOSS, True, False, torch.float16, PINGPONG, dataclasses.replace(pingpong.CUDA_CONFIGS[0], epilogue_pieces=4)),
-    (ROWS, False, False, torch.bfloat16, PINGPONG, pingpong.CUDA_CONFIGS[1]),
-    (AUX, False, False, torch.float16, PINGPONG, pingpong.CUDA_CONFIGS[2]),
-    (ROWS, False, False, torch.float16, PINGPONG, pingpong.CUDA_CONFIGS[2]),
-    (GELU, False, True, torch.float16, COOPERATIVE, pingpong.COOPERATIVE_CONFIGS[0]),
-    (AUX, False, False, torch.bfloat16, COOPERATIVE, dataclasses.replace(pingpong.COOPERATIVE_CONFIGS[0], epilogue_pieces=2)),
-    (LOSS, True, True, torch.float16, COOPERATIVE, dataclasses.replace(pingpong.COOPERATIVE_CONFIGS[0], epilogue_pieces=4)),
-    (ROWS, False, False, torch.float16, COOPERATIVE, pingpong.COOPERATIVE_CONFIGS[0]),
-    (AUX, False, True, torch.float16, PINGPONG, pingpong.SMALL_GRID_CONFIGS[0]),
-    (LOSS, False, False, torch.bfloat16, PINGPONG, pingpong.SMALL_GRID_CONFIGS[0]),
+@pytest.mark.parametrize("src,deterministic,kmajor,dtype,family,config", [
+    (GELU, False, False, torch.float16, PINGPONG, configs.PINGPONG[0]),
+    (AUX, False, True, torch.bfloat16, PINGPONG, configs.PINGPONG[1]),
+    (LOSS, True, False, torch.float16, PINGPONG, dataclasses.replace(configs.PINGPONG[0], epilogue_pieces=4)),
+    (ROWS, False, False, torch.bfloat16, PINGPONG, configs.PINGPONG[1]),
+    (AUX, False, False, torch.float16, PINGPONG, configs.PINGPONG[2]),
+    (ROWS, False, False, torch.float16, PINGPONG, configs.PINGPONG[2]),
+    (GELU, False, True, torch.float16, COOPERATIVE, configs.COOPERATIVE[0]),
+    (AUX, False, False, torch.bfloat16, COOPERATIVE, dataclasses.replace(configs.COOPERATIVE[0], epilogue_pieces=2)),
+    (LOSS, True, True, torch.float16, COOPERATIVE, dataclasses.replace(configs.COOPERATIVE[0], epilogue_pieces=4)),
+    (ROWS, False, False, torch.float16, COOPERATIVE, configs.COOPERATIVE[0]),
+    (AUX, False, True, torch.float16, PINGPONG, configs.SMALL_GRID[0]),
+    (LOSS, False, False, torch.bfloat16, PINGPONG, configs.SMALL_GRID[0]),
 ], ids=["gelu", "aux-kmajor-bf16", "loss-deterministic", "rows-bf16", "aux-5-stages", "rows-5-stages",
         "coop-gelu-kmajor", "coop-aux-bf16", "coop-loss-deterministic", "coop-rows", "small-grid-aux-kmajor",
         "small-grid-loss-bf16"])
-def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls, config):
+def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, family, config):
     """Two TMA-stored tile outputs do not fit next to the ring of 128-row tiles: AUX stores F
     (fp32) through pointers, but beside the 64-row tiles' smaller stages it has a buffer;
     LOSS and ROWS reduce (atomics, partials). An epilogue in column blocks keeps the
@@ -133,74 +144,74 @@ def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, cls,
     64x256 wgmmas, four per 64-deep K step."""
     A, B, tensors = _problem(src, 1000, 744, 520, dtype=dtype, kmajor=kmajor)
     args = _args(src, A, B, deterministic=deterministic, **tensors)
-    compiled = pingpong.compile_offline(cls(config), args)
+    compiled = compile_offline(TritonKernel(family, config), args)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
     assert ("cp.async.bulk.tensor" in ptx)   # the TMA loads (and stores where used)
     assert compiled.metadata.shared <= 227 * 1024
     stores = ptx.count("cp.async.bulk.tensor.2d.global.shared")
-    layout = pingpong.launch_layout(args.graph, deterministic)
-    plan = pingpong._buffer_plan(args, config, layout, cls.consumers)
+    layout = launch_layout(args.graph, deterministic)
+    plan = gluon_api.buffer_plan(args, config, layout, family.consumers)
     stored = sum(plan.tma[y.prefix] for y in layout.outputs if y.mode == "tile")
     # AUX's fp32 F fits beside the 64-row tiles' stages, not beside the 128-row ones
     assert stored == {GELU: 1, ROWS: 1, LOSS: 0, AUX: 2 if config.block_m == 64 else 1}[src]
-    assert stores == stored * cls.consumers * config.epilogue_pieces  # each consumer's copies
+    assert stores == stored * family.consumers * config.epilogue_pieces  # each consumer's copies
     # reductions fold with relaxed atomics: an acq_rel one costs a GPU-wide fence and an L1
     # invalidation per atomic (rowsumsq S2 1.19 -> 1.06 of cuBLAS, RESULTS.md 2026-11-24)
     if src in (LOSS, ROWS) and not deterministic:
         assert "atom.global.gpu.relaxed.add.f32" in ptx or "red.global.gpu.relaxed.add.f32" in ptx
-    if src == ROWS:  # amax folds with an integer atomic max (codegen.reduction_mode)
+    if src == ROWS:  # amax folds with an integer atomic max (layout.reduction_mode)
         assert "atom.global.gpu.relaxed.max.s32" in ptx or "red.global.gpu.relaxed.max.s32" in ptx
     assert "acq_rel" not in ptx and "membar.gl" not in ptx
-    # the kernel zeroes its atomic reductions (codegen.zeroing): the first consumer
+    # the kernel zeroes its atomic reductions (templates/macros.j2): the first consumer
     # releases its zeros, every consumer acquires them before its first atomic
     zeroes = src in (LOSS, ROWS) and not deterministic
     assert ("atom.global.gpu.release.exch.b64" in ptx) == zeroes
     assert ("ld.global.acquire.gpu.b64" in ptx) == zeroes
     if src == LOSS:  # 1 + exp(...): the exp flushes subnormal results (rules.ADD_EXP_FLUSHED)
         assert "ex2.approx.ftz.f32" in ptx and not re.search(r"ex2\.approx\.f32\s", ptx)
-    if cls is COOPERATIVE:
+    if family is COOPERATIVE:
         assert f".reqntid {32 * (8 + 4)}" in ptx  # two consumer warpgroups and the producer's
         assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16") == 4
     shared_traffic = ptx.count("st.shared") + ptx.count("stmatrix")
-    whole = pingpong.compile_offline(cls(dataclasses.replace(config, epilogue_pieces=1)), args).asm["ptx"]
+    whole = compile_offline(TritonKernel(family, dataclasses.replace(config, epilogue_pieces=1)), args).asm["ptx"]
     assert shared_traffic <= whole.count("st.shared") + whole.count("stmatrix") + 8 * config.epilogue_pieces
 
 
-@pytest.mark.parametrize("cls,config", [(PINGPONG, pingpong.CUDA_CONFIGS[0]),
-                                        (COOPERATIVE, pingpong.COOPERATIVE_CONFIGS[0])], ids=["pingpong", "coop"])
+@pytest.mark.parametrize("family,config", [(PINGPONG, configs.PINGPONG[0]),
+                                           (COOPERATIVE, configs.COOPERATIVE[0])], ids=["pingpong", "coop"])
 @pytest.mark.parametrize("src", [LOSS, ROWS], ids=["loss", "rows"])
-def test_whole_tiles_drop_the_reductions_masks(src, cls, config):
+def test_whole_tiles_drop_the_reductions_masks(src, family, config):
     """Where the tiles divide M and N, the reductions select no masked elements (EVEN_M and
     EVEN_N make the masks constants): the loss's two selects per element and the row sum's
     one are gone; a ragged axis keeps them."""
     selects = {}
     for M, N in ((1024, 768), (1000, 768), (1024, 744)):
         A, B, tensors = _problem(src, M, N, 512)
-        ptx = pingpong.compile_offline(cls(config), _args(src, A, B, **tensors)).asm["ptx"]
+        ptx = compile_offline(TritonKernel(family, config), _args(src, A, B, **tensors)).asm["ptx"]
         selects[M, N] = ptx.count("selp.")
     assert selects[1024, 768] == 0 and selects[1000, 768] > 0 and selects[1024, 744] > 0, selects
 
 
-@pytest.mark.parametrize("cls,dtype", [(PINGPONG, torch.float8_e4m3fn), (PINGPONG, torch.int8),
-                                       (COOPERATIVE, torch.float8_e4m3fn)], ids=["fp8", "int8", "coop-fp8"])
-def test_eight_bit_inputs_compile_without_a_gpu(cls, dtype):
+@pytest.mark.parametrize("family,dtype", [(PINGPONG, torch.float8_e4m3fn), (PINGPONG, torch.int8),
+                                          (COOPERATIVE, torch.float8_e4m3fn)], ids=["fp8", "int8", "coop-fp8"])
+def test_eight_bit_inputs_compile_without_a_gpu(family, dtype):
     """fp8 and int8 take 128-deep K tiles (128-byte rows as fp16's 64) and K-major wgmmas of
     depth 32; int8 accumulates in int32 (the ping-pong kernel only: Triton 3.6 cannot lower
     the cooperative kernel's m64n256k32 s8 wgmma)."""
     A, B, tensors = _problem(GELU, 1000, 744, 512, kmajor=True)
     A, B = A.to(dtype), B.t().contiguous().to(dtype).t()
     args = _args(GELU, A, B, **tensors)
-    if cls is PINGPONG:  # and the 64-row tiles of small grids
-        configs = (pingpong.cuda_configs(dtype)[0], *pingpong.small_grid_configs(dtype))
+    if family is PINGPONG:  # and the 64-row tiles of small grids
+        tried = (pingpong_configs(dtype)[0], *small_grid_configs(dtype))
     else:
-        configs = pingpong.cooperative_configs(dtype)
-    for config in configs:
+        tried = cooperative_configs(dtype)
+    for config in tried:
         assert config.block_k == 128
-        ptx = pingpong.compile_offline(cls(config), args).asm["ptx"]
+        ptx = compile_offline(TritonKernel(family, config), args).asm["ptx"]
         shape = "k32.f32.e4m3.e4m3" if dtype == torch.float8_e4m3fn else "k32.s32.s8.s8"
         assert f"m64n{config.block_n}{shape}" in ptx
-        if cls is PINGPONG:  # per K step, each consumer's copy: a wgmma per 32 of K per 64 rows
+        if family is PINGPONG:  # per K step, each consumer's copy: a wgmma per 32 of K per 64 rows
             assert ptx.count("wgmma.mma_async") == 2 * (config.block_k // 32) * (config.block_m // 64)
 
 
@@ -217,12 +228,12 @@ def test_tile_buffers_fit_shared_memory():
     (128, 256) tiles leave room for three 48 KB stages next to one 64 KB buffer; the 64-row
     tiles' 24 KB stages leave room for F's fp32 buffer too."""
     A, B, tensors = _problem(AUX, 256, 256, 64, out=torch.float16)
-    cfg = pingpong.CUDA_CONFIGS[0]
+    cfg = configs.PINGPONG[0]
 
-    def plan(kernel=pingpong.GluonPingPong(cfg), **changed):
+    def plan(kernel=TritonKernel(PINGPONG, cfg), **changed):
         args = _args(AUX, A, B, **dict(tensors, **changed))
-        layout = pingpong.launch_layout(args.graph)
-        p = pingpong._buffer_plan(args, kernel.config, layout, kernel.consumers)
+        layout = launch_layout(args.graph)
+        p = gluon_api.buffer_plan(args, kernel.config, layout, kernel.family.consumers)
         names = {slot.prefix: slot.name for slot in layout.tile_slots()}
         slots = {names[s]: (p.tma[s], p.owner[s]) + ((p.wait[s],) if s in p.wait else ()) for s in p.slots}
         return p.stages, p.load_bytes, slots
@@ -241,23 +252,23 @@ def test_tile_buffers_fit_shared_memory():
         assert plan(C=C)[2]["C"] == (False, 0), C.stride()
     wide = torch.empty(256, 320, dtype=torch.float16)[:, 8:264]   # 16-byte aligned rows and start
     assert plan(C=wide)[2]["C"] == (True, 1)
-    five = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[2])
+    five = TritonKernel(PINGPONG, configs.PINGPONG[2])
     assert five.config.num_stages == 5 and plan(five)[0] == 5
     assert plan(five, C=tensors["C"].float())[0] == 5
     A_rows, B_rows, rows = _problem(ROWS, 256, 256, 64)   # reductions: their scratch keeps 4 KB
     rows_args = _args(ROWS, A_rows, B_rows, **rows)
-    rows_plan = pingpong._buffer_plan(rows_args, five.config, pingpong.launch_layout(rows_args.graph))
+    rows_plan = gluon_api.buffer_plan(rows_args, five.config, launch_layout(rows_args.graph), 2)
     assert rows_plan.stages == 4 and rows_plan.tma["y0"]
     # 64-row tiles (small grids): 24 KB stages, so an fp32 F fits beside D with five of them
-    small = pingpong.GluonPingPong(pingpong.SMALL_GRID_CONFIGS[0])
+    small = TritonKernel(PINGPONG, configs.SMALL_GRID[0])
     assert plan(small) == (5, 64 * 128 * 2, {"C": (True, 1), "D": (True, 1, False), "F": (True, 2, False)})
     assert plan(small, **fp16)[0] == 8
-    assert plan(COOPERATIVE(pingpong.COOPERATIVE_CONFIGS[0])) == \
+    assert plan(TritonKernel(COOPERATIVE, configs.COOPERATIVE[0])) == \
         (3, 128 * 256 * 2, {"C": (True, 1), "D": (True, 1, False), "F": (False, 2, False)})
 
 
-def _gpu_kernel(args, config=pingpong.CUDA_CONFIGS[0], cls=PINGPONG):
-    kernel = cls(config)
+def _gpu_kernel(args, config=configs.PINGPONG[0], family=PINGPONG):
+    kernel = TritonKernel(family, config)
     status = kernel.supports(args)
     assert status, status
     return kernel
@@ -360,8 +371,8 @@ def test_eight_bit_inputs_match_the_reference(dtype, M, N, K):
     Bt = integer_tensor(N, K, low=-2, high=3, dtype=torch.float32, device="cuda").to(dtype)
     _, _, tensors = _problem(AUX, M, N, K, device="cuda")
     args = _args(AUX, A, Bt.t(), **tensors)
-    kernels = [PINGPONG(c) for c in pingpong.cuda_configs(dtype) + pingpong.small_grid_configs(dtype)] + \
-              [COOPERATIVE(c) for c in pingpong.cooperative_configs(dtype)]
+    kernels = [TritonKernel(PINGPONG, c) for c in pingpong_configs(dtype) + small_grid_configs(dtype)] + \
+              [TritonKernel(COOPERATIVE, c) for c in cooperative_configs(dtype)]
     assert len(kernels) == (3 if dtype == torch.int8 else 4)
     for kernel in kernels:
         assert kernel.supports(args), kernel.supports(args)
@@ -371,11 +382,11 @@ def test_eight_bit_inputs_match_the_reference(dtype, M, N, K):
         torch.cuda.synchronize()
         _check(args, reference_outputs(args))
     A, Bt, tensors = _problem(AUX, 256, 512, 128, device="cuda")
-    status = PINGPONG(pingpong.cuda_configs(dtype)[0]).supports(
+    status = TritonKernel(PINGPONG, pingpong_configs(dtype)[0]).supports(
         _args(AUX, A.to(dtype), Bt.to(dtype), **tensors))
     assert not status and "contiguous along K" in status.reason
     if dtype == torch.int8:
-        status = COOPERATIVE(pingpong.COOPERATIVE_BYTE_CONFIGS[0]).supports(args)
+        status = TritonKernel(COOPERATIVE, configs.COOPERATIVE_BYTES[0]).supports(args)
         assert not status and "ping-pong" in status.reason
 
 
@@ -389,8 +400,8 @@ def test_small_grids_take_64_row_tiles_first(dtype):
         return [k for k, status in epifuse.kernel_statuses(_args(GELU, A.to(dtype), B.to(dtype), **tensors))
                 if status]
     small = kernels(128)
-    assert isinstance(small[0], PINGPONG) and small[0].config in pingpong.small_grid_configs(dtype)
-    assert not any(isinstance(k, PINGPONG) and k.config.block_m == 64 for k in kernels(8192))
+    assert small[0].family is PINGPONG and small[0].config in small_grid_configs(dtype)
+    assert not any(k.name == "gluon_pingpong" and k.config.block_m == 64 for k in kernels(8192))
 
 
 @pytest.mark.gpu
@@ -400,7 +411,7 @@ def test_a_last_group_of_fewer_rows_is_walked_whole(group_m):
     rows; 23 x 20 tiles give each CTA several. Exact against the reference."""
     A, B, tensors = _problem(AUX, 2900, 2504, 200, device="cuda")
     args = _args(AUX, A, B, **tensors)
-    config = dataclasses.replace(pingpong.ROW_ORDER_CONFIGS[0], group_m=group_m)
+    config = dataclasses.replace(configs.ROW_ORDER[0], group_m=group_m)
     kernel = _gpu_kernel(args, config)
     for t in args.outputs.values():
         t.fill_(float("nan"))
@@ -416,14 +427,14 @@ def test_row_order_is_offered_where_b_fits_l2():
     def row_order_offered(M, N, K, dtype=torch.float16):
         A, B, tensors = _problem(GELU, M, N, K, device="cuda", kmajor=True)   # B contiguous along K
         return [k for k, status in epifuse.kernel_statuses(_args(GELU, A.to(dtype), B.to(dtype), **tensors))
-                if status and isinstance(k, PINGPONG) and k.config.group_m == 2]
+                if status and k.name == "gluon_pingpong" and k.config.group_m == 2]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     assert 1024 * 4096 * 2 <= l2 // 4 < 4096 * 4096 * 2
-    assert [k.config for k in row_order_offered(16384, 4096, 1024)] == list(pingpong.ROW_ORDER_CONFIGS)
+    assert [k.config for k in row_order_offered(16384, 4096, 1024)] == list(configs.ROW_ORDER)
     A, B, tensors = _problem(GELU, 16384, 4096, 1024, device="cuda")
-    names = [type(k).__name__ for k in epifuse.get_kernels(_args(GELU, A, B, **tensors))]
-    last_tiled = max(i for i, n in enumerate(names) if n == "TritonTiled")
-    assert names[last_tiled + 1] == "GluonPingPong"   # the row-order config, right after the tiled kernel's
+    names = [k.name for k in epifuse.get_kernels(_args(GELU, A, B, **tensors))]
+    last_tiled = max(i for i, n in enumerate(names) if n == "triton_tiled")
+    assert names[last_tiled + 1] == "gluon_pingpong"   # the row-order config, right after the tiled kernel's
     assert row_order_offered(16384, 4096, 1024, torch.float8_e4m3fn) == []
     assert row_order_offered(4096, 4096, 4096) == []
     assert row_order_offered(128, 4096, 1024) == []
@@ -460,7 +471,7 @@ def test_cuda_graph_replays(kernel_config):
 def test_empty_gemms_are_refused_and_run_elsewhere(M, N):
     A, B, tensors = _problem(GELU, M, N, 64, device="cuda")
     args = _args(GELU, A, B, **tensors)
-    status = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]).supports(args)
+    status = TritonKernel(PINGPONG, configs.PINGPONG[0]).supports(args)
     assert not status and "empty GEMM" in status.reason
     for kernel in epifuse.get_kernels(args):
         kernel.run(args)   # every kernel offered takes it
@@ -500,8 +511,9 @@ def test_repeated_launches_take_new_tensors():
 def test_kept_epifuse_gemm_calls(monkeypatch):
     """epifuse.gemm with the Gluon kernel chosen: the second and third calls take the kept
     launch (epifuse.callsite) with new inputs and new outputs, and stay exact."""
-    from epifuse import api, callsite
-    kernel = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0])
+    from epifuse import api
+    from epifuse.runtime import callsite
+    kernel = TritonKernel(PINGPONG, configs.PINGPONG[0])
     monkeypatch.setattr(api, "choose_kernel", lambda args: kernel)
     M, N, K = 1000, 744, 520
     B = integer_tensor(K, N, low=-1, high=2, device="cuda")
@@ -519,8 +531,8 @@ def test_kept_epifuse_gemm_calls(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["contiguous", "fp32", "transposed", "broadcast", "sliced"])
-@pytest.mark.parametrize("cls", [PINGPONG, COOPERATIVE], ids=["pingpong", "cooperative"])
-def test_tile_operand_layouts(layout, cls):
+@pytest.mark.parametrize("family", [PINGPONG, COOPERATIVE], ids=["pingpong", "cooperative"])
+def test_tile_operand_layouts(layout, family):
     """C in every layout the epilogue's pointer loads take, with several tiles per CTA."""
     M, N, K = 3000, 2504, 200
     A, B, tensors = _problem(AUX, M, N, K, device="cuda")
@@ -531,8 +543,8 @@ def test_tile_operand_layouts(layout, cls):
          "broadcast": integer_tensor(1, N, dtype=torch.float16, **ints).expand(M, N),
          "sliced": integer_tensor(M, N + 1, dtype=torch.float16, **ints)[:, 1:]}[layout]
     args = _args(AUX, A, B, **dict(tensors, C=C))
-    configs = pingpong.CUDA_CONFIGS if cls is PINGPONG else pingpong.COOPERATIVE_CONFIGS
-    _gpu_kernel(args, configs[0], cls).run(args)
+    tried = configs.PINGPONG if family is PINGPONG else configs.COOPERATIVE
+    _gpu_kernel(args, tried[0], family).run(args)
     torch.cuda.synchronize()
     _check(args, reference_outputs(args))
 
@@ -559,40 +571,31 @@ def test_fuzzed_epilogues_compile_for_sm90(ex, kernel_config, kmajor, sizes):
                     "layout_a": "contiguous", "layout_b": "transposed" if kmajor else "contiguous"})
     note(describe(ex))
     args, _ = build(ex, "cpu")
-    cls, config = kernel_config
-    kernel = cls(config)
-    status = kernel.supports_problem(args, cc=90)
-    assume(status)
-    compiled = pingpong.compile_offline(kernel, args)
+    family, config = kernel_config
+    assume(gluon_problem_check(family.name.removeprefix("gluon_"), args, config, 90) is None)
+    compiled = compile_offline(TritonKernel(family, config), args)
     assert "wgmma.mma_async" in compiled.asm["ptx"]
     assert compiled.metadata.shared <= 227 * 1024, compiled.metadata.shared
 
 
-@pytest.mark.parametrize("schedule", gluon_codegen.SCHEDULES)
-def test_source_follows_the_installed_tritons_gluon_names_and_policies(monkeypatch, schedule):
+@pytest.mark.parametrize("schedule", ["pingpong", "cooperative"])
+def test_source_follows_the_installed_tritons_gluon_names(monkeypatch, schedule):
     """The generated source calls the TMA copies and the barrier by the names gluon_api gives
-    (Triton 3.6's or 3.9's), and only where the copies take a cache policy passes one: to B's
-    loads, C's loads and the outputs' stores, each chosen by the launch's L2_HINTS."""
-    from epifuse.backends.triton import gluon_api as api_module
+    (Triton 3.6's or 3.9's), and passes no cache policy to them."""
     A, B, tensors = _problem(AUX, 256, 256, 64)
     graph = _args(AUX, A, B, **tensors).graph
-    versions = {"3.6": api_module.GluonApi("tma.async_copy_global_to_shared", "tma.async_copy_shared_to_global",
-                                           "gl.thread_barrier", False),
-                "3.9": api_module.GluonApi("tma.async_load", "tma.async_store", "gl.barrier", True)}
+    versions = {"3.6": gluon_api.GluonApi("tma.async_copy_global_to_shared", "tma.async_copy_shared_to_global",
+                                          "gl.thread_barrier"),
+                "3.9": gluon_api.GluonApi("tma.async_load", "tma.async_store", "gl.barrier")}
     for version, api in versions.items():
-        monkeypatch.setattr(api_module, "gluon_api", lambda api=api: api)
-        monkeypatch.setattr(gluon_codegen, "gluon_api", lambda api=api: api)
-        monkeypatch.setattr(codegen, "gluon_api", lambda api=api: api)
-        source = gluon_codegen.emit_gluon_kernel(graph, f"names_{version}", schedule=schedule)
+        for module in (gluon_api, source, epilogue):
+            monkeypatch.setattr(module, "gluon_api", lambda api=api: api)
+        text = source.render(source.SourceSpec("gluon", schedule, 1, zeroes=True), graph, f"names_{version}",
+                             "cuda", False)
         other = versions["3.9" if version == "3.6" else "3.6"]
         for name in (api.load, api.store):
-            assert f"{name}(" in source, (version, name)
+            assert f"{name}(" in text, (version, name)
         for name in (other.load, other.store):
-            assert f"{name}(" not in source, (version, name)
-        policies = source.count('cache_policy=_l2_policy(L2_HINTS, "stream")')
-        if api.l2_policies:
-            assert "def _l2_policy" in source and source.count('cache_policy=_l2_policy(L2_HINTS, "b")') == 2
-            assert policies == 3, policies  # C's load, D's store and F's
-        else:
-            assert "_l2_policy" not in source and "cache_policy" not in source
-        compile(source, f"names_{version}", "exec")
+            assert f"{name}(" not in text, (version, name)
+        assert "cache_policy" not in text
+        compile(text, f"names_{version}", "exec")

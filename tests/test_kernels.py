@@ -183,7 +183,7 @@ def test_scalar_tensor_read_at_run_time(device):
 
 def test_repeated_run_reuses_parse_bind_and_codegen(device, monkeypatch):
     from epifuse import arguments, frontend
-    from epifuse.backends.triton import tiled
+    from epifuse.backends.triton import source
     src = "def epi(accum, beta):\n    D = accum + beta\n    return D\n"
     A, B = ints(M, K, device=device), ints(K, N, device=device)
     epifuse.gemm(A, B, src, beta=1.0)
@@ -197,7 +197,7 @@ def test_repeated_run_reuses_parse_bind_and_codegen(device, monkeypatch):
 
     monkeypatch.setattr(frontend, "parse_source", counting("parse", frontend.parse_source))
     monkeypatch.setattr(arguments, "bind", counting("bind", arguments.bind))
-    monkeypatch.setattr(tiled, "emit_kernel", counting("emit", tiled.emit_kernel))
+    monkeypatch.setattr(source, "render", counting("emit", source.render))
     epifuse.gemm(A, B, src, beta=2.0)
     assert calls == {"parse": 0, "bind": 0, "emit": 0}
 
@@ -256,14 +256,15 @@ def test_exp_added_to_a_number_flushes_subnormal_results(text, flushed):
     """c + exp(y) with |c| >= 2**-100 lowers the exp to one that flushes subnormal results
     (rules.ADD_EXP_FLUSHED, whose CUDA helper is tl.exp2, i.e. ex2.approx.ftz): c plus a
     subnormal rounds to c, so the sum is the same, three instructions cheaper per element."""
-    from epifuse.backends.triton.codegen import emit_kernel
     from epifuse.backends.triton.rules import ADD_EXP_FLUSHED, rule_for
+    from epifuse.backends.triton.source import SourceSpec, render
     from epifuse.passes import optimize
     from frontend_helpers import body, bound
     graph = optimize(bound(body(text)))
     rules = [rule_for(n) for n in graph.nodes() if n.op.name == "add"]
     assert any(r in ADD_EXP_FLUSHED for r in rules) == flushed, rules
-    cuda, interpreted = (emit_kernel(graph, "tiled", target, "k") for target in ("cuda", "interpret"))
+    cuda, interpreted = (render(SourceSpec("pointer", "tiled", zeroes=True), graph, "k", target, False)
+                         for target in ("cuda", "interpret"))
     assert ("+ _exp_flushed(" in cuda) == flushed and ("+ _exp_flushed(" in interpreted) == flushed
     if flushed:  # the interpreter keeps tl.exp, which is exact there
         assert "return tl.exp2(x * 1.4426950408889634)" in cuda and "return tl.exp(x)" in interpreted

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from epifuse.backends.triton.launch import described_launcher
-from epifuse.backends.triton.pingpong import _Described
+from epifuse.backends.triton.gluon_api import Described as _Described
 from helpers import integer_tensor, reference_outputs
 from test_gluon import AUX, _args, _check, _gpu_kernel, _problem
 

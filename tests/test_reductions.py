@@ -109,11 +109,11 @@ def test_padding_lanes_never_contribute(kind, device):
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_amax_folds_with_an_integer_atomic_max(deterministic, device):
-    """amax folds |x|'s fp32 bits with an integer atomic max (codegen.reduction_mode), in either
+    """amax folds |x|'s fp32 bits with an integer atomic max (layout.reduction_mode), in either
     mode: exact, NaN where any element is NaN (a NaN with its sign bit set too), inf where an
     element is infinite; accumulating folds the destination in (its own -NaN included), into
     fp32 and fp16 destinations."""
-    from epifuse.backends.triton.codegen import reduction_mode
+    from epifuse.backends.triton.layout import reduction_mode
     assert reduction_mode(OPS["amax"], deterministic) == "atomic"
     A, B = _gemm_inputs(2, device)
     C = integer_tensor(M, N, device=device, dtype=torch.float32)
@@ -345,7 +345,7 @@ def _check_summed_logs(summand, group, dims, device, K, modes, M=M, N=N) -> set:
         assert kernels, epifuse.kernel_statuses(args)
         for kernel in kernels:
             if group:
-                assert f"EPI_N // {group})" in kernel._source(args, "cuda").replace("]", ")"), kernel
+                assert f"EPI_N // {group})" in kernel.source(args, "cuda").replace("]", ")"), kernel
             args.outputs["s"].fill_(float("nan"))
             kernel.run(args)
             error = fold_error(args.outputs["s"], ref, magnitude)  # terms may cancel: 19933 did
@@ -390,7 +390,6 @@ def test_whole_and_ragged_tiles_on_the_gpu(rows, cols):
 def _check_whole_and_ragged(rows, cols, device, depth, tile) -> set:
     """Run every kernel but the reference on a (rows, depth) x (depth, cols) GEMM, whose
     kernels' tiles divide `tile`; the names of the kernels run."""
-    from epifuse.backends.triton.codegen import launch_layout
     src = ("def epi(accum, C):\n    f = accum * 0.25\n    r = sum(f * f, dim=1)\n    c = max(f, dim=0)\n"
            "    loss = sum((1 - C) * (-f) + log(clamp(sigmoid(f), 0.001, 0.999)))\n    return r, c, loss\n")
     A = integer_tensor(rows, depth, device=device)
@@ -403,9 +402,7 @@ def _check_whole_and_ragged(rows, cols, device, depth, tile) -> set:
     kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
     whole, ran = set(), set()
     for kernel in kernels:
-        layout = launch_layout(args.graph, args.deterministic)
-        buffers, _ = kernel._reduction_buffers(args, layout)
-        meta = kernel._launch_args(args, layout, buffers)[1]
+        meta = kernel.plan(args).meta
         assert meta["EVEN_M"] == (rows % meta["BLOCK_M"] == 0), kernel
         assert meta["EVEN_N"] == (cols % meta["BLOCK_N"] == 0), kernel
         whole.update(axis for axis in ("M", "N") if meta[f"EVEN_{axis}"])
@@ -422,7 +419,6 @@ def _check_whole_and_ragged(rows, cols, device, depth, tile) -> set:
 def test_grouped_whole_and_ragged_groups(device):
     """The grouped kernel's EVEN_M / EVEN_N hold only where every group's tiles are whole: one
     ragged group among whole ones keeps the masks, and every group's sums are right."""
-    from epifuse.backends.triton.codegen import launch_layout
     src = "def epi(accum):\n    f = accum * 0.5\n    r = sum(f * f, dim=1)\n    t = sum(f)\n    return r, t\n"
     for sizes in ([(64, 64, 32), (128, 64, 32)], [(64, 64, 32), (40, 40, 32)]):
         problems = [epifuse.GemmArguments(
@@ -433,7 +429,7 @@ def test_grouped_whole_and_ragged_groups(device):
         grouped = epifuse.GroupedGemmArguments(problems)
         kernel = epifuse.get_kernels(grouped)[0]
         assert kernel.name == "triton_grouped", epifuse.kernel_statuses(grouped)
-        meta = kernel._meta(grouped, launch_layout(grouped.graph, False), kernel._config(grouped), 1)
+        meta = kernel.plan(grouped).meta
         assert meta["EVEN_M"] == all(M % meta["BLOCK_M"] == 0 for M, _, _ in sizes), meta
         assert meta["EVEN_N"] == all(N % meta["BLOCK_N"] == 0 for _, N, _ in sizes), meta
         if device == "cpu":  # the interpreter's 32-wide tiles: the first set is whole

@@ -13,9 +13,12 @@ import pytest
 import torch
 
 import epifuse
-from epifuse.backends.triton import persistent, splitk
-from epifuse.backends.triton.splitk import SplitKConfig, TritonSplitK
-from epifuse.backends.triton.tiled import interpreter_requested
+from epifuse.backends import select
+from epifuse.backends.triton import device as target
+from epifuse.backends.triton.configs import TileConfig
+from epifuse.backends.triton.families import SPLIT_K
+from epifuse.backends.triton.kernels import TritonKernel
+from epifuse.backends.triton.device import interpreter_requested
 from helpers import integer_tensor, reference_outputs, rel_error
 
 BIAS_RELU_TWO_OUTPUTS = ("def epi(accum, alpha, bias):\n    F = accum * alpha + bias\n"
@@ -24,9 +27,13 @@ ROW_SUM_COLUMN_MAX = ("def epi(accum, bias):\n    D = accum + bias\n    r = sum(
                       "    c = max(D, dim=0)\n    return D, r, c\n")
 
 
-def kernel(block_m=16, block_n=16, block_k=16, split_k=2) -> TritonSplitK:
-    return TritonSplitK(SplitKConfig(block_m, block_n, block_k, group_m=2, num_warps=1, num_stages=1,
-                                     split_k=split_k))
+def kernel(block_m=16, block_n=16, block_k=16, split_k=2) -> TritonKernel:
+    return TritonKernel(SPLIT_K, TileConfig(block_m, block_n, block_k, group_m=2, num_warps=1, num_stages=1,
+                                            split_k=split_k))
+
+
+def split_k_candidates(args) -> list:
+    return [k for k in select.candidates(args) if k.family is SPLIT_K]
 
 
 def bias_relu_args(M, N, K, device, dtype=torch.float16, L=None):
@@ -87,7 +94,7 @@ def test_listed_byte_configs_exact(dtype):
     epi = epifuse.EpilogueArguments("def epi(accum, scale):\n    D = accum * scale\n    return D\n",
                                     scale=scale, D=torch.empty(100, 200, device="cuda"))
     args = epifuse.GemmArguments(A, B, epilogue=epi)
-    listed = splitk.candidates(args)
+    listed = split_k_candidates(args)
     assert listed and all(k.config.block_k == 128 for k in listed)
     for k in listed:
         run_exact(k, args)
@@ -121,7 +128,7 @@ def test_listed_config_with_mean_amax_and_accumulate(device):
     src = "def epi(accum):\n    m = mean(accum, dim=1)\n    p = amax(accum, dim=0)\n    return m, p\n"
     epi = epifuse.EpilogueArguments(src, accumulate=True, m=mean, p=peak)
     args = epifuse.GemmArguments(A, B, epilogue=epi)
-    k = splitk.candidates(args)[0]   # as kernel_statuses lists it (32x32x32, split in two, on CPU)
+    k = split_k_candidates(args)[0]   # as kernel_statuses lists it (32x32x32, split in two, on CPU)
     before = mean.clone()
     k.run(args)
     refs = reference_outputs(args)
@@ -133,7 +140,8 @@ def test_running_twice_on_new_data_leaves_the_counters_at_zero(device):
     k, args = kernel(split_k=3), bias_relu_args(40, 70, 300, device)
     for _ in range(2):
         run_exact(k, args)
-        partials, counters = k.workspace(args)
+        plan = k.plan(args)
+        partials, counters = plan.argument("ws_ptr"), plan.argument("counter_ptr")
         assert partials.shape == (3 * 5, 3, 16, 16) and counters.shape == (3 * 5,)
         assert torch.count_nonzero(counters) == 0
         args.A.copy_(integer_tensor(*args.A.shape, device=device))   # the same plan on new inputs
@@ -181,7 +189,7 @@ def test_result_does_not_depend_on_which_program_ends_last(shuffled_programs):
     for _ in range(3):
         k.run(args)
         results.append(args.outputs["F"].clone())
-        assert torch.count_nonzero(k.workspace(args)[1]) == 0
+        assert torch.count_nonzero(k.plan(args).argument("counter_ptr")) == 0
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
     assert rel_error(results[0], reference_outputs(args)["F"]) < 1e-6
 
@@ -216,15 +224,15 @@ def test_cheap_model_prefers_split_k_only_on_small_grids_with_long_k():
         epi = epifuse.EpilogueArguments("def epi(accum):\n    s = sum(accum)\n    return s\n",
                                         s=torch.empty(1))
         return epifuse.GemmArguments(A, B, epilogue=epi)
-    assert splitk.small_grid(args_of(128, 8192, 8192), sms=132)
-    assert not splitk.small_grid(args_of(128, 8192, 1024), sms=132)      # K too short
-    assert not splitk.small_grid(args_of(4096, 4096, 8192), sms=132)     # 1024 tiles fill the GPU
+    assert select.split_k_first(args_of(128, 8192, 8192), sms=132)
+    assert not select.split_k_first(args_of(128, 8192, 1024), sms=132)      # K too short
+    assert not select.split_k_first(args_of(4096, 4096, 8192), sms=132)     # 1024 tiles fill the GPU
     # the 64-row ping-pong is offered wherever the 128x128 tiles leave SMs idle, K short or long
-    assert persistent.few_tiles(args_of(128, 8192, 1024), sms=132)
-    assert persistent.few_tiles(args_of(256, 8320, 64), sms=132)          # 2 x 65 = 130 tiles
-    assert not persistent.few_tiles(args_of(256, 8448, 64), sms=132)      # 2 x 66 = 132: every SM has one
-    assert not persistent.leaves_sms_idle(args_of(128, 8192, 8192))       # a CPU has no SMs to leave idle
-    assert not splitk.ranks_first(args_of(128, 8192, 8192))
+    assert target.few_tiles(args_of(128, 8192, 1024), sms=132)
+    assert target.few_tiles(args_of(256, 8320, 64), sms=132)          # 2 x 65 = 130 tiles
+    assert not target.few_tiles(args_of(256, 8448, 64), sms=132)      # 2 x 66 = 132: every SM has one
+    assert not target.leaves_sms_idle(args_of(128, 8192, 8192))       # a CPU has no SMs to leave idle
+    assert not select.split_k_first(args_of(128, 8192, 8192))
 
 
 @pytest.mark.gpu
@@ -251,7 +259,7 @@ def test_s4_shape_on_the_gpu(device):
             torch.cuda.synchronize()
             assert torch.equal(D, refs["D"].float()) and torch.equal(c, refs["c"].float()), k
             assert rel_error(r, refs["r"]) < 1e-6, k
-            assert torch.count_nonzero(k.workspace(args)[1]) == 0, k
+            assert torch.count_nonzero(k.plan(args).argument("counter_ptr")) == 0, k
     # random inputs: bitwise repeatable, and a CUDA graph replays with the counters it left
     A.copy_(torch.randn(M, K, device=device))
     k = kernels[0]

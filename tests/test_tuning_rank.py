@@ -117,7 +117,7 @@ class _TiledFake:
     def __repr__(self):
         return f"<{self.name}>"
 
-    def _config(self, args):  # the config a kernel runs, after any fallback
+    def config_for(self, args):  # the config a kernel runs, after any fallback
         return self.config
 
     def run(self, args):
@@ -178,7 +178,7 @@ def test_a_kernel_is_weighed_by_the_tiles_it_runs_after_a_fallback():
     coop = _TiledFake("coop", 128, 256)
     args = _identity_args()
     assert tune.operand_bytes_per_output(coop, args, None) == pytest.approx(1 / 128 + 1 / 256)
-    coop._config = lambda args: type("Config", (), {"block_m": 128, "block_n": 128})()
+    coop.config_for = lambda args: type("Config", (), {"block_m": 128, "block_n": 128})()
     assert tune.operand_bytes_per_output(coop, args, None) == pytest.approx(2 / 128)
     assert tune.operand_bytes_per_output(coop, args, 1) == pytest.approx(2 / 128)  # 1 tile, 1 SM
     assert tune.operand_bytes_per_output(coop, args, 2) == float("inf")  # 1 tile, 2 SMs
@@ -187,27 +187,30 @@ def test_a_kernel_is_weighed_by_the_tiles_it_runs_after_a_fallback():
 def test_only_the_gluon_kernels_are_marked_gluon():
     """Triton's own warp-specialized configs included: the tie-break's evidence compares the
     Gluon kernels with those too."""
-    from epifuse.backends.triton import persistent, pingpong, tiled
-    assert pingpong.GluonCooperative(pingpong.COOPERATIVE_CONFIGS[0]).gluon
-    assert pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]).gluon
-    ws = [c for c in persistent.CUDA_CONFIGS if c.warp_specialize]
-    assert ws and not any(persistent.TritonPersistent(c).gluon for c in ws)
-    assert not persistent.TritonPersistent(persistent.INTERPRETER_CONFIG).gluon
-    assert not tiled.TritonTiled(persistent.INTERPRETER_CONFIG).gluon
+    from epifuse.backends.triton import configs
+    from epifuse.backends.triton.families import COOPERATIVE, PERSISTENT, PINGPONG, TILED
+    from epifuse.backends.triton.kernels import TritonKernel
+    assert TritonKernel(COOPERATIVE, configs.COOPERATIVE[0]).gluon
+    assert TritonKernel(PINGPONG, configs.PINGPONG[0]).gluon
+    ws = [c for c in configs.PERSISTENT if c.warp_specialize]
+    assert ws and not any(TritonKernel(PERSISTENT, c).gluon for c in ws)
+    assert not TritonKernel(PERSISTENT, configs.INTERPRETER).gluon
+    assert not TritonKernel(TILED, configs.INTERPRETER).gluon
 
 
 def test_real_kernels_are_weighed_by_their_tiles(monkeypatch):
     """1/BLOCK_M + 1/BLOCK_N of the tiles a kernel runs: its config's, or the smaller config it
     fell back to after running out of resources for these arguments."""
-    from epifuse.backends.triton import persistent, pingpong
+    from epifuse.backends.triton import configs, kernels
+    from epifuse.backends.triton.families import COOPERATIVE, PERSISTENT, PINGPONG
     args = _identity_args()
-    coop = pingpong.GluonCooperative(pingpong.COOPERATIVE_CONFIGS[0])
-    ping = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0])
+    coop = kernels.TritonKernel(COOPERATIVE, configs.COOPERATIVE[0])
+    ping = kernels.TritonKernel(PINGPONG, configs.PINGPONG[0])
     assert tune.operand_bytes_per_output(coop, args, None) == 1 / 128 + 1 / 256
     assert tune.operand_bytes_per_output(ping, args, None) == 1 / 128 + 1 / 128
-    small = persistent.TritonPersistent(persistent.INTERPRETER_CONFIG)
+    small = kernels.TritonKernel(PERSISTENT, configs.INTERPRETER)
     assert tune.operand_bytes_per_output(small, args, None) == 1 / 32 + 1 / 32
-    monkeypatch.setitem(pingpong.GluonPingPong._fallback, (args.key, coop.config), pingpong.SMALL_GRID_CONFIGS[0])
+    monkeypatch.setitem(kernels._FALLBACK, (coop.family.name, args.key, coop.config), configs.SMALL_GRID[0])
     assert tune.operand_bytes_per_output(coop, args, None) == 1 / 64 + 1 / 128
 
 

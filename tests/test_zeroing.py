@@ -1,7 +1,7 @@
-"""In-kernel zeroing of atomic reductions (codegen.zeroing): the tiled and Gluon kernels zero
+"""In-kernel zeroing of atomic reductions (templates/macros.j2): the tiled and Gluon kernels zero
 small fp32 sums, means and amax themselves and order the zeros before every program's atomics
 through (arrivals, done) words that the plan keeps per CUDA stream and per graph capture
-(tiled._StreamWords); the other destinations start from a launch before the kernel."""
+(plan.ZeroingWords); the other destinations start from a launch before the kernel."""
 import pytest
 import torch
 
@@ -11,7 +11,7 @@ from helpers import check_reductions, integer_tensor, reference_outputs, rel_err
 M, N, K = 100, 72, 50
 
 
-# atomic reductions the tiled and Gluon kernels zero themselves (codegen.zeroing)
+# atomic reductions the tiled and Gluon kernels zero themselves
 ZEROED = ("def epi(accum, C):\n    x = accum * 2.0 + C + 64.0\n    s = sum(x)\n    r = sum(x, dim=1)\n"
           "    m = mean(x, dim=0)\n    a = amax(x, dim=0)\n    return s, r, m, a\n")
 
@@ -40,9 +40,9 @@ def test_small_atomic_reductions_are_zeroed_by_the_kernel(device, monkeypatch):
     """fp32 contiguous sums, means and amax start from the first program's zeros, not from a
     launch before the kernel: destinations full of NaN come out right launch after launch, and
     the plan's words count the programs' arrivals and the launches."""
-    from epifuse.backends.triton import tiled
+    from epifuse.backends.triton import plan as plans
     prepared = []
-    monkeypatch.setattr(tiled, "prepare_reduction", lambda y, *rest: prepared.append(y.name))
+    monkeypatch.setattr(plans, "prepare_reduction", lambda y, *rest: prepared.append(y.name))
     A, B, C, outs = _zeroed_problem(device)
     args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(ZEROED, C=C, **outs))
     kernel = next(k for k in epifuse.get_kernels(args) if k.name == "triton_tiled")
@@ -60,10 +60,10 @@ def test_small_atomic_reductions_are_zeroed_by_the_kernel(device, monkeypatch):
 def test_reductions_the_kernel_does_not_zero_start_from_a_launch(case, device, monkeypatch):
     """An accumulated, non-fp32, non-contiguous or large destination is zeroed (or copied) by a
     launch before the kernel, as before; the others of the same launch still by the kernel."""
-    from epifuse.backends.triton import tiled
+    from epifuse.backends.triton import plan as plans
     prepared = []
-    real = tiled.prepare_reduction
-    monkeypatch.setattr(tiled, "prepare_reduction", lambda y, *rest: (prepared.append(y.name), real(y, *rest)))
+    real = plans.prepare_reduction
+    monkeypatch.setattr(plans, "prepare_reduction", lambda y, *rest: (prepared.append(y.name), real(y, *rest)))
     A, B, C, outs = _zeroed_problem(device)
     accumulate = case == "accumulate"
     if case == "bf16":
@@ -71,7 +71,7 @@ def test_reductions_the_kernel_does_not_zero_start_from_a_launch(case, device, m
     elif case == "strided":
         outs["r"] = torch.empty(M, 2, device=device)[:, 0]
     elif case == "over the limit":
-        monkeypatch.setattr(tiled, "ZERO_LIMIT", M - 1)
+        monkeypatch.setattr(plans, "ZERO_LIMIT", M - 1)
     for t in outs.values():
         t.copy_(integer_tensor(*t.shape, low=0, device=device, dtype=torch.float32)) if accumulate else t.fill_(float("nan"))
     before = {name: t.double().clone() for name, t in outs.items()}
@@ -89,10 +89,12 @@ def test_reductions_the_kernel_does_not_zero_start_from_a_launch(case, device, m
 
 
 def _gluon_and_tiled_kernels(args):
-    from epifuse.backends.triton import pingpong, tiled
-    kernels = [tiled.TritonTiled(tiled.CUDA_CONFIGS[2]),
-               *(pingpong.GluonPingPong(c) for c in (*pingpong.SMALL_GRID_CONFIGS, *pingpong.CUDA_CONFIGS[1:2])),
-               *(pingpong.GluonCooperative(c) for c in pingpong.COOPERATIVE_CONFIGS[:1])]
+    from epifuse.backends.triton import configs
+    from epifuse.backends.triton.families import COOPERATIVE, PINGPONG, TILED
+    from epifuse.backends.triton.kernels import TritonKernel
+    kernels = [TritonKernel(TILED, configs.TILED[2]),
+               *(TritonKernel(PINGPONG, c) for c in (*configs.SMALL_GRID, *configs.PINGPONG[1:2])),
+               *(TritonKernel(COOPERATIVE, c) for c in configs.COOPERATIVE[:1])]
     for kernel in kernels:
         assert kernel.supports(args), (kernel, kernel.supports(args))
     return kernels
@@ -137,8 +139,8 @@ def test_each_stream_takes_its_own_zeroing_words():
     keeps the plan's own pair, each other stream gets a new zeroed pair (zeroed on that stream),
     each graph capture a pair of its own that nothing else takes (zeroed with the plan for the
     first few, so a capture adds no zeroing to the graph); the plan's values never change."""
-    from epifuse.backends.triton.tiled import _StreamWords
-    words = _StreamWords(1, torch.device("cpu"))
+    from epifuse.backends.triton.plan import ZeroingWords
+    words = ZeroingWords(1, torch.device("cpu"))
     assert words.home is None  # no streams on the CPU
     words.home = 100
     values = ["x", words.first, 7]
@@ -164,9 +166,9 @@ def test_a_plan_made_during_a_capture_keeps_no_zeros_for_later(monkeypatch):
     """Zeros queued while a graph is captured happen only where that graph replays: a plan
     made then has no home stream and no spares, so every stream and every later capture gets a
     pair zeroed where it is used."""
-    from epifuse.backends.triton import tiled
-    monkeypatch.setattr(tiled, "_capturing", lambda device: True)
-    words = tiled._StreamWords(0, torch.device("cpu"))
+    from epifuse.backends.triton import device, plan
+    monkeypatch.setattr(device, "capturing", lambda device: True)
+    words = plan.ZeroingWords(0, torch.device("cpu"))
     assert words.home is None and words.spares == []
     values = [words.first]
     pairs = [words.values_for(values, 100, True)[0], words.values_for(values, 100, True)[0],

@@ -6,7 +6,7 @@ its inputs are the forward's operands, one gradient per forward output that rece
 count of a mean; its outputs are the gradient of accum and of each operand in `wrt`. A
 broadcast operand's gradient is the sum over the axes it is broadcast along (a row bias gets a
 sum over M), so the backward is one elementwise pass plus the reductions it implies: exactly
-what the fused kernels already run. `graph_source` prints a Graph as an epilogue function,
+what the fused kernels already run. printing.graph_source prints it as an epilogue function,
 which is how the backward reaches the kernels (parse, bind, optimize, cache: the same road as a
 user's epilogue), with accum standing for either the GEMM (recompute) or a saved tensor.
 
@@ -25,14 +25,13 @@ is all autodiff reads.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from . import ops
 from .errors import EpilogueError, InternalError
-from .frontend import IDENTIFIER
-from .ir import ACCUM, AXES, CONST, INPUT, Graph, Node, Operand, Output, Sym, accum, input_node, op
+from .printing import FreshNames
+from .ir import AXES, Graph, Node, Operand, Output, Sym, accum, input_node, op
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
         if name in operands and operands[name].kind != "tensor":
             raise InternalError(f"cannot differentiate w.r.t. {name!r}: not a tensor operand",
                                 str(graph))
-    names = _Names({"accum", *operands, *(o.name for o in graph.outputs)})
+    names = FreshNames({"accum", *operands, *(o.name for o in graph.outputs)})
     sources: dict[str, tuple] = {}
     extra: dict[str, Operand] = {}
 
@@ -160,78 +159,4 @@ def _accumulate(grads: dict, node: Node, contribution: Sym) -> None:
     grads[id(node)] = contribution if previous is None else previous + contribution
 
 
-class _Names:
-    """Fresh identifiers that collide with nothing the user named."""
-
-    def __init__(self, taken):
-        self.taken = set(taken)
-
-    def fresh(self, prefix: str) -> str:
-        prefix = prefix if IDENTIFIER.match(prefix) and not prefix.startswith("__") else "v"
-        name, i = prefix, 0
-        while name in self.taken:
-            i += 1
-            name = f"{prefix}_{i}"
-        self.taken.add(name)
-        return name
-
-
-# ---- printing a Graph as an epilogue ------------------------------------------------------------
-
-def graph_source(graph: Graph, rank: int, name: str = "epilogue", accum: str = "accum") -> str:
-    """`graph` as the source of an epilogue function that parses and binds back to it.
-
-    `accum` names what the graph's accum leaf reads: "accum" (the GEMM of the call), or an
-    operand name, so the graph runs over a tensor saved earlier (the function still takes
-    `accum`, unused). Operands keep their names, so the same keyword arguments bind; numbers
-    print exactly (repr round-trips a float); reductions print their dims for this `rank`.
-    """
-    axes = AXES[3 - rank:]
-    params = ["accum"] + ([accum] if accum != "accum" else []) + [o.name for o in graph.operands
-                                                                   if o.name != accum]
-    names = _Names({*params, *(o.name for o in graph.outputs)})
-    text: dict[int, str] = {}
-    lines = []
-    for node in graph.nodes():
-        if node.op is ACCUM:
-            text[id(node)] = accum
-        elif node.op is CONST:
-            text[id(node)] = _literal(node.arg)
-        elif node.op is INPUT:
-            text[id(node)] = node.arg.name
-        else:
-            args = [text[id(s)] for s in node.src]
-            for key, value in sorted(node.params.items()):
-                if key == "dim":
-                    value = tuple(axes.index(a) for a in value)
-                if value is not None:
-                    args.append(f"{key}={_literal(value)}")
-            var = names.fresh("t")
-            lines.append(f"    {var} = {node.op.name}({', '.join(args)})")
-            text[id(node)] = var
-    for out in graph.outputs:
-        lines.append(f"    {out.name} = {text[id(out.node)]}")
-    returned = ", ".join(o.name for o in graph.outputs)
-    return f"def {name}({', '.join(params)}):\n" + "\n".join(lines) + f"\n    return {returned}\n"
-
-
-def _literal(value) -> str:
-    if isinstance(value, bool) or value is None:
-        return repr(value)
-    if isinstance(value, str):
-        if not IDENTIFIER.match(value):
-            raise InternalError(f"cannot print the parameter {value!r}")
-        return repr(value)
-    if isinstance(value, tuple):
-        return "(" + "".join(f"{_literal(v)}, " for v in value) + ")"
-    if isinstance(value, int):
-        return repr(value)
-    value = float(value)
-    if math.isnan(value):
-        return "(1e999 - 1e999)"
-    if math.isinf(value):
-        return "1e999" if value > 0 else "-1e999"
-    return repr(value)
-
-
-__all__ = ["Backward", "derive", "restrict", "graph_source"]
+__all__ = ["Backward", "derive", "restrict"]

@@ -39,8 +39,8 @@ from typing import Any, Callable
 
 import torch
 
-from .activations import (CUTLASS_NAMES, GELU, Activation, Clamp, Hardswish, Identity, LeakyRelu, Relu,
-                          Sigmoid, Silu, Tanh, as_activation)
+from .activations import (CUTLASS_NAMES, GELU, Activation, Clamp, Hardswish, Identity, LeakyRelu,  # noqa: F401
+                          Relu, Sigmoid, Silu, Tanh, as_activation)  # (CUTLASS's names, re-exported here)
 from .api import gemm
 from .arguments import EpilogueArguments, GemmArguments, allocate_outputs
 from .errors import EpilogueArgumentError, flag

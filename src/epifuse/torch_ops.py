@@ -222,11 +222,11 @@ def _output_specs(e: Entry, graph, accum_shape, A: Tensor, out_dtypes: str, comp
                                     f"{len(graph.outputs)} outputs.")
     defaults = output_specs(graph, accum_shape, A, None, compute_dtype)
     specs = []
-    for k, (out, dtype_name) in enumerate(zip(graph.outputs, named)):
+    for k, (out, spelled) in enumerate(zip(graph.outputs, named)):
         shape, dtype = defaults[out.name]
         if tiles and k < e.visible and not out.node.op.is_reduction:
             dtype = _dtype(tiles)
-        specs.append((shape, _dtype(dtype_name) if dtype_name else dtype))
+        specs.append((shape, _dtype(spelled) if spelled else dtype))
     return specs
 
 

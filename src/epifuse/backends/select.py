@@ -11,11 +11,21 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+import torch
+
 from ..arguments import GemmArguments, GroupedGemmArguments
 from ..errors import EpilogueArgumentError, UnsupportedError
 from ..runtime import tune
 from .reference import GroupedReference, ReferenceKernel
-from .triton import grouped, persistent, pingpong, splitk, tiled
+from .triton import configs
+from .triton import device as target
+from .triton.families import COOPERATIVE, PERSISTENT, PINGPONG, SPLIT_K, TILED
+from .triton.grouped import GROUPED
+from .triton.kernels import TritonKernel
+
+# K from which split-K comes first on a grid too small to fill the GPU: its split main loops
+# then outweigh the fix-up that adds the partials
+LONG_K = 2048
 
 
 def kernel_statuses(args, cc: int | None = None) -> list:
@@ -27,12 +37,10 @@ def kernel_statuses(args, cc: int | None = None) -> list:
     if cc is not None and (not isinstance(cc, int) or isinstance(cc, bool) or cc <= 0):
         raise EpilogueArgumentError(f"cc must be a compute capability as an int such as 90, not {cc!r}.")
     if isinstance(args, GroupedGemmArguments):
-        candidates = _grouped_candidates(args)
-        reference = GroupedReference()
+        kernels, reference = grouped_candidates(args), GroupedReference()
     else:
-        candidates = _candidates(args)
-        reference = ReferenceKernel()
-    return [*((k, k.supports(args, cc)) for k in candidates), (reference, reference.supports(args))]
+        kernels, reference = candidates(args), ReferenceKernel()
+    return [*((k, k.supports(args, cc)) for k in kernels), (reference, reference.supports(args))]
 
 
 def get_kernels(args, cc: int | None = None) -> list:
@@ -40,30 +48,45 @@ def get_kernels(args, cc: int | None = None) -> list:
     return [k for k, status in kernel_statuses(args, cc) if status.ok]
 
 
-def _candidates(args) -> list:
-    if tiled.uses_interpreter(args.A.device):
-        candidates = [persistent.TritonPersistent(persistent.INTERPRETER_CONFIG),
-                      tiled.TritonTiled(tiled.INTERPRETER_CONFIG)]
-    else:
-        dtype = args.A.dtype
-        candidates = [*(persistent.TritonPersistent(c) for c in persistent.cuda_configs(dtype)),
-                      *(pingpong.GluonPingPong(c) for c in pingpong.cuda_configs(dtype)),
-                      *(pingpong.GluonCooperative(c) for c in pingpong.cooperative_configs(dtype)),
-                      *(tiled.TritonTiled(c) for c in tiled.cuda_configs(dtype))]
-        if persistent.b_fits_l2(args):
-            candidates += [pingpong.GluonPingPong(c) for c in pingpong.row_order_configs(dtype)]
-    split = splitk.candidates(args)
-    candidates = [*split, *candidates] if splitk.ranks_first(args) else [*candidates, *split]
-    if persistent.leaves_sms_idle(args):  # the 64-row ping-pong is the fastest where 128-row tiles leave SMs idle
-        candidates = [*(pingpong.GluonPingPong(c) for c in pingpong.small_grid_configs(args.A.dtype)),
+def candidates(args) -> list:
+    """The kernels tried for one GEMM, in the untimed order: on a GPU the persistent TMA kernels,
+    the Gluon ping-pong and cooperative ones, the tiled ones, the two-rows-deep ping-pong where
+    all of B fits in a quarter of L2; split-K last, or first where the usual tiles leave SMs
+    idle and K is long; and there the 64-row ping-pong before all."""
+    dtype = args.A.dtype
+    cooperative = () if dtype == torch.int8 else configs.by_dtype(dtype, configs.COOPERATIVE, configs.COOPERATIVE_BYTES)
+    if target.uses_interpreter(args.A.device):
+        return [TritonKernel(PERSISTENT, configs.INTERPRETER), TritonKernel(TILED, configs.INTERPRETER),
+                TritonKernel(SPLIT_K, configs.INTERPRETER_SPLIT_K)]
+    candidates = [*(TritonKernel(PERSISTENT, c) for c in configs.by_dtype(dtype, configs.PERSISTENT,
+                                                                          configs.PERSISTENT_BYTES,
+                                                                          configs.PERSISTENT_FP32)),
+                  *(TritonKernel(PINGPONG, c) for c in configs.by_dtype(dtype, configs.PINGPONG,
+                                                                        configs.PINGPONG_BYTES)),
+                  *(TritonKernel(COOPERATIVE, c) for c in cooperative),
+                  *(TritonKernel(TILED, c) for c in configs.by_dtype(dtype, configs.TILED, configs.TILED_BYTES))]
+    if target.b_fits_l2(args) and dtype.itemsize == 2:
+        candidates += [TritonKernel(PINGPONG, c) for c in configs.ROW_ORDER]
+    split = [TritonKernel(SPLIT_K, c) for c in configs.by_dtype(dtype, configs.SPLIT_K, configs.SPLIT_K_BYTES)]
+    candidates = [*split, *candidates] if split_k_first(args) else [*candidates, *split]
+    if target.leaves_sms_idle(args):
+        candidates = [*(TritonKernel(PINGPONG, c) for c in configs.by_dtype(dtype, configs.SMALL_GRID,
+                                                                            configs.SMALL_GRID_BYTES)),
                       *candidates]
     return candidates
 
 
-def _grouped_candidates(grouped_args) -> list:
-    if tiled.uses_interpreter(grouped_args.device):
-        return [grouped.TritonGrouped(tiled.INTERPRETER_CONFIG)]
-    return [grouped.TritonGrouped(c) for c in tiled.CUDA_CONFIGS]
+def split_k_first(args, sms: int | None = None) -> bool:
+    """Whether the untimed order puts split-K first (on a GPU of `sms` SMs, default args'):
+    where the usual 128x128 tiles leave SMs idle and K is long."""
+    sms = sms if sms is not None else target.gpu_sms(args)
+    return sms is not None and target.few_tiles(args, sms) and args.K >= LONG_K
+
+
+def grouped_candidates(grouped_args) -> list:
+    if target.uses_interpreter(grouped_args.device):
+        return [TritonKernel(GROUPED, configs.INTERPRETER)]
+    return [TritonKernel(GROUPED, c) for c in configs.TILED]
 
 
 CHOSEN_KEPT = 4096  # kernel choices remembered (by argument signature), least recently used dropped

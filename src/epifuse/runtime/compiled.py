@@ -57,7 +57,7 @@ def _hooks_installed() -> bool:
 def triton_api():
     """The Triton internals this module uses (Triton 3.6 and 3.9), imported: an ImportError here
     means they moved, and every launch takes Triton's own path. Where they remain but Triton's
-    own key for a launch is not the one computed here (3.9 added a keyword: 2026-11-26), nothing
+    own key for a launch is not the one computed here (3.9 added a keyword to it), nothing
     is recorded or served (warmup)."""
     from types import SimpleNamespace
 

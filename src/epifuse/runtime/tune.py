@@ -23,7 +23,7 @@ import triton
 from triton.testing import do_bench
 
 from ..arguments import EpilogueArguments, GemmArguments
-from ..backends.triton.persistent import gpu_sms, output_tiles
+from ..backends.triton.device import gpu_sms, output_tiles
 from ..shapes import operand_layouts
 from ..version import __version__
 from .cache import cache_dir, write_atomically
@@ -118,22 +118,16 @@ def choose(args, kernels: list):
 
 
 CLOSE = 1.10  # candidates within 10 % of the fastest are timed a second time
-# An empirical tie-break: within 3 % of the fastest (tuning's short timings of one kernel vary
-# about that much between runs), the kernel whose tiles read the fewest operand bytes per output
-# wins. In sustained timing the 128x256 tiles beat the 128x128 ping-pong they had tied with by
-# 4-7 % at 4096^3, and in an A/B the S1 and S3 means fell 2-3 % (RESULTS.md, 2026-11-26 12:58).
+# Empirical tie-breaks (docs/design/tuning.md has the measurements): within 3 % of the
+# fastest, which is about how much tuning's short timings of one kernel vary between runs, the
+# kernel whose tiles read the fewest operand bytes per output wins, as lighter tiles ran faster
+# in sustained timing than the heavier ones they had tied with; among those as light, a Gluon
+# kernel (Kernel.gluon) comes before a Triton one, as the Gluon kernels ran ahead of the Triton
+# ones with the same tiles.
 LIGHTER_WITHIN = 1.03
-# Among those as light, a Gluon kernel (Kernel.gluon) comes before a Triton one. With the same
-# 128x256 tiles, timed as the benchmark times a row, the Gluon cooperative kernel ran 0.8-6.5 %
-# ahead of the Triton persistent one at S1-S3 (identity, a C tile, GELU, two outputs); sustained,
-# ahead of it and of its warp-specialized variant in four cases and level in the fifth (identity
-# S3). With 128x128 tiles, sustained, the Gluon ping-pong configs ran 2-20 % ahead of the Triton
-# persistent ones, except the five-stage one at identity S3 (1.107 against 1.090). Tuning's short
-# timings of such a pair move by up to 3 % either way with the candidates' order (RESULTS.md,
-# 2026-11-26 15:59-16:36). The 64-row small-grid tiles were not compared.
 RANKING = (f"rule 2: time, then lighter tiles within {LIGHTER_WITHIN}, "
            "then Gluon")  # in the key: a new rule re-tunes
-TUNE_WARMUP_MS, TUNE_REP_MS = 3, 15  # each timing (do_bench); benchmarks.power_probe times as tuning does
+TUNE_WARMUP_MS, TUNE_REP_MS = 3, 15  # each timing (do_bench)
 
 
 def _time_all(args, kernels):
@@ -178,7 +172,7 @@ def operand_bytes_per_output(kernel, args, sms: int | None) -> float:
     1/BLOCK_M + 1/BLOCK_N (its config after any fallback to smaller tiles). Infinite for a kernel
     without tiles, for a split-K one (its partial sums are bytes too), and for one whose tiles
     are fewer than `sms`, where fewer and larger tiles leave SMs idle."""
-    config_of = getattr(kernel, "_config", None)
+    config_of = getattr(kernel, "config_for", None)
     config = config_of(args) if config_of is not None else None
     if not hasattr(config, "block_m") or getattr(config, "split_k", 1) > 1:
         return float("inf")
@@ -204,8 +198,8 @@ def rank(kernels, time_ms, close: float = CLOSE) -> list[tuple[float, int, objec
     config that fails to compile, is dropped), fastest first.
 
     The first kernel is timed again at the end of the first pass, and that time replaces its
-    first: at 8192^3 on an H100 a tuning's first timing ran 10-20 % faster than the same kernel
-    timed again later (RESULTS.md, 2026-11-26 10:33), more than `close`, so it alone was
+    first: a GPU idle before tuning runs its first kernel faster (10-20 % at 8192^3 on an H100)
+    than it runs the same kernel later, more than `close`, so that kernel alone would be
     chosen. A first kernel that cannot be timed again is dropped, not kept at that time.
     The GPU also heats up and slows down while tuning runs, so the kernels within `close` of
     the fastest are timed again, in the reverse of the order their kept times ran, and ranked

@@ -18,7 +18,8 @@ import torch
 
 from ..arguments import GemmArguments
 from ..backends.select import get_kernels
-from ..backends.triton import tiled
+from ..backends.triton import configs
+from ..backends.triton import device as target
 from ..binding import bind
 from ..errors import EpilogueArgumentError
 from ..ir import ACCUM, CONST, INPUT, Graph, Node, Output
@@ -72,13 +73,14 @@ class Trace:
 
 
 def _default_tile_shape(args) -> tuple[int, int]:
-    if tiled.uses_interpreter(args.A.device) and args.A.device.type == "cpu" and not tiled.interpreter_requested():
-        return (tiled.INTERPRETER_CONFIG.block_m, tiled.INTERPRETER_CONFIG.block_n)
+    interpreter = configs.INTERPRETER
+    if target.uses_interpreter(args.A.device) and args.A.device.type == "cpu" and not target.interpreter_requested():
+        return (interpreter.block_m, interpreter.block_n)
     for kernel in get_kernels(args):
         config = getattr(kernel, "config", None)
         if config is not None:
-            if tiled.uses_interpreter(args.A.device):
-                config = tiled.INTERPRETER_CONFIG
+            if target.uses_interpreter(args.A.device):
+                config = interpreter
             return config.block_m, config.block_n
     return (64, 64)
 

@@ -16,9 +16,19 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from ... import ops
 from ...ir import CONST
-from ...ops import OPS, OpDef
+from ...ops import OPS, OpDef, rounding_dtype
+
+# The element type Triton gives a pointer to each torch dtype's tensors, and casts to.
+TL_TYPES = {
+    torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
+    torch.float64: "tl.float64", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
+    torch.int16: "tl.int16", torch.int32: "tl.int32", torch.int64: "tl.int64",
+    torch.float8_e4m3fn: "tl.float8e4nv", torch.float8_e5m2: "tl.float8e5",
+}
 
 
 @dataclass(frozen=True)
@@ -105,7 +115,7 @@ TRITON: dict[OpDef, Rule] = {
                  ("_gelu_none", "_gelu_tanh")),
     ops.softplus: Rule(lambda a, beta=1.0, threshold=20.0:
                      f"_softplus({a}, {_f(beta)}, {_f(threshold)})", ("_softplus",)),
-    ops.to: Rule(lambda a, dtype="float32": f"{a}.to({_TL_DTYPES[dtype]}).to(tl.float32)"),
+    ops.to: Rule(lambda a, dtype="float32": f"{a}.to({TL_TYPES[rounding_dtype(dtype)]}).to(tl.float32)"),
 }
 
 # A log whose argument a clamp keeps inside the normal positive floats needs no subnormal, zero,
@@ -242,9 +252,6 @@ _EXP_ROUNDING = 2.0 ** -16
 def _exp_bound(x: float) -> float:
     return math.inf if x > 709.0 else math.exp(x)
 
-
-_TL_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
-              "float64": "tl.float64", "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5"}
 
 # Ops with no Triton rule, and why (supports() reports the reason).
 UNSUPPORTED: dict[OpDef, str] = {}

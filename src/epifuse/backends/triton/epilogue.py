@@ -1,0 +1,238 @@
+"""The epilogue as Triton source: lines over one (BLOCK_M, EPI_N) piece of a tile.
+
+`emit_epilogue(graph, layout, style)` walks the Graph once and returns the lines (unindented)
+and the names of the @jit helpers they call. The lines read the names every kernel template
+defines before its epilogue hole: acc_e (the accumulator piece), rm, rn, mask_m, mask_n,
+mask, pid_l, pid_m, pid_en, offs_m, offs_en (and batch, in the persistent kernel). Each op
+lowers through its rule (rules.py); tile outputs are converted and stored, reductions are
+folded over the piece and added atomically or stored as per-program partials (layout.py says
+which). Every variable is named here (v0, r_y1, ...): nothing the user wrote is pasted in
+except numbers that were parsed as numbers.
+"""
+from __future__ import annotations
+
+from ... import ops
+from ...errors import InternalError
+from ...ir import ACCUM, AXES, CONST, INPUT, Graph, Node
+from .gluon_api import gluon_api
+from .layout import Layout, OperandParams, OutputParams
+from .rules import LOG_OF_NORMAL, LogSum, _f, log_sum, rule_for
+
+# The @jit helper that folds two partial results, by the reduction's combine (header.py.j2).
+COMBINE_HELPERS = {"add": "_add", "maximum": "_max_nan", "minimum": "_min_nan"}
+
+
+STYLES = ("pointer", "tma", "gluon")
+
+
+def emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tuple[list[str], set[str]]:
+    """The epilogue's lines, unindented, over one (BLOCK_M, EPI_N) piece of the tile. They read
+    acc_e, rm, rn, mask_m, mask_n, mask, pid_l, pid_m, pid_en, offs_m, offs_en, which the main
+    loops define. `style` says how tiles move: "pointer" loads and stores; "tma" (the persistent
+    kernel) also device-side descriptors, and batch; "gluon" (the warp-specialized Gluon kernel)
+    stores tiles through shared memory and host descriptors (y*_smem, y*_desc), reads (M, N)
+    operands its launch loads by TMA from shared memory (x*_smem), and makes tensors in the
+    accumulator's layout (acc_layout)."""
+    if style not in STYLES:
+        raise InternalError(f"unknown epilogue style {style!r}")
+    lines: list[str] = []
+    helpers: set[str] = set()
+    names: dict[int, str] = {}
+    operand_prefix = {o.name: o for o in layout.operands}
+    for i, node in enumerate(graph.nodes()):
+        var = f"v{i}"
+        names[id(node)] = var
+        if node.op is ACCUM:
+            lines.append(f"{var} = acc_e.to(tl.float32)")
+        elif node.op is CONST:
+            names[id(node)] = _f(node.arg)
+        elif node.op is INPUT:
+            lines.extend(_load_operand(var, operand_prefix[node.arg.name], style))
+        elif node.op.is_reduction:
+            continue  # emitted by its output's store
+        else:
+            rule = rule_for(node)
+            if rule is None:
+                raise InternalError(f"no Triton rule for {node.op.name}; supports() should have said so")
+            helpers.update(rule.helpers)
+            srcs = [_coerce(names[id(s.src[0])], s.src[0], s, 0) if k in rule.through else _coerce(names[id(s)], s, node, k)
+                    for k, s in enumerate(node.src)]
+            lines.append(f"{var} = {rule.emit(*srcs, **node.params)}")
+    for y, out in zip(layout.outputs, graph.outputs):
+        if y.reduce is None:
+            lines.extend(_store_tile(y, names[id(out.node)], out.node, style))
+        else:
+            source = out.node.src[0]
+            logs = log_sum(source) if y.reduce.reduction.combine == "add" and "N" in y.dims else None
+            lines.extend(_store_reduction(y, names, source, style, logs, helpers))
+    return lines, helpers
+
+
+def _coerce(expr: str, src: Node, user: Node, position: int) -> str:
+    """Bools where conditions are expected, floats everywhere else."""
+    wants_bool = user.op.kind == "logical" or (user.op is ops.where and position == 0)
+    if wants_bool and src.dtype == "float":
+        return f"({expr} != 0)"
+    if not wants_bool and src.dtype == "bool":
+        return f"{expr}.to(tl.float32)"
+    return expr
+
+
+def _offset(prefix: str, axes) -> str:
+    index = {"L": "pid_l", "M": "rm[:, None]", "N": "rn[None, :]"}
+    terms = [f"{index[a]} * {prefix}_s{a.lower()}" for a in AXES if a in axes]
+    return " + ".join(terms) if terms else "0"
+
+
+def _mask_of(axes) -> str | None:
+    if "M" in axes and "N" in axes:
+        return "mask"
+    if "M" in axes:
+        return "mask_m[:, None]"
+    if "N" in axes:
+        return "mask_n[None, :]"
+    return None
+
+
+def _load_operand(var: str, o: OperandParams, style: str) -> list[str]:
+    if o.kind == "number":
+        return [f"{var} = {o.prefix}"]
+    mask = _mask_of(o.axes)
+    masked = f", mask={mask}, other=0.0" if mask else ""
+    pointer_load = f"{var} = tl.load({o.prefix}_ptr + {_offset(o.prefix, o.axes)}{masked}).to(tl.float32)"
+    if style == "pointer" or not {"M", "N"} <= set(o.axes):
+        return [pointer_load]
+    flag = f"{o.prefix.upper()}_TMA"
+    if style == "gluon":  # loaded into shared memory when the tile started; waited for
+        return [f"if {flag}:",
+                f"    {var} = {o.prefix}_smem.load(acc_layout).to(tl.float32)",
+                "else:",
+                f"    {pointer_load}"]
+    return [f"if {flag} == 2:",
+            f"    {var} = {o.prefix}_desc.load([offs_m, offs_en]).to(tl.float32)",
+            f"elif {flag} == 3:",
+            f"    {var} = {o.prefix}_desc.load([batch, offs_m, offs_en]).reshape(BLOCK_M, EPI_N).to(tl.float32)",
+            "else:",
+            f"    {pointer_load}"]
+
+
+def _as_full_tile(expr: str, node: Node, style: str) -> str:
+    if node.dtype == "bool":
+        expr = f"{expr}.to(tl.float32)"
+    if {"M", "N"} <= set(node.axes):
+        return expr
+    if style == "gluon":  # Gluon makes tensors only with an explicit layout
+        return f"({expr} + gl.full((BLOCK_M, EPI_N), 0.0, gl.float32, acc_layout))"
+    return f"({expr} + tl.full((BLOCK_M, EPI_N), 0.0, tl.float32))"
+
+
+def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]:
+    upper = y.prefix.upper()
+    value = (f"_convert({_as_full_tile(expr, node, style)}, {upper}_KIND, {upper}_LO, {upper}_HI)"
+             f".to({y.prefix}_ptr.dtype.element_ty)")
+    pointer_store = f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, {value}, mask=mask)"
+    flag = f"{y.prefix.upper()}_TMA"
+    if style == "gluon":  # the previous tile's TMA stores were waited for before the epilogue
+        api = gluon_api()
+        return [f"if {flag}:",
+                f"    if {upper}_WAIT:  # an earlier output of this tile stores from the same buffer",
+                "        tma.store_wait(pendings=0)",
+                f"    {y.prefix}_smem.store({value})",
+                "    fence_async_shared()",
+                f"    {api.store}({y.prefix}_desc, [offs_m, offs_en], {y.prefix}_smem)",
+                "else:",
+                f"    {pointer_store}"]
+    if style != "tma":
+        return [pointer_store]
+    return [f"if {flag} == 2:",
+            f"    {y.prefix}_desc.store([offs_m, offs_en], {value})",
+            f"elif {flag} == 3:",
+            f"    {y.prefix}_desc.store([batch, offs_m, offs_en], {value}.reshape(1, BLOCK_M, EPI_N))",
+            "else:",
+            f"    {pointer_store}"]
+
+
+def _log_of_products(p: str, names: dict, logs: LogSum, style: str, helpers: set) -> list[str]:
+    """Lines leaving in `p` the (BLOCK_M,) row sums of log(y) over the tile's columns, taken as
+    logs of products of logs.group columns (fewer where the piece is narrow): the columns are
+    halved and the halves multiplied (c times c + EPI_N / 2, ...) while the halves are at least
+    8 wide, which pairs values one thread holds. Shifted: the products of y - 1 terms (log1p's
+    argument itself), as (1 + a)(1 + b) - 1 (rules.LogSum). Adds the helpers the lines call to
+    `helpers`."""
+    y = _as_full_tile(names[id(logs.arg)], logs.arg, style)
+    if not logs.shifted:
+        lines = [f"{p} = tl.where(mask, {y}, 1.0)"]
+    else:
+        lines = [f"{p} = tl.where(mask, {y}, 0.0)" if logs.plus_one else f"{p} = tl.where(mask, {y} - 1.0, 0.0)"]
+    combine = f"{p}_0 * {p}_1 + ({p}_0 + {p}_1)" if logs.shifted else f"{p}_0 * {p}_1"
+    group = 1
+    while group < logs.group:
+        group *= 2
+        # in thread: the wgmma and mma layouts give a thread 2 neighbouring columns of every 8
+        lines.append(f"if EPI_N // {group} >= 8:")
+        shape = f"BLOCK_M, 2, EPI_N // {group}"
+        if style == "gluon":
+            lines.append(f"    {p}_0, {p}_1 = gl.split({p}.reshape([{shape}]).permute((0, 2, 1)))")
+        else:
+            lines.append(f"    {p}_0, {p}_1 = tl.split(tl.permute(tl.reshape({p}, ({shape})), (0, 2, 1)))")
+        lines.append(f"    {p} = {combine}")
+    log = f"_log1p_of_excess({p})" if logs.shifted else LOG_OF_NORMAL.emit(p)
+    helpers.update(("_log1p_of_excess",) if logs.shifted else LOG_OF_NORMAL.helpers)
+    lines.append(f"{p} = tl.reduce({log}, 1, _add)")
+    return lines
+
+
+def _store_reduction(y: OutputParams, names: dict, node: Node, style: str,
+                     logs: LogSum | None, helpers: set) -> list[str]:
+    """Reduce the tile over its in-tile dims; fold it in atomically or store it as a partial.
+    `logs`: the summand's log term, summed as logs of products (rules.LogSum; y.dims has N)."""
+    r = f"r_{y.prefix}"
+    reduction = y.reduce.reduction
+    combine = COMBINE_HELPERS[reduction.combine]
+
+    def reduce_call(v, axis):
+        return f"tl.reduce({v}, {axis}, {combine})"
+
+    lines = []
+    summed = node if logs is None else logs.rest
+    if summed is not None:
+        tile = _as_full_tile(names[id(summed)], summed, style)
+        if reduction.magnitude:
+            tile = f"tl.abs({tile})"
+        lines.append(f"{r} = tl.where(mask, {tile}, {_f(reduction.identity)})")
+        if "N" in y.dims:
+            lines.append(f"{r} = {reduce_call(r, 1)}")   # (BLOCK_M,), or a scalar after the next line
+            if "M" in y.dims:
+                lines.append(f"{r} = {reduce_call(r, 0)}")
+        elif "M" in y.dims:
+            lines.append(f"{r} = {reduce_call(r, 0)}")   # (BLOCK_N,)
+    if logs is not None:
+        lines.extend(_log_of_products(f"{r}_log", names, logs, style, helpers))
+        if "M" in y.dims:
+            lines.append(f"{r}_log = {reduce_call(f'{r}_log', 0)}")
+        elif style == "gluon":
+            lines.append(f"{r}_log = gl.convert_layout({r}_log, gl.SliceLayout(1, acc_layout))")
+        sign = "+" if logs.sign > 0 else "-"
+        lines.append(f"{r} = {r} {sign} {r}_log" if summed is not None
+                     else f"{r} = {r}_log" if logs.sign > 0 else f"{r} = {r}_log * -1.0")
+    kept = tuple(a for a in ("M", "N") if a not in y.dims)
+    both = kept == ("M", "N")
+    index = {"L": "pid_l", "M": "rm[:, None]" if both else "rm", "N": "rn[None, :]" if both else "rn"}
+    mask = {("M",): ", mask=mask_m", ("N",): ", mask=mask_n", ("M", "N"): ", mask=mask"}.get(kept, "")
+    if y.mode == "atomic":
+        if y.scaled:
+            lines.append(f"{r} = {r} * {y.prefix}_scale")
+        terms = [f"{index[a]} * {y.prefix}_s{a.lower()}" for a in y.axes]
+        address = f"{y.prefix}_ptr + {' + '.join(terms) or '0'}"
+        # relaxed: nothing in the kernel reads the result back, and acq_rel costs each atomic a
+        # GPU-wide fence and an L1 invalidation
+        if reduction.magnitude:  # see reduction_mode
+            lines.append(f"tl.atomic_max(({address}).to(tl.pointer_type(tl.int32)), "
+                         f"{r}.to(tl.int32, bitcast=True) & 0x7FFFFFFF{mask}, sem='relaxed')")
+        else:
+            lines.append(f"tl.atomic_add({address}, {r}{mask}, sem='relaxed')")
+    else:
+        index.update({a: {"M": "pid_m", "N": "pid_en"}[a] for a in ("M", "N") if a in y.dims})
+        terms = [f"{index[a]} * {y.prefix}_s{a.lower()}" for a in AXES]
+        lines.append(f"tl.store({y.prefix}_ptr + {' + '.join(terms)}, {r}{mask})")
+    return lines

@@ -1,0 +1,210 @@
+"""TritonKernel: a kernel family with a config, as epifuse.get_kernels hands it out.
+
+`supports(args)` asks the checks every Triton kernel makes and the family's own; `run(args)`
+builds a launch plan once per arguments object (plan.py), compiles it (a config that needs
+more shared memory than the GPU has falls back to the next smaller one, before any output is
+touched), prepares the reductions, launches, and finishes them. A repeated `run` on the same
+arguments launches the kept plan directly: no checks, no Triton argument binding.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+import triton
+
+from ... import verify as verification
+from ...arguments import check_arguments
+from ...runtime import compiled as compiled_index
+from ..base import Kernel, Status, supported
+from . import configs
+from . import device as target
+from . import plan as plans
+from . import source
+from .families import Family, common_check
+from .launch import direct_launcher
+from .layout import launch_layout
+
+# A smaller config after an out-of-resources failure, by (family, graph key, config).
+_FALLBACK: dict = {}
+_FALLBACK_LOCK = threading.Lock()
+# Launch layouts by bound graph: they hold the user's names, so they are kept per Graph.
+_LAYOUTS: dict = {}
+
+
+class TritonKernel(Kernel):
+    """A generated GEMM: `family` (families.py) with `config` (configs.py)."""
+
+    def __init__(self, family: Family, config: configs.TileConfig):
+        self.family, self.config = family, config
+        self.name = family.name
+        self.gluon = family.gluon
+
+    def __repr__(self) -> str:
+        return f"<{self.name} {self.config}>"
+
+    # ---- support ---------------------------------------------------------------------------
+    def supports(self, args, cc: int | None = None) -> Status:
+        # the Gluon and grouped checks ask their own questions first (a Hopper GPU; each group)
+        refusal = None if self.family.gluon or self.family.grouped else common_check(args, cc)
+        if refusal is None:  # (a refusal is a Status, which is falsy)
+            refusal = self.family.check(args, self.config, cc)
+        return refusal if refusal is not None else supported(self.family.describe(args, self.config))
+
+    def config_for(self, args) -> configs.TileConfig:
+        """The config a launch for `args` uses: the interpreter's small tiles, a smaller
+        fallback after an out-of-resources failure, or this kernel's own."""
+        if self.family.interpreter_config is not None and target.uses_interpreter(_device(args)):
+            return self.family.interpreter_config
+        return _FALLBACK.get((self.family.name, args.key, self.config), self.config)
+
+    def source(self, args, target_name: str = "cuda") -> str:
+        """The generated module source this kernel runs for `args` on `target_name` ("cuda" or
+        "interpret"): what to read when a kernel misbehaves."""
+        config = self.config_for(args)
+        spec = self.family.spec(config)
+        if self.family.grouped:  # the source depends on the groups' table
+            spec = self.family.launch(args, config, _layout(args.graph, args.deterministic)).spec
+        return source.render(spec, args.graph, args.key, target_name, args.deterministic)
+
+    # ---- plans -----------------------------------------------------------------------------
+    def plan(self, args, cuda: bool = False) -> plans.Plan:
+        """The launch plan of `args`, built once and kept on it. `cuda` renders the CUDA source
+        whatever device the tensors are on (an offline compile of CPU stand-ins)."""
+        kept = args.__dict__.setdefault("_plans", {})
+        plan = kept.get(self)
+        if plan is None:
+            plan = kept[self] = self._build(args, cuda)
+        return plan
+
+    def _build(self, args, cuda: bool) -> plans.Plan:
+        family, config = self.family, self.config_for(args)
+        layout = _layout(args.graph, args.deterministic)
+        launch = family.launch(args, config, layout)
+        target_name = "cuda" if cuda or not target.uses_interpreter(_device(args)) else "interpret"
+        jit = source.module(launch.spec or family.spec(config), args.graph, args.key, target_name,
+                            args.deterministic).epifuse_kernel
+        named = dict(launch.values)
+        if launch.problems is not None:   # the groups of a grouped GEMM
+            problems, first = launch.problems, args.problems[0]
+            empty = launch.grid[0] == 0
+        else:
+            first = args
+            buffers, finish = plans.reduction_buffers(args, layout, config, family.pieces(config))
+            named.update(plans.epilogue_values(args, layout, buffers))
+            empty = 0 in (args.M, args.N, args.L)
+        meta = {**launch.meta, **plans.conversion_meta(layout, first.outputs)}
+        zeroed, words = frozenset(), None
+        outputs = source.zeroable(layout) if (launch.spec or family.spec(config)).zeroes else []
+        if outputs:
+            # nothing is launched for an empty problem: the launch before it zeroes then
+            zeroed = frozenset(y.name for y in outputs if not empty and plans.zeroed_in_kernel(args, y))
+            named.update(plans.zeroing_values(args, outputs, plans.arrivals(launch.grid, family.consumers)))
+            meta.update(ANY_ZERO=bool(zeroed), **{f"{y.prefix.upper()}_ZERO": y.name in zeroed for y in outputs})
+        names = plans.runtime_parameters(jit)
+        if outputs:
+            # the words are passed also where ANY_ZERO is False and the kernel never reads them
+            words = plans.ZeroingWords(names.index("sync_ptr"), args.A.device)
+            named["sync_ptr"] = words.first
+        if launch.problems is None:
+            problems = [plans.problem(args, layout, buffers, finish, zeroed)]
+        values = plans.ordered(jit, named)
+        convert = launch.converter(names) if launch.converter is not None else None
+        owned = (*launch.owned, *((words.first,) if words is not None else ()))
+        return plans.Plan(jit, layout, problems, values, meta, launch.grid, empty, convert, words, owned)
+
+    # ---- compile and run -----------------------------------------------------------------------
+    def compile(self, args) -> None:
+        check_arguments(self, args, grouped=self.family.grouped)
+        with target.on_device(_device(args)):
+            self._loaded(args, self.plan(args))
+
+    def run(self, args, verify: bool = False) -> None:
+        """Write every output of `args`. `verify=True` also checks them against the float64
+        reference and raises epifuse.verify.VerificationError with the largest error."""
+        if verify:
+            run_verified = verification.run_grouped if self.family.grouped else verification.run
+            return run_verified(self, args)
+        plan = getattr(args, "_plans", {}).get(self)
+        if plan is not None and plan.fast is not None and plan.simple:
+            plan.fast()  # the common repeated call: nothing but the launch
+            return
+        check_arguments(self, args, grouped=self.family.grouped)
+        with target.on_device(_device(args)):
+            plan = self._loaded(args, plan or self.plan(args))
+            for p in plan.problems:
+                p.before(p.args.outputs)
+            if not plan.empty:
+                self._launch(args, plan)
+            for p in plan.problems:
+                p.after(p.args.outputs)
+
+    def _loaded(self, args, plan: plans.Plan) -> plans.Plan:
+        """`plan`, or the plan of a smaller config, whose kernel is compiled and loaded: a config
+        that needs more shared memory than the GPU has fails here, before any output or buffer
+        is touched, so what run() initializes and finishes belongs to the plan it launches."""
+        if plan.loaded or plan.empty or target.uses_interpreter(_device(args)):
+            return plan
+        while True:
+            compiled = compiled_index.warmup(plan.kernel, plan.jit_values(plan.values), plan.grid, plan.meta)
+            try:
+                getattr(compiled, "_init_handles", lambda: None)()  # where Triton checks resources
+            except triton.runtime.errors.OutOfResources:
+                plan = self._smaller_plan(args)
+                if plan is None:
+                    raise
+                continue
+            plan.loaded = True
+            return plan
+
+    def _smaller_plan(self, args) -> plans.Plan | None:
+        """After an out-of-resources failure: remember the next smaller config for these
+        arguments and return its plan, or None when there is none."""
+        smaller = configs.smaller(self.config_for(args))
+        if smaller is None:
+            return None
+        with _FALLBACK_LOCK:
+            _FALLBACK[(self.family.name, args.key, self.config)] = smaller
+        args._plans.pop(self, None)
+        return self.plan(args)
+
+    def _launch(self, args, plan: plans.Plan) -> None:
+        """Launch a loaded plan: its first launch goes through Triton, which also yields the
+        compiled kernel for the direct launches after it."""
+        if plan.fast is not None:
+            plan.fast()
+            return
+        device = _device(args)
+        interpret = target.uses_interpreter(device)
+        before = self.family.before_launch
+        if before is not None and not interpret:
+            before()
+        values = plan.values
+        if plan.sync is not None and not interpret:
+            values = plan.sync.values_for(values, torch._C._cuda_getCurrentRawStream(device.index),
+                                          target.capturing(device))
+        with target.INTERPRETER_LOCK if interpret else contextlib.nullcontext():
+            compiled = plan.kernel[plan.grid](*plan.jit_values(values), **plan.meta)
+        if interpret:
+            plan.launch_with = plans.interpreted_launcher(plan)
+        else:
+            plan.fast = direct_launcher(plan, compiled, device.index or 0, before)
+
+    def owned_buffers(self, args) -> tuple:
+        """What the launch carries besides the caller's tensors (see runtime.callsite)."""
+        return self.plan(args).owned
+
+
+def _device(args) -> torch.device:
+    return args.device if hasattr(args, "problems") else args.A.device
+
+
+def _layout(graph, deterministic: bool):
+    entry = _LAYOUTS.get((id(graph), deterministic))
+    if entry is None or entry[0] is not graph:
+        entry = _LAYOUTS[(id(graph), deterministic)] = (graph, launch_layout(graph, deterministic))
+    return entry[1]
+
+
+__all__ = ["TritonKernel"]
