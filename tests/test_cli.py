@@ -86,10 +86,10 @@ def test_help_for_each_command(capsys, command, phrase):
                                   ["bench", "--shapes", "S2", "--workloads", "identity,bench"], ["bench"]])
 def test_bench_passes_every_word_after_it_to_the_harness(monkeypatch, argv):
     """`epifuse bench --quick` (the README's command): options right after `bench` reach
-    benchmarks/run.py, which argparse's REMAINDER alone refused."""
-    import benchmarks.run
+    bench/run.py, which argparse's REMAINDER alone refused."""
+    import bench.run
     seen = []
-    monkeypatch.setattr(benchmarks.run, "main", lambda rest: seen.append(rest) or 0)
+    monkeypatch.setattr(bench.run, "main", lambda rest: seen.append(rest) or 0)
     assert cli.main(argv) == 0
     assert seen == [argv[argv.index("bench") + 1:]]
 

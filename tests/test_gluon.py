@@ -157,7 +157,7 @@ def test_compiles_for_sm90_without_a_gpu(src, deterministic, kmajor, dtype, fami
     assert stored == {GELU: 1, ROWS: 1, LOSS: 0, AUX: 2 if config.block_m == 64 else 1}[src]
     assert stores == stored * family.consumers * config.epilogue_pieces  # each consumer's copies
     # reductions fold with relaxed atomics: an acq_rel one costs a GPU-wide fence and an L1
-    # invalidation per atomic (rowsumsq S2 1.19 -> 1.06 of cuBLAS, RESULTS.md 2026-11-24)
+    # invalidation per atomic (rowsumsq S2 1.19 -> 1.06 of cuBLAS, research/NOTEBOOK.md 2026-11-24)
     if src in (LOSS, ROWS) and not deterministic:
         assert "atom.global.gpu.relaxed.add.f32" in ptx or "red.global.gpu.relaxed.add.f32" in ptx
     if src == ROWS:  # amax folds with an integer atomic max (layout.reduction_mode)

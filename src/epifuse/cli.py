@@ -367,10 +367,10 @@ def _cmd_profile_target(ns) -> int:
 
 
 def _cmd_bench(ns) -> int:
-    try:
-        from benchmarks.run import main as bench_main
+    try:  # the harness is in a source checkout, not in the installed package
+        from bench.run import main as bench_main
     except ImportError:
-        raise CommandError("the benchmark harness lives in the source tree's benchmarks/ folder; "
+        raise CommandError("the benchmark harness lives in the source tree's bench/ folder; "
                            "run this from a checkout (PYTHONPATH=src:. epifuse bench)") from None
     return bench_main(ns.rest)
 
@@ -467,8 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", formatter_class=fmt, help="run the benchmark suite (GPU)",
                            description="Run the benchmark suite (from a source checkout, GPU); the "
-                                       "options after `bench` go to the harness (benchmarks/run.py), "
-                                       "e.g. `epifuse bench --quick`; `python -m benchmarks --help` "
+                                       "options after `bench` go to the harness (bench/run.py), "
+                                       "e.g. `epifuse bench --quick`; `python -m bench --help` "
                                        "lists them.")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "_profile-target"]

@@ -44,7 +44,7 @@ def _csv(text):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="S2, fp16, short timing, no inductor")
     p.add_argument("--with-s4", action="store_true", help="in --quick, add the small-M shape S4")
     p.add_argument("--shapes", type=_csv, help=f"comma list of {','.join(SHAPES)}")
@@ -284,7 +284,7 @@ def main(argv=None) -> int:
         print(f"dry run ok: {len(names)} workloads ({', '.join(names)})")
         return 0
     if not torch.cuda.is_available():
-        print("benchmarks: no CUDA GPU (torch.cuda.is_available() is False); --dry-run checks the "
+        print("bench: no CUDA GPU (torch.cuda.is_available() is False); --dry-run checks the "
               "workloads on CPU", file=sys.stderr)
         return 2
     try:

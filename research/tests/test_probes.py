@@ -1,122 +1,12 @@
-"""The benchmark driver's timing order (benchmarks/run.py), on CPU with a fake clock."""
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks import run  # noqa: E402
-
-
-def test_every_baseline_is_timed_forward_and_backward(monkeypatch):
-    """A GPU that slows down as it runs adds the same to each baseline's mean; a baseline
-    that fails is reported, not timed."""
-    order = []
-
-    def fake_bench(fn, warmup, rep):
-        order.append(fn())
-        return {"cublas": 100.0, "inductor": 150.0, "epifuse": 110.0}[order[-1]] + 2.0 * len(order)
-
-    def broken():
-        raise RuntimeError("no kernel")
-
-    monkeypatch.setattr(run, "bench_ms", fake_bench)
-    calls = {"cublas": lambda: "cublas", "inductor": lambda: "inductor", "eager": broken,
-             "epifuse": lambda: "epifuse"}
-    errors = {}
-    times, clocks = run._time_both_ways(calls, errors, 1.0, 1.0)
-    assert order == ["cublas", "inductor", "epifuse", "epifuse", "inductor", "cublas"]
-    assert times == {"cublas": 100.0 + 2.0 * (1 + 6) / 2, "inductor": 150.0 + 2.0 * (2 + 5) / 2,
-                     "epifuse": 110.0 + 2.0 * (3 + 4) / 2}
-    assert set(errors) == {"eager"} and "no kernel" in errors["eager"] and clocks == {}
-
-
-def test_clocks_are_sampled_around_each_timing(monkeypatch):
-    """Each baseline's two timings are sampled on their own; the summaries merge by sample count."""
-    running = []
-
-    class FakeSampler:
-        def __enter__(self):
-            running.append(True)
-            return self
-
-        def __exit__(self, *exc):
-            name = order[-1]
-            mhz = {"cublas": [1800.0, 1760.0], "epifuse": [1700.0, 1690.0]}[name][order.count(name) - 1]
-            self.summary = {"samples": order.count(name), "sm_mhz": mhz, "power_w": 700.0, "temp_c": 60.0,
-                            "throttle": "0x4" if name == "epifuse" else "0x0"}
-            running.pop()
-            return False
-
-    order = []
-
-    def fake_bench(fn, warmup, rep):
-        assert running, "timed outside the sampler"
-        order.append(fn())
-        return 1.0
-
-    monkeypatch.setattr(run, "bench_ms", fake_bench)
-    times, clocks = run._time_both_ways({"cublas": lambda: "cublas", "epifuse": lambda: "epifuse"}, {},
-                                        1.0, 1.0, FakeSampler)
-    assert clocks["cublas"]["sm_mhz"] == round((1800 * 1 + 1760 * 2) / 3, 1)
-    assert clocks["epifuse"]["sm_mhz"] == round((1700 * 1 + 1690 * 2) / 3, 1)
-    assert clocks["epifuse"]["throttle"] == "0x4" and clocks["cublas"]["samples"] == 3
-    row = {"times_ms": {"cublas": 1.0}, "ratios": {}, "errors": {}, "status": "ok", "epifuse_rel_err": None,
-           "clocks_while_timed": clocks}
-    from benchmarks import report
-    note = report.row_summary(row)
-    assert note.endswith("MHz while timed: cublas 1773, epifuse 1693 (power cap)"), note
-
-
-def test_clock_sampler_reads_nvidia_smi_and_survives_its_absence(tmp_path):
-    """A fake nvidia-smi of an older driver refuses the new name of the throttle reasons as
-    the real one does (a line on stdout, exit 2); the sampler falls back to the old name,
-    remembers it, and averages one GPU's samples. One that refuses every field set and one
-    that does not exist give no summary and do not hang."""
-    import time
-    from benchmarks import timing
-    log = tmp_path / "calls.log"
-    fake = tmp_path / "fake-smi"
-    fake.write_text(f"#!/bin/sh\necho \"$1\" >> {log}\n"
-                    "case \"$1\" in *clocks_event_reasons*)\n"
-                    "  echo 'Field \"clocks_event_reasons.active\" is not a valid field to query.'; exit 2;; esac\n"
-                    "while true; do\n"
-                    "  echo 'GPU-aaaa, 1755, 690.5, 61, 0x0000000000000004'\n"
-                    "  echo 'GPU-bbbb, 1980, 80.0, 30, 0x0000000000000000'\n"
-                    "  echo 'GPU-aaaa, [N/A], 700.5, 63, [N/A]'\n  sleep 0.01\ndone\n")
-    fake.chmod(0o755)
-    for _ in range(2):
-        with timing.ClockSampler("aaaa", command=str(fake)) as sampler:
-            assert sampler.lines, "the block started before the first sample"
-            time.sleep(0.1)
-        assert "clocks_throttle_reasons" in sampler._process.args[1]
-        s = sampler.summary
-        assert s["samples"] >= 4 and s["sm_mhz"] == 1755.0 and s["throttle"] == "0x4"
-        assert 690.5 < s["power_w"] < 700.5 and 61 < s["temp_c"] < 63
-    assert log.read_text().count("clocks_event_reasons") == 1   # the working set is remembered
-    stuck = tmp_path / "stuck"
-    stuck.touch()   # the fake fails while this exists: one hiccup must not end sampling for good
-    fake.write_text(fake.read_text().replace("while true", f"[ -e {stuck} ] && exit 3\nwhile true"))
-    with timing.ClockSampler("aaaa", command=str(fake)) as sampler:
-        pass
-    assert sampler.summary is None
-    stuck.unlink()
-    with timing.ClockSampler("aaaa", command=str(fake)) as sampler:
-        time.sleep(0.05)
-    assert sampler.summary and sampler.summary["sm_mhz"] == 1755.0
-    failing = tmp_path / "failing-smi"
-    failing.write_text("#!/bin/sh\necho 'Field \"power.draw\" is not a valid field to query.'\nexit 2\n")
-    failing.chmod(0o755)
-    for command in (str(failing), str(tmp_path / "missing-smi")):
-        start = time.perf_counter()
-        with timing.ClockSampler(command=command) as sampler:
-            pass
-        assert sampler.summary is None and time.perf_counter() - start < 3
+"""The research probes' offline parts (research/): reading ncu's CSV, the power and byte-energy
+models, the toolchain and SASS probes' offline compiles, the L2 probe's driver structures. No GPU.
+"""
 
 
 def test_ncu_probe_table_reads_the_raw_csv():
     """One line per profiled launch, in launch order, with its label; a metric ncu did not
     collect reads '-'."""
-    from benchmarks import ncu_probe
+    from research import ncu_probe
     text = ('==PROF== Connected\nNCU_PROBE_LABELS ["a", "b"]\n'
             '"ID","Kernel Name","gpu__time_duration.sum","lts__t_bytes.sum"\n'
             '"","","nsecond","byte"\n'
@@ -131,7 +21,7 @@ def test_ncu_probe_table_reads_the_raw_csv():
 
 
 def test_ncu_probe_gives_the_share_of_reads_the_l2_request_coalescer_merged():
-    from benchmarks import ncu_probe
+    from research import ncu_probe
     text = ('"ID","Kernel Name","lrc__xbar2gpc_sectors_op_read.sum","lrc__lts2lrc_sectors_op_read.sum"\n'
             '"","","sector","sector"\n'
             '"0","epifuse_kernel","50,000,000","20,000,000"\n'
@@ -143,7 +33,7 @@ def test_ncu_probe_gives_the_share_of_reads_the_l2_request_coalescer_merged():
 
 
 def test_ncu_probe_lists_each_launchs_largest_stall_reasons():
-    from benchmarks import ncu_probe
+    from research import ncu_probe
     stalled = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
     reasons = ["barrier", "long_scoreboard", "math_pipe_throttle", "wait", "sleeping", "selected"]
     header = '"ID","Kernel Name",' + ",".join(f'"{stalled.format(r)}"' for r in reasons)
@@ -161,8 +51,8 @@ def test_power_probe_counts_the_dram_bytes_beyond_cublas():
     labels instead of writing D, a bias row costs nothing."""
     import torch
 
-    from benchmarks.power_probe import extra_dram_bytes, extra_dram_split
-    from benchmarks.workloads import WORKLOADS
+    from bench.workloads import WORKLOADS
+    from research.power_probe import extra_dram_bytes, extra_dram_split
     M, N, K = 64, 48, 16
     tile = M * N * 2
     expected = {"identity": 0, "bias_gelu": 0, "lincomb": tile, "relu_aux": 2 * tile, "bce_loss": 4,
@@ -187,7 +77,7 @@ def test_byte_energy_fits_only_the_levels_whose_streams_took_equal_time():
     an error, not a price."""
     import pytest
 
-    from benchmarks.byte_energy import price_fit
+    from research.byte_energy import price_fit
 
     def level(ratio, bytes_per_ms, watts):
         return {"time_ratio": {"read": ratio}, "bytes_per_ms": {"read": bytes_per_ms}, "dram_w": {"read": watts}}
@@ -202,8 +92,8 @@ def test_byte_energy_charges_the_slope_of_dram_power():
     """A byte's price is the slope of the DRAM stream's extra power against its bandwidth; a
     case is charged its extra bytes at that price against cuBLAS's energy (less the idle power
     over its time, or whole), and the smaller charge is kept."""
-    from benchmarks.byte_energy import case_charge, dram_part_mj_per_byte, marginal_fit
-    from benchmarks.power_probe import charged_ratio, dynamic_mj
+    from research.byte_energy import case_charge, dram_part_mj_per_byte, marginal_fit
+    from research.power_probe import charged_ratio, dynamic_mj
     slope, intercept = marginal_fit([(1.0, 40.0), (2.0, 70.0), (3.0, 100.0)])
     assert abs(slope - 30.0) < 1e-12 and abs(intercept - 10.0) < 1e-12
     dram = {"mj_per_call": 400.0, "sustained_ms": 0.8}     # 500 W
@@ -225,7 +115,7 @@ def test_toolchain_probe_compiles_a_cluster_and_finds_its_tile_load():
     """Offline (no GPU): the probe's kernel really is compiled as a 2-CTA cluster (a compile
     that dropped the cluster would load the tile the same way), and its TMA load is read from
     that PTX, so the multicast answer rests on a real cluster compile."""
-    from benchmarks import toolchain_probe
+    from research import toolchain_probe
     result = toolchain_probe.probe()
     assert result["cluster_of_two"]
     assert ".reqnctapercluster" not in toolchain_probe.cluster_ptx(num_ctas=1)
@@ -246,7 +136,7 @@ def test_sass_probe_counts_a_sigmoids_special_functions():
     tile's elements, and a sigmoid adds one exp2 and one reciprocal on the SFU for each."""
     import torch
 
-    from benchmarks import sass_probe
+    from research import sass_probe
     A, B = torch.randn(256, 128, dtype=torch.float16), torch.randn(128, 512, dtype=torch.float16)
     operands = {"bias": torch.randn(512, dtype=torch.float16)}
     delta = sass_probe.added(sass_probe.KERNELS["coop"], "sigmoid", A, B, operands)
@@ -260,7 +150,18 @@ def test_l2_probe_lays_out_the_access_policy_window_as_the_driver_reads_it():
     padding), inside the 64-byte CUstreamAttrValue union."""
     import ctypes
 
-    from benchmarks.l2_probe import _AttrValue, _Window
+    from research.l2_probe import _AttrValue, _Window
     assert [getattr(_Window, f).offset for f in ("base_ptr", "num_bytes", "hitRatio", "hitProp", "missProp")] \
         == [0, 8, 16, 20, 24]
     assert ctypes.sizeof(_Window) == 32 and _AttrValue.accessPolicyWindow.offset == 0
+
+
+def test_l2_probe_says_its_policies_are_gone():
+    """The kernels lost their L2 cache-policy hints: `--policies` exits with a message that
+    names the notebook's entry, instead of failing on a missing name."""
+    import pytest
+
+    from research import l2_probe
+    with pytest.raises(SystemExit) as exit_info:
+        l2_probe.main(["--policies", "identity:S2"])
+    assert "NOTEBOOK.md, 2026-11-26 17:53" in str(exit_info.value)

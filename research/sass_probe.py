@@ -1,14 +1,14 @@
 """What an epilogue adds to a Gluon kernel's machine code, per thread and tile, without a GPU.
 
-Compiles each kernel for sm_90 offline (pingpong.compile_offline: Triton and ptxas on the CPU),
+Compiles each kernel for sm_90 offline (tests/offline.py's compile_offline: Triton and ptxas on the CPU),
 disassembles it with the cuobjdump Triton ships, and prints the SASS instructions each epilogue
 adds over the identity epilogue in the same kernel, by opcode (MUFU by function):
 
-    PYTHONPATH=src:. python -m benchmarks.sass_probe [--shape 4096 4096 4096] [--epilogues row_bias,bias_gelu]
+    PYTHONPATH=src:. python -m research.sass_probe [--shape 4096 4096 4096] [--epilogues row_bias,bias_gelu]
 
 The epilogue is straight-line code run once per tile (the ping-pong kernel holds one copy per
 consumer, so its counts are twice a tile's), so the static counts are the dynamic ones: with
-the tile's elements per thread they give the SFU and issue time per tile (RESULTS.md).
+the tile's elements per thread they give the SFU and issue time per tile (NOTEBOOK.md).
 """
 from __future__ import annotations
 
@@ -17,19 +17,22 @@ import collections
 import os
 import re
 import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
-
-from epifuse.backends.triton import pingpong
-from epifuse.backends.triton.tiled import TileConfig
+from epifuse.backends.triton.configs import TileConfig
+from epifuse.backends.triton.families import COOPERATIVE, PINGPONG
+from epifuse.backends.triton.kernels import TritonKernel
 
 from .probe import EPILOGUES, make_args, make_operands
 
 KERNELS = {
-    "coop": pingpong.GluonCooperative(TileConfig(128, 256, 64, 8, 8, 3)),
-    "coop2": pingpong.GluonCooperative(TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=2)),
-    "pingpong2": pingpong.GluonPingPong(TileConfig(128, 128, 64, 8, 4, 5, epilogue_pieces=2)),
+    "coop": TritonKernel(COOPERATIVE, TileConfig(128, 256, 64, 8, 8, 3)),
+    "coop2": TritonKernel(COOPERATIVE, TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=2)),
+    "pingpong2": TritonKernel(PINGPONG, TileConfig(128, 128, 64, 8, 4, 5, epilogue_pieces=2)),
 }
+TESTS = Path(__file__).resolve().parent.parent / "tests"  # offline.py: the offline Gluon compile
 _INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 
 
@@ -51,8 +54,17 @@ def opcode_counts(sass: str) -> collections.Counter:
     return counts
 
 
+def compile_offline(kernel, args):
+    """The CompiledKernel of `kernel`'s launch for `args` on sm_90, compiled without a GPU by
+    the tests' helper (tests/offline.py)."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    from offline import compile_offline as compile_for_hopper
+    return compile_for_hopper(kernel, args, capability=90)
+
+
 def kernel_counts(kernel, epilogue: str, A, B, operands) -> collections.Counter:
-    compiled = pingpong.compile_offline(kernel, make_args(epilogue, A, B, operands))
+    compiled = compile_offline(kernel, make_args(epilogue, A, B, operands))
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "kernel.cubin")
         with open(path, "wb") as f:

@@ -2,7 +2,7 @@
 Runs epifuse.gemm's first call (tuning) in fresh processes with empty tuning caches (Triton's
 compile cache stays warm), then times the chosen kernel and cuBLAS back to back for a second.
 
-    PYTHONPATH=src:. python -m benchmarks.tune_stability [--case identity:S1] [--runs 4] [--ranker resweep]
+    PYTHONPATH=src:. python -m research.tune_stability [--case identity:S1] [--runs 4] [--ranker resweep]
 
 `--ranker resweep` tries an alternative to runtime.tune.rank: the contenders are timed twice
 more, in reverse and in forward order (30 ms each), and ranked by those two times only, leaving
@@ -60,9 +60,10 @@ def child(case: str, ranker: str) -> dict:
     import epifuse
     import epifuse.runtime.tune as tune
 
+    from bench.run import _epifuse_call
+    from bench.workloads import SHAPES, WORKLOADS
+
     from .power_probe import measure, nvml_handle
-    from .run import _epifuse_call
-    from .workloads import SHAPES, WORKLOADS
     if ranker == "resweep":
         original = tune._scratch_args
 
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, EPIFUSE_CACHE_DIR=cache, EPIFUSE_QUIET="1")
-            out = subprocess.run([sys.executable, "-m", "benchmarks.tune_stability", "--child", "--case", args.case,
+            out = subprocess.run([sys.executable, "-m", "research.tune_stability", "--child", "--case", args.case,
                                   "--ranker", args.ranker], env=env, capture_output=True, text=True)
             if out.returncode != 0:
                 print(out.stderr[-2000:], file=sys.stderr)

@@ -1,7 +1,7 @@
 """Where does a fused epilogue's time go? Time each kernel config on a set of epilogues of
 rising cost at one shape, with the compiler's register, spill and shared-memory report.
 
-    PYTHONPATH=src:. python -m benchmarks.probe [--shape 16384 4096 1024]
+    PYTHONPATH=src:. python -m research.probe [--shape 16384 4096 1024]
 
 Differences between rows with the same config isolate one epilogue ingredient (a row load,
 the tanh, a second output); `identity` is the main loop alone plus a store.

@@ -1,7 +1,7 @@
 """Training-step benchmark (issue 6): forward + backward of an MLP block and of a linear layer
 with a fused BCE loss, epifuse against eager PyTorch (and torch.compile max-autotune with --inductor).
 
-    PYTHONPATH=src:. python -m benchmarks.training [--tokens 8192] [--inductor] [--out DIR]
+    PYTHONPATH=src:. python -m bench.training [--tokens 8192] [--inductor] [--out DIR]
 
 MLP: Linear(4096 -> 16384) -> GELU(tanh) -> Linear(16384 -> 4096), bf16, 8192 tokens; the
 epifuse version is `epifuse.nn.fuse_linear_activations` of the same module (the bias and GELU

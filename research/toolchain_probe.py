@@ -1,4 +1,4 @@
-"""Which of the levers RESULTS.md names for the remaining misses this Triton exposes, checked
+"""Which of the levers NOTEBOOK.md names for the remaining misses this Triton exposes, checked
 by compiling, not by reading release notes. No GPU is needed: the kernels are compiled offline
 for sm_90 and their PTX is read.
 
@@ -12,9 +12,10 @@ for sm_90 and their PTX is read.
   in L2.
 
 The copies are spelled as the installed Triton names them (gluon_api: `async_copy_*` in 3.6,
-`async_load` / `async_store` in 3.9).
+`async_load` / `async_store` in 3.9). epifuse's kernels no longer set L2 policies (NOTEBOOK.md,
+2026-11-26 17:53), so the probe's kernel writes its own (POLICY_SOURCE).
 
-    PYTHONPATH=src:. python -m benchmarks.toolchain_probe
+    PYTHONPATH=src:. python -m research.toolchain_probe
 """
 from __future__ import annotations
 
@@ -48,22 +49,44 @@ def shared_tile(a_ptr, out_ptr, M, K):
 '''
 
 
+# Module source of an evict-first L2 policy for the kernel's load, where the copies take one
+# (Triton 3.9): what epifuse's generated kernels defined for their streamed tiles until their L2
+# hints were removed.
+POLICY_SOURCE = '''from triton.experimental.gluon.language.nvidia.ampere import CachePolicy, FractionalEvictionPolicy
+
+
+@gluon.constexpr_function
+def _evict_first():
+    return CachePolicy(l2=FractionalEvictionPolicy("evict_first", 1.0))
+'''
+
+
+def copies_take_policy() -> bool:
+    """Whether this Triton's Gluon TMA load and store both take `cache_policy` (3.9 on)."""
+    from triton.experimental.gluon.language.nvidia.hopper import tma
+
+    from epifuse.backends.triton.gluon_api import gluon_api
+    api = gluon_api()
+    return all(takes_argument(getattr(tma, name.removeprefix("tma.")), "cache_policy") for name in (api.load, api.store))
+
+
 def cluster_kernel_source(num_ctas: int = 2) -> str:
     """CLUSTER_KERNEL for this Triton and a cluster of `num_ctas` (1 or 2; of one CTA without a
     CGA layout, which Triton 3.9 rejects there): its copies' names, multicast and an evict-first
     policy where its copy takes them."""
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-    from epifuse.backends.triton.gluon_api import L2_STREAMS, POLICY_SOURCE, gluon_api
+    from epifuse.backends.triton.gluon_api import gluon_api
     api = gluon_api()
     load = getattr(tma, api.load.removeprefix("tma."))
+    policies = copies_take_policy()
     options = (", multicast=True" if num_ctas > 1 and takes_argument(load, "multicast") else "") + \
-        (f", cache_policy=_l2_policy({L2_STREAMS}, 'stream')" if api.l2_policies else "")
+        (", cache_policy=_evict_first()" if policies else "")
     barrier = ("mbarrier.allocate_mbarrier()" if hasattr(mbarrier, "allocate_mbarrier")  # one per CTA (3.9)
                else "gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())")
     return CLUSTER_KERNEL.format(load=api.load, store=api.store, load_options=options, barrier=barrier,
                                  cga_layout="[[0, 0]]" if num_ctas > 1 else "[]",
-                                 policy_import=POLICY_SOURCE if api.l2_policies else "")
+                                 policy_import=POLICY_SOURCE if policies else "")
 
 
 def cluster_ptx(num_ctas: int = 2) -> str:

@@ -1,6 +1,6 @@
 """CuTe DSL probe: persistent Hopper GEMMs (D = act(A @ B), fp16 in, fp32 accumulate, fp16
 out), written for epifuse's question "does a CuTe DSL backend reach what Triton and Gluon cannot"
-(RESULTS.md, "What limits each miss"). It measures what Gluon 3.6 does not expose: thread-block
+(NOTEBOOK.md, "What limits each miss"). It measures what Gluon 3.6 does not expose: thread-block
 clusters whose CTAs share one TMA load of A or B through multicast, so L2 delivers fewer bytes
 per tile under the power limit; and a ping-pong schedule written by hand.
 
@@ -16,21 +16,21 @@ The kernels, one CTA of three warpgroups per SM (persistent, static tile schedul
 Variants: `_grouped` walks the tiles in Triton's grouped order; `_nocluster` launches without a
 cluster attribute. Launched as (1, 1, 1) clusters, the ping-pong's reads were merged by L2's
 request coalescer far less often (13 % against 43 % launched plainly; presumably the CTAs land
-on other SMs), which left it L2-bound (RESULTS.md, 2026-11-26 12:32-12:49).
-Results: RESULTS.md 2026-11-26 11:02, 11:19 and 12:32-12:49, cute_probe_*.json, ncu_cute_probe_*.txt,
-ncu_lrc_*.txt. For ncu: `ncu --profile-from-start off ... python -m benchmarks.cute_probe --profile
+on other SMs), which left it L2-bound (NOTEBOOK.md, 2026-11-26 12:32-12:49).
+Results: NOTEBOOK.md 2026-11-26 11:02, 11:19 and 12:32-12:49, cute_probe_*.json, ncu_cute_probe_*.txt,
+ncu_lrc_*.txt. For ncu: `ncu --profile-from-start off ... python -m research.cute_probe --profile
 --configs A,B [--gluon "<epifuse kernel repr>;..."]`.
 
 It is not wired into epifuse's kernel selection: nvidia-cutlass-dsl is not a dependency, and this
 file only runs where it is importable. The GPU image lacks it and cannot download it;
-benchmarks/carry.sh packs it here into two halves and unpacks them there, in two calls
+research/carry.sh packs it here into two halves and unpacks them there, in two calls
 made back to back on one warm machine:
-    bash benchmarks/carry.sh pack cute                             # here, once
-    bash benchmarks/carry.sh first cute                            # call 1, carry .cute1
-    source benchmarks/carry.sh second cute && \\
-        python -m benchmarks.cute_probe --shapes S1,S2,S3 --epifuse --out $OUT   # call 2, carry .cute2
+    bash research/carry.sh pack cute                             # here, once
+    bash research/carry.sh first cute                            # call 1, carry .cute1
+    source research/carry.sh second cute && \\
+        python -m research.cute_probe --shapes S1,S2,S3 --epifuse --out $OUT   # call 2, carry .cute2
 CPU, compile only (checks the kernels build for sm_90a without a GPU):
-    CUTE_DSL_ARCH=sm_90a PYTHONPATH=...:. python -m benchmarks.cute_probe --compile-only
+    CUTE_DSL_ARCH=sm_90a PYTHONPATH=...:. python -m research.cute_probe --compile-only
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from .workloads import identity
+from bench.workloads import identity
 
 SHAPES = {"S1": (4096, 4096, 4096), "S2": (16384, 4096, 1024), "S3": (8192, 8192, 8192)}
 CONFIGS = {  # name: PersistentGemm's arguments besides the activation
@@ -444,7 +444,7 @@ def _timed_against_cublas(fn, a, b):
     """Three alternations of cuBLAS and `fn` (so drift under the power limit falls on both)."""
     import torch
 
-    from .timing import alternate_ms
+    from bench.timing import alternate_ms
     times = alternate_ms({"cublas": lambda: torch.matmul(a, b), "fn": fn}, 3, 25, 200, return_mode="mean")
     return times["cublas"], times["fn"]
 

@@ -2,7 +2,7 @@
 
 The GEMM is tiny (256x256x256) so the GPU drains launches faster than the host issues them;
 the time per call over many back-to-back calls is then the host's cost. Run on a GPU:
-    PYTHONPATH=src:. python -m benchmarks.overhead
+    PYTHONPATH=src:. python -m bench.overhead
 """
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ def measure() -> dict:
     kernel.compile(args)
     result = {"kernel": repr(kernel)}
     result["kernel_run_us"] = _per_call_us(lambda: kernel.run(args))
-    from epifuse.backends.triton import pingpong
-    gluon = pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0])
+    from epifuse.backends.triton import configs, families
+    from epifuse.backends.triton.kernels import TritonKernel
+    gluon = TritonKernel(families.PINGPONG, configs.PINGPONG[0])
     if gluon.supports(args):  # its launches also pass three TMA descriptors (four with C)
         gluon_args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, bias=bias, alpha=2.0, D=D))
         gluon.compile(gluon_args)
@@ -72,30 +73,30 @@ def measure() -> dict:
 
 
 def breakdown() -> dict:
-    """Where kernel.run's host time goes, per kernel class: the whole call, the plan's direct
-    launcher alone, Triton's compiled launcher alone, and the allocator hook; plus the top
-    functions of a cProfile of kernel.run."""
+    """Where kernel.run's host time goes, per kernel family: the whole call, the plan's direct
+    launcher alone, and the allocator hook; plus the top functions of a cProfile of kernel.run."""
     import cProfile
     import io
     import pstats
 
-    import triton
-    from epifuse.backends.triton import persistent, pingpong, tiled
+    from epifuse.backends.triton import configs, families
+    from epifuse.backends.triton.kernels import TritonKernel
     dev = "cuda"
     A = torch.randn(256, 256, device=dev, dtype=torch.float16)
     B = torch.randn(256, 256, device=dev, dtype=torch.float16)
     D = torch.empty(256, 256, device=dev, dtype=torch.float16)
     src = "def epi(accum, alpha):\n    D = relu(accum * alpha)\n    return D\n"
     result = {}
-    for kernel in (persistent.TritonPersistent(persistent.CUDA_CONFIGS[1]),
-                   pingpong.GluonPingPong(pingpong.CUDA_CONFIGS[0]),
-                   tiled.TritonTiled(tiled.CUDA_CONFIGS[0])):
+    for kernel in (TritonKernel(families.PERSISTENT, configs.PERSISTENT[1]),
+                   TritonKernel(families.PINGPONG, configs.PINGPONG[0]),
+                   TritonKernel(families.TILED, configs.TILED[0])):
         args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, alpha=2.0, D=D))
         kernel.run(args)
         plan = args._plans[kernel]
         row = {"kernel_run_us": _per_call_us(lambda: kernel.run(args)),
                "direct_launcher_us": _per_call_us(plan.fast) if plan.fast else None,
-               "set_allocator_us": _per_call_us(lambda: triton.set_allocator(persistent._scratch))}
+               # what every launch of the persistent family runs first: Triton's allocator hook
+               "set_allocator_us": _per_call_us(families.PERSISTENT.before_launch)}
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(2000):

@@ -8,7 +8,7 @@ Each measurement runs in a fresh process with its own epifuse and Triton cache d
   import_s         `import epifuse` in each process
   loaded_from_index  kernels taken from epifuse's index of compiled kernels (runtime/compiled.py)
 Run on a GPU:
-    PYTHONPATH=src:. python -m benchmarks.startup [--out DIR]
+    PYTHONPATH=src:. python -m bench.startup [--out DIR]
 """
 from __future__ import annotations
 

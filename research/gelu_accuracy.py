@@ -4,7 +4,7 @@ Both against float64 tanh-GELU of the same fp16 A @ B + bias, with x spread over
 (A randn, B randn * 3 / sqrt(K)), S1's shape. Where GELU is near zero (x below -3) a cheaper
 formula shows: that is where the two differ.
 
-    PYTHONPATH=src:. python -m benchmarks.gelu_accuracy
+    PYTHONPATH=src:. python -m research.gelu_accuracy
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from .workloads import bias_gelu
+from bench.workloads import bias_gelu
 
 BINS = ((-8, -5), (-5, -4), (-4, -3), (-3, -2), (-2, -1), (-1, -0.25), (-0.25, 0.25), (0.25, 2), (2, 8))
 

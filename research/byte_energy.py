@@ -1,7 +1,7 @@
 """What an epilogue's extra DRAM bytes cost in energy, against each case's measured gap.
 
 At S1-S3 every kernel here runs at the board's power limit, and its sustained time ratio to
-cuBLAS follows its energy ratio (RESULTS.md, the power-cap section). A fused epilogue that reads
+cuBLAS follows its energy ratio (NOTEBOOK.md, the power-cap section). A fused epilogue that reads
 C or writes a second output must move those bytes between DRAM and the chip, whatever its
 schedule. This probe measures what one further DRAM byte costs, and charges each case its
 extra bytes at that price against cuBLAS's energy per GEMM:
@@ -11,7 +11,7 @@ extra bytes at that price against cuBLAS's energy per GEMM:
 - e_read / e_written: one Triton streaming kernel runs over a 2 GiB buffer (every byte from or
   to DRAM) and over an 8 MiB one (every byte from L2), same instructions, same byte count. Run
   as fast as they can, the DRAM stream takes 2.4 times as long, and SMs that wait draw power
-  too: the difference then counts the wait as DRAM energy (RESULTS.md 2026-11-26 15:47). So
+  too: the difference then counts the wait as DRAM energy (NOTEBOOK.md 2026-11-26 15:47). So
   each element also takes a chain of FMAs, enough that both streams run at the FMA pipe's pace
   in the same time. Their power difference grows with the bandwidth along a line whose
   constant part (6-10 W) any streaming GEMM pays already; its slope is the price of a byte;
@@ -23,9 +23,9 @@ byte costs more than at the lower clock and voltage a fused kernel runs at under
 and a fused kernel's GEMM then costs less than cuBLAS's at its clock too. lincomb at S2 was
 charged 1.089 (1.109 less idle) and measured 1.05 (15:57). It says how much of a gap its bytes can
 explain; `--cases` measures each case's sustained time and energy ratios beside it (as
-benchmarks.power_probe does).
+research.power_probe does).
 
-    PYTHONPATH=src:. python -m benchmarks.byte_energy [--cases relu_aux:S2,lincomb:S2] [--out DIR]
+    PYTHONPATH=src:. python -m research.byte_energy [--cases relu_aux:S2,lincomb:S2] [--out DIR]
 """
 from __future__ import annotations
 

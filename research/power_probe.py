@@ -3,21 +3,21 @@ idle GPU, back to back for a few seconds, reading the board's energy counter and
 through NVML: the fastest call of the first 0.3 s (before the power limit bites, as tuning
 sees it) and, over the last half, ms per call, clock, power and energy per GEMM.
 
-    PYTHONPATH=src:. python -m benchmarks.power_probe [--cases identity:S1,relu_aux:S2] [--out DIR]
+    PYTHONPATH=src:. python -m research.power_probe [--cases identity:S1,relu_aux:S2] [--out DIR]
 
 Each case measures cublas, epifuse, epifuse, cublas (the order cancels the GPU's warming) and
 reports per baseline the mean of its two measurements. A device copy's energy per DRAM byte
 (less the idle board power over its time) then predicts what each case's extra DRAM bytes
 (its (M, N) operands and outputs beyond cuBLAS's D) cost: `model` is that energy ratio. A
 copy's average price includes its SMs' work and the memory's constant power, so it charges
-more than a further byte costs (benchmarks.byte_energy measures that: RESULTS.md, 2026-11-26
+more than a further byte costs (research.byte_energy measures that: NOTEBOOK.md, 2026-11-26
 15:46-15:57).
 
 `--candidates` ranks every candidate kernel as tuning times it and sustained; `--timeline`
 prints, per candidate, its time per call in windows of time since back-to-back calls began
 (the first 15 ms are what tuning sees); `--bench-alike` times chosen candidates as the
 benchmark times a row, alternating with cuBLAS (back-to-back calls do not rank every pair as
-the benchmark's L2-flushed ones do: RESULTS.md, 2026-11-26 15:59).
+the benchmark's L2-flushed ones do: NOTEBOOK.md, 2026-11-26 15:59).
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from .run import _epifuse_call
-from .timing import collect_env
-from .workloads import SHAPES, WORKLOADS
+from bench.run import _epifuse_call
+from bench.timing import collect_env
+from bench.workloads import SHAPES, WORKLOADS
 
 DEFAULT_CASES = "identity:S1,identity:S2,bias_gelu:S1,relu_aux:S2"
 NVML_CLOCK_SM = 1
@@ -197,7 +197,7 @@ def run_case(epifuse, nvml, workload: str, shape: str, idle_s: float, sustain_s:
 
 def _candidate_calls(epifuse, epilogue: str, shape: str, kernels=()) -> dict:
     """{name: a call} for cuBLAS's A @ B and each candidate kernel of one probe epilogue
-    (benchmarks.probe.EPILOGUES) at `shape` (those named in `kernels`, by repr, or all), compiled."""
+    (research.probe.EPILOGUES) at `shape` (those named in `kernels`, by repr, or all), compiled."""
     from .probe import make_args, make_operands
     M, N, K = SHAPES[shape]
     A, B, operands = make_operands(M, N, K)
@@ -220,7 +220,7 @@ def _candidate_calls(epifuse, epilogue: str, shape: str, kernels=()) -> dict:
 
 
 def rank_candidates(epifuse, nvml: Nvml, epilogue: str, shape: str, idle_s: float, sustain_s: float) -> dict:
-    """Every candidate kernel of one probe epilogue (benchmarks.probe.EPILOGUES), timed as
+    """Every candidate kernel of one probe epilogue (research.probe.EPILOGUES), timed as
     tuning times it (do_bench, 15 ms, after `idle_s` idle) and sustained (measure), in order and
     in reverse order (each kernel's two times averaged), with cuBLAS's A @ B the same ways."""
     from triton.testing import do_bench
@@ -244,7 +244,7 @@ def bench_alike(epifuse, epilogue: str, shape: str, kernels: list[str], rounds: 
     timed as the benchmark times a row (do_bench medians, L2 flushed before each call, warm-up
     25 ms, 200 ms of calls), in turn, `rounds` times over (timing.alternate_ms); per kernel its
     ratio to cuBLAS in each round."""
-    from .timing import alternate_ms
+    from bench.timing import alternate_ms
     calls = _candidate_calls(epifuse, epilogue, shape, kernels)
     ms = alternate_ms(calls, rounds, warmup=25, rep=200)
     ratios = {name: [t / c for t, c in zip(ms[name], ms["cublas"])] for name in ms if name != "cublas"}
@@ -339,7 +339,7 @@ def main(argv=None) -> int:
     p.add_argument("--sustain", type=float, default=3.0, help="seconds of back-to-back calls")
     p.add_argument("--candidates", default="",
                    help="instead: rank every candidate kernel of these probe epilogue:shape pairs "
-                        "(benchmarks.probe.EPILOGUES) tuning-style and sustained")
+                        "(research.probe.EPILOGUES) tuning-style and sustained")
     p.add_argument("--timeline", default="",
                    help="instead: how soon the power limit bites, per candidate kernel of these probe "
                         "epilogue:shape pairs (and cuBLAS)")

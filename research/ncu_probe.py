@@ -4,7 +4,7 @@ throughput, the share of reads L2's request coalescer merged (coal%), tensor-pip
 what its warps were stalled on (the WarpStateStats section: warps per issued instruction, all
 warps together, so a warp-specialized kernel's producer, which mostly waits, counts too).
 
-    PYTHONPATH=src:. python -m benchmarks.ncu_probe --out DIR [--shape 16384 4096 1024]
+    PYTHONPATH=src:. python -m research.ncu_probe --out DIR [--shape 16384 4096 1024]
         [--runs "identity=<kernel repr>;two_outputs=<kernel repr>"]
 
 The driver runs ncu on this module (`--inner`), which warms each launch up (compiling it) and
@@ -28,7 +28,7 @@ SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "WarpStateS
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 # The L2 request coalescer merges SMs' reads of one sector that arrive together: the share it
 # merged (1 - sectors read from L2 / sectors delivered) decides how busy L2 is for the same
-# tiles (RESULTS.md, 2026-11-26 12:32-12:54: 13 % for cute_probe's kernel launched as a (1, 1, 1)
+# tiles (NOTEBOOK.md, 2026-11-26 12:32-12:54: 13 % for cute_probe's kernel launched as a (1, 1, 1)
 # cluster, 43 % for the same kernel launched plainly).
 LRC_TO_SMS, LRC_FROM_L2 = "lrc__xbar2gpc_sectors_op_read.sum", "lrc__lts2lrc_sectors_op_read.sum"
 COALESCED = "coalesced %"
@@ -62,7 +62,7 @@ def _launches(ns):
     import torch
 
     import epifuse
-    from benchmarks.probe import make_args, make_operands
+    from research.probe import make_args, make_operands
     M, N, K = ns.shape
     A, B, operands = make_operands(M, N, K)
     D = torch.empty(M, N, device="cuda", dtype=torch.float16)
@@ -141,7 +141,7 @@ def stall_line(header: list[str], row: list[str], top: int = 4) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ncu_probe")
+    p = argparse.ArgumentParser(prog="python -m research.ncu_probe")
     p.add_argument("--shape", type=int, nargs=3, default=(16384, 4096, 1024))
     p.add_argument("--runs", default=DEFAULT_RUNS, help="';'-separated probe-epilogue=kernel-repr")
     p.add_argument("--out", default=".")
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
         print("ncu_probe: ncu is not on PATH", file=sys.stderr)
         return 2
     os.makedirs(ns.out, exist_ok=True)
-    target = [sys.executable, "-m", "benchmarks.ncu_probe", "--inner", "--shape", *map(str, ns.shape),
+    target = [sys.executable, "-m", "research.ncu_probe", "--inner", "--shape", *map(str, ns.shape),
               "--runs", ns.runs]
     base = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--target-processes", "all",
             "--csv", "--page", "raw", *(a for s in SECTIONS for a in ("--section", s))]

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Carry Python packages the GPU machine lacks (it has no package registry) beside the checkout:
-# `cute`, the CuTe DSL (nvidia-cutlass-dsl, for benchmarks/cute_probe.py), or `triton`, Triton
+# `cute`, the CuTe DSL (nvidia-cutlass-dsl, for research/cute_probe.py), or `triton`, Triton
 # 3.9 (to run epifuse on it instead of the machine's 3.6; without its AMD backend, profiler
 # and Blackwell ptxas). A call carries 64 MiB with the checkout and each packs to 66-104 MB, so
 # it goes in two halves, in two calls made back to back on one warm machine. Run from the
 # checkout.
 #
-#   bash benchmarks/carry.sh pack PKG       # here: fills .PKG1/ and .PKG2/ (git-ignored)
-#   bash benchmarks/carry.sh first PKG      # GPU, first call, carry .PKG1
-#   source benchmarks/carry.sh second PKG   # GPU, second call, carry .PKG2; sets PYTHONPATH
-#                                           # (and for triton the variables its loader needs)
+#   bash research/carry.sh pack PKG       # here: fills .PKG1/ and .PKG2/ (git-ignored)
+#   bash research/carry.sh first PKG      # GPU, first call, carry .PKG1
+#   source research/carry.sh second PKG   # GPU, second call, carry .PKG2; sets PYTHONPATH
+#                                         # (and for triton the variables its loader needs)
 # Sourced, it changes nothing in the caller's shell but those variables, and fails with a
 # return code.
 
@@ -38,7 +38,7 @@ _carry() {
   local step=${1:-} pkg=${2:-}
   case "$step $pkg" in
     "pack cute"|"pack triton"|"first cute"|"first triton"|"second cute"|"second triton") ;;
-    *) echo "usage: benchmarks/carry.sh pack|first|second cute|triton" >&2; return 2 ;;
+    *) echo "usage: research/carry.sh pack|first|second cute|triton" >&2; return 2 ;;
   esac
   local site=/tmp/site_$pkg
   case "$step" in

@@ -4,13 +4,17 @@ the driver API: `none` (no persisting set-aside), `setaside` (the largest set-as
 persisting lines, no window), `B` and `A` (that operand in an access-policy window whose hits
 persist, the rest streaming). The set-aside and the window are put back as they were on exit.
 
-    PYTHONPATH=src:. python -m benchmarks.l2_probe [--shapes S2] [--epilogues identity,tile_C,two_outputs]
+    PYTHONPATH=src:. python -m research.l2_probe [--shapes S2] [--epilogues identity,tile_C,two_outputs]
 
-Found on an H100 (RESULTS.md, 2026-11-26 14:10): with the set-aside in place every S2 kernel
+Found on an H100 (NOTEBOOK.md, 2026-11-26 14:10): with the set-aside in place every S2 kernel
 ran slower (cuBLAS 36 %, the two-output probe epilogue's ping-pong 2.3x) and S1's did not; a
 window over B or A then changed no time by more than 0.7 %. Why the windows did nothing (the
 TMA loads these kernels and cuBLAS use, or the set-aside's size) was not pursued, so the probe
-did not answer its question; the tile order did (pingpong.ROW_ORDER_CONFIGS).
+did not answer its question; the tile order did (epifuse.backends.triton.configs.ROW_ORDER).
+
+`--policies` (the same kernels with each level of Triton 3.9's TMA L2 cache policies) no longer
+runs: epifuse's kernels no longer take L2 hints, so there is none to set. What it measured, that
+no level moved a row beyond its spread, is NOTEBOOK.md 2026-11-26 17:53.
 """
 from __future__ import annotations
 
@@ -20,14 +24,12 @@ import json
 import statistics
 
 import torch
-import triton
 
 import epifuse
-from epifuse.backends.triton.gluon_api import L2_NONE, L2_STREAMS, L2_STREAMS_KEEP_B, gluon_api
+from bench.timing import alternate_ms
+from bench.workloads import SHAPES
 
 from .probe import make_args, make_operands
-from .timing import alternate_ms
-from .workloads import SHAPES
 
 CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
 CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW = 1
@@ -140,42 +142,17 @@ def measure(driver: Driver, stream: torch.cuda.Stream, ns, max_persist: int, max
     return rows
 
 
-POLICY_NAMES = {L2_NONE: "none", L2_STREAMS: "streams", L2_STREAMS_KEEP_B: "streams+B"}
+POLICIES_GONE = ("l2_probe --policies: epifuse's kernels no longer take L2 cache-policy hints (gluon_api's "
+                 "L2_NONE / L2_STREAMS / L2_STREAMS_KEEP_B and the kernels' l2_hints were removed), so there "
+                 "is no hint level to set. What this measured is research/NOTEBOOK.md, 2026-11-26 17:53 (no "
+                 "level moved a row beyond its spread), and research/results/l2_policies_20261126-1753_H100.json. "
+                 "The L2 set-aside and access-policy windows (without --policies) still run.")
 
 
 def measure_policies(ns) -> list:
-    """One row per shape, epilogue, kernel of ns.kernels and gluon_api L2 policy level (and
-    cuBLAS): the same kernel with its TMA copies unhinted, with the streamed tiles evict-first,
-    and with B's loads also evict-last, timed in turn with cuBLAS. Needs a Triton whose TMA
-    copies take a cache policy (3.9)."""
-    import copy
-    if not gluon_api().l2_policies:
-        raise SystemExit(f"l2_probe --policies: Triton {triton.__version__}'s TMA copies take no cache policy")
-    rows = []
-    for case in ns.policies.split(","):
-        epilogue, shape = case.split(":")
-        M, N, K = SHAPES[shape]
-        A, B, operands = make_operands(M, N, K)
-        calls = {"cublas": lambda: A @ B}
-        for kernel in epifuse.get_kernels(make_args(epilogue, A, B, operands)):
-            if repr(kernel) not in ns.kernels.split(";"):
-                continue
-            for level, label in POLICY_NAMES.items():
-                variant = copy.copy(kernel)
-                variant.l2_hints = level
-                args = make_args(epilogue, A, B, operands)
-                calls[f"{label:9s} {kernel!r}"] = (lambda k, a: lambda: k.run(a))(variant, args)
-        for call in calls.values():
-            call()
-        torch.cuda.synchronize()
-        rounds = alternate_ms(calls, ns.rounds, 25, ns.rep_ms)
-        cublas = statistics.median(rounds["cublas"])
-        for name, ms in rounds.items():
-            t = statistics.median(ms) * 1e3
-            rows.append(dict(shape=shape, epilogue=epilogue, kernel=name, us=t, ratio=t / cublas / 1e3,
-                             round_ms=ms, rounds=ns.rounds, rep_ms=ns.rep_ms))
-            print(f"{shape} {epilogue:12s} {t:7.1f} us  {t / cublas / 1e3:.3f}  {name}", flush=True)
-    return rows
+    """What `--policies` measured (each kernel of ns.kernels at each L2 hint level, alternating
+    with cuBLAS) needs the hints the kernels no longer have: says so and exits."""
+    raise SystemExit(POLICIES_GONE)
 
 
 def main(argv=None) -> int:
@@ -186,16 +163,11 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--policies", default="",
-                        help="instead: epilogue:shape pairs whose kernels are timed with each L2 policy level")
+                        help="no longer runs (the kernels lost their L2 hints): says why and exits")
     parser.add_argument("--out", default=None)
     ns = parser.parse_args(argv)
     if ns.policies:
-        rows = measure_policies(ns)
-        if ns.out:
-            with open(ns.out, "w") as f:
-                json.dump({"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows}, f,
-                          indent=1)
-        return 0
+        measure_policies(ns)
     driver = Driver()
     max_persist = driver.attribute(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE)
     max_window = driver.attribute(CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE)
@@ -207,7 +179,7 @@ def main(argv=None) -> int:
     try:
         with torch.cuda.stream(stream):
             rows = measure(driver, stream, ns, max_persist, max_window)
-    finally:  # the set-aside slows every later kernel of this context (RESULTS.md, 14:10)
+    finally:  # the set-aside slows every later kernel of this context (NOTEBOOK.md, 14:10)
         torch.cuda.synchronize()
         driver.set_window(stream, None, value=window_before)
         driver.set_persisting_limit(limit_before)

@@ -1,0 +1,115 @@
+"""The product benchmark (bench/): the driver's timing order (bench/run.py) on CPU with a fake
+clock, and the clock sampler with a fake nvidia-smi. The research probes' tests are in
+research/tests."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import run  # noqa: E402
+
+
+def test_every_baseline_is_timed_forward_and_backward(monkeypatch):
+    """A GPU that slows down as it runs adds the same to each baseline's mean; a baseline
+    that fails is reported, not timed."""
+    order = []
+
+    def fake_bench(fn, warmup, rep):
+        order.append(fn())
+        return {"cublas": 100.0, "inductor": 150.0, "epifuse": 110.0}[order[-1]] + 2.0 * len(order)
+
+    def broken():
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(run, "bench_ms", fake_bench)
+    calls = {"cublas": lambda: "cublas", "inductor": lambda: "inductor", "eager": broken,
+             "epifuse": lambda: "epifuse"}
+    errors = {}
+    times, clocks = run._time_both_ways(calls, errors, 1.0, 1.0)
+    assert order == ["cublas", "inductor", "epifuse", "epifuse", "inductor", "cublas"]
+    assert times == {"cublas": 100.0 + 2.0 * (1 + 6) / 2, "inductor": 150.0 + 2.0 * (2 + 5) / 2,
+                     "epifuse": 110.0 + 2.0 * (3 + 4) / 2}
+    assert set(errors) == {"eager"} and "no kernel" in errors["eager"] and clocks == {}
+
+
+def test_clocks_are_sampled_around_each_timing(monkeypatch):
+    """Each baseline's two timings are sampled on their own; the summaries merge by sample count."""
+    running = []
+
+    class FakeSampler:
+        def __enter__(self):
+            running.append(True)
+            return self
+
+        def __exit__(self, *exc):
+            name = order[-1]
+            mhz = {"cublas": [1800.0, 1760.0], "epifuse": [1700.0, 1690.0]}[name][order.count(name) - 1]
+            self.summary = {"samples": order.count(name), "sm_mhz": mhz, "power_w": 700.0, "temp_c": 60.0,
+                            "throttle": "0x4" if name == "epifuse" else "0x0"}
+            running.pop()
+            return False
+
+    order = []
+
+    def fake_bench(fn, warmup, rep):
+        assert running, "timed outside the sampler"
+        order.append(fn())
+        return 1.0
+
+    monkeypatch.setattr(run, "bench_ms", fake_bench)
+    times, clocks = run._time_both_ways({"cublas": lambda: "cublas", "epifuse": lambda: "epifuse"}, {},
+                                        1.0, 1.0, FakeSampler)
+    assert clocks["cublas"]["sm_mhz"] == round((1800 * 1 + 1760 * 2) / 3, 1)
+    assert clocks["epifuse"]["sm_mhz"] == round((1700 * 1 + 1690 * 2) / 3, 1)
+    assert clocks["epifuse"]["throttle"] == "0x4" and clocks["cublas"]["samples"] == 3
+    row = {"times_ms": {"cublas": 1.0}, "ratios": {}, "errors": {}, "status": "ok", "epifuse_rel_err": None,
+           "clocks_while_timed": clocks}
+    from bench import report
+    note = report.row_summary(row)
+    assert note.endswith("MHz while timed: cublas 1773, epifuse 1693 (power cap)"), note
+
+
+def test_clock_sampler_reads_nvidia_smi_and_survives_its_absence(tmp_path):
+    """A fake nvidia-smi of an older driver refuses the new name of the throttle reasons as
+    the real one does (a line on stdout, exit 2); the sampler falls back to the old name,
+    remembers it, and averages one GPU's samples. One that refuses every field set and one
+    that does not exist give no summary and do not hang."""
+    import time
+    from bench import timing
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "fake-smi"
+    fake.write_text(f"#!/bin/sh\necho \"$1\" >> {log}\n"
+                    "case \"$1\" in *clocks_event_reasons*)\n"
+                    "  echo 'Field \"clocks_event_reasons.active\" is not a valid field to query.'; exit 2;; esac\n"
+                    "while true; do\n"
+                    "  echo 'GPU-aaaa, 1755, 690.5, 61, 0x0000000000000004'\n"
+                    "  echo 'GPU-bbbb, 1980, 80.0, 30, 0x0000000000000000'\n"
+                    "  echo 'GPU-aaaa, [N/A], 700.5, 63, [N/A]'\n  sleep 0.01\ndone\n")
+    fake.chmod(0o755)
+    for _ in range(2):
+        with timing.ClockSampler("aaaa", command=str(fake)) as sampler:
+            assert sampler.lines, "the block started before the first sample"
+            time.sleep(0.1)
+        assert "clocks_throttle_reasons" in sampler._process.args[1]
+        s = sampler.summary
+        assert s["samples"] >= 4 and s["sm_mhz"] == 1755.0 and s["throttle"] == "0x4"
+        assert 690.5 < s["power_w"] < 700.5 and 61 < s["temp_c"] < 63
+    assert log.read_text().count("clocks_event_reasons") == 1   # the working set is remembered
+    stuck = tmp_path / "stuck"
+    stuck.touch()   # the fake fails while this exists: one hiccup must not end sampling for good
+    fake.write_text(fake.read_text().replace("while true", f"[ -e {stuck} ] && exit 3\nwhile true"))
+    with timing.ClockSampler("aaaa", command=str(fake)) as sampler:
+        pass
+    assert sampler.summary is None
+    stuck.unlink()
+    with timing.ClockSampler("aaaa", command=str(fake)) as sampler:
+        time.sleep(0.05)
+    assert sampler.summary and sampler.summary["sm_mhz"] == 1755.0
+    failing = tmp_path / "failing-smi"
+    failing.write_text("#!/bin/sh\necho 'Field \"power.draw\" is not a valid field to query.'\nexit 2\n")
+    failing.chmod(0o755)
+    for command in (str(failing), str(tmp_path / "missing-smi")):
+        start = time.perf_counter()
+        with timing.ClockSampler(command=command) as sampler:
+            pass
+        assert sampler.summary is None and time.perf_counter() - start < 3
