@@ -1,10 +1,16 @@
 """Test set-up: CPU runs go through Triton's interpreter; `-m gpu` runs on CUDA.
 
 TRITON_INTERPRET is set before any generated kernel is imported, and every test session
-uses its own kernel cache directory.
+uses its own kernel cache directory. The folders mirror the package (unit/), run kernels
+through the interpreter (kernels/), need a GPU (gpu/), or fuzz (fuzz/); the helpers they share
+live here, on the import path of every test.
 """
 import os
+import sys
 import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("EPIFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="epifuse-test-cache-"))
 

@@ -107,3 +107,13 @@ def run_python(source: str, timeout: float):
         with open(script, "w") as f:
             f.write(source)
         return subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def fast(values, keep, ids=None) -> list:
+    """Parametrize values, those whose index is not in `keep` marked slow: the README's test run
+    takes a representative few, `-m slow` (CI) the rest."""
+    import pytest
+    names = ids or [None] * len(values)
+    return [pytest.param(*(v if isinstance(v, tuple) else (v,)), id=name,
+                         marks=() if i in keep else pytest.mark.slow)
+            for i, (v, name) in enumerate(zip(values, names))]

@@ -36,7 +36,7 @@ _ARG_NAMES = {"where": "cond, a, b", "prelu": "x, weight", "multiply_add": "a, b
 HEADER = """# Op reference
 
 <!-- Generated from the ops registry by `python -m epifuse.tools.docs -o docs/ops.md`; do not edit.
-     tests/test_docs_examples.py fails when this file and the registry disagree. -->
+     tests/unit/test_docs.py fails when this file and the registry disagree. -->
 
 Every op epifuse knows. Inside an epilogue an op is parsed, never called, and may be spelled
 `op(x)`, `torch.op(x)`, `F.op(x)`, `torch.nn.functional.op(x)`, `epifuse.ops.op(x)` or

@@ -12,7 +12,7 @@ import pytest
 
 from epifuse.tools import docs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 PAGES = [ROOT / "docs" / "tutorial.md", ROOT / "docs" / "kernels.md"]
 
@@ -64,6 +64,7 @@ def test_every_example_is_in_the_tutorial():
         assert (ROOT / "examples" / linked).exists(), linked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(script, tmp_path):
     import torch

@@ -1,12 +1,15 @@
-"""tests/gpu_fuzz.py, the parallel fuzz driver, on a tiny budget: the CPU fuzz test in two
+"""tests/fuzz/gpu_fuzz.py, the parallel fuzz driver, on a tiny budget: the CPU fuzz test in two
 processes with their own seeds, their reports summed."""
 from __future__ import annotations
 
 import json
 
+import pytest
+
 import gpu_fuzz
 
 
+@pytest.mark.slow
 def test_the_driver_runs_seeded_processes_and_sums_their_reports(tmp_path, capsys):
     out = tmp_path / "fuzz"
     code = gpu_fuzz.main(["--cpu", "--processes", "2", "--examples", "4", "--budget", "300",

@@ -23,7 +23,7 @@ from epifuse.ops import OPS
 from epifuse.passes import canonical_hash, optimize
 from epifuse.reference import evaluate
 from helpers import rel_error
-from test_ops import ELEMENTWISE, source_for
+from op_cases import ELEMENTWISE, source_for
 
 M, N, K, L = 5, 6, 4, 2
 F64 = torch.float64

@@ -196,13 +196,14 @@ def _compile_in_a_new_process(device, seed, cache_dir):
     from pathlib import Path
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"),
            "EPIFUSE_CACHE_DIR": str(cache_dir / "epifuse"), "EPIFUSE_QUIET": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "compile_cache_worker", device, str(seed)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_compiled_training_step_from_warm_inductor_caches(device, tmp_path):
     """A second process loads the compiled forward and backward from inductor's caches and

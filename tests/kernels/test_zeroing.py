@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import epifuse
-from helpers import check_reductions, integer_tensor, reference_outputs, rel_error, run_python
+from helpers import check_reductions, fast, integer_tensor, reference_outputs, rel_error, run_python
 
 M, N, K = 100, 72, 50
 
@@ -56,7 +56,7 @@ def test_small_atomic_reductions_are_zeroed_by_the_kernel(device, monkeypatch):
     assert args._plans[kernel].simple  # nothing runs around the launch
 
 
-@pytest.mark.parametrize("case", ["accumulate", "bf16", "strided", "over the limit"])
+@pytest.mark.parametrize("case", fast(["accumulate", "bf16", "strided", "over the limit"], keep={0, 3}))
 def test_reductions_the_kernel_does_not_zero_start_from_a_launch(case, device, monkeypatch):
     """An accumulated, non-fp32, non-contiguous or large destination is zeroed (or copied) by a
     launch before the kernel, as before; the others of the same launch still by the kernel."""

@@ -32,7 +32,7 @@ import torch
 import epifuse
 from epifuse.backends import select
 from epifuse.runtime import cache, compiled, tune
-from helpers import integer_tensor, reference_outputs, rel_error, run_spawned
+from helpers import fast, integer_tensor, reference_outputs, rel_error, run_spawned
 
 HAS_CUDA = torch.cuda.is_available()
 M, N, K = 37, 45, 21
@@ -116,7 +116,7 @@ def _run_script(script: str, cache_root: Path, marker: Path | None = None) -> su
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
 
 
-@pytest.mark.parametrize("attack", ["edited-file", "forged-checksum", "planted-pycache"])
+@pytest.mark.parametrize("attack", fast(["edited-file", "forged-checksum", "planted-pycache"], keep={0}))
 def test_tampered_kernel_files_never_run(tmp_path, attack):
     """A fresh process finds a kernel file that someone changed (or a __pycache__ entry planted
     beside it): it runs the kernel it generated, with the right result, and the file is rebuilt."""
@@ -467,6 +467,7 @@ def _process_worker(cache_root: str, source: str, constant: float, barrier, inde
         queue.put((index, "error", traceback.format_exc(), repr(error)))
 
 
+@pytest.mark.slow
 def test_processes_sharing_a_cache_directory(tmp_path):
     constant = float(_fresh_constant())
     source = (f"def epi(accum, C):\n    D = sigmoid(accum * {constant!r} + C)\n"
@@ -589,7 +590,7 @@ def _output_shapes(A, B, source, operands) -> dict:
     return shapes
 
 
-@pytest.mark.parametrize("case", sorted(DETERMINISM_CASES))
+@pytest.mark.parametrize("case", fast(sorted(DETERMINISM_CASES), keep={0}))
 def test_same_inputs_give_bitwise_the_same_outputs(case, device):
     source = DETERMINISM_CASES[case]
     runs = []
@@ -619,7 +620,7 @@ def test_same_inputs_give_bitwise_the_same_outputs(case, device):
         assert rel_error(first[name], ref) < 1e-5, (case, name)
 
 
-@pytest.mark.parametrize("case", ["sum-over-N", "mean-over-M", "sum-over-all", "tile-and-sum"])
+@pytest.mark.parametrize("case", fast(["sum-over-N", "mean-over-M", "sum-over-all", "tile-and-sum"], keep={0}))
 def test_atomic_reductions_agree_to_rounding(case, device):
     """deterministic=False sums fold with atomics: on a GPU their order (and so the last bits)
     may change run to run; the values agree to fp32 rounding, and exactly on the interpreter."""

@@ -11,7 +11,7 @@ import torch
 import epifuse
 from epifuse.ops import OPS
 from helpers import integer_tensor, reference_outputs, rel_error
-from test_ops import ELEMENTWISE, source_for
+from op_cases import ELEMENTWISE, source_for
 
 pytestmark = pytest.mark.gpu
 

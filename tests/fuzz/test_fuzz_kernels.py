@@ -32,6 +32,7 @@ def fuzz_tally(request):
     tally.write()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU runs test_fuzz_gpu instead")
 @seeded
 @FUZZ_SETTINGS
@@ -51,6 +52,7 @@ def test_fuzz_gpu(ex, fuzz_tally):
 
 # Source-level properties: cheap (no kernel runs), so more examples.
 
+@pytest.mark.slow
 @settings(max_examples=4 * EXAMPLES, deadline=None, derandomize=False,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])

@@ -104,7 +104,7 @@ def test_top_level_help_lists_commands_but_not_the_internal_one(capsys):
 
 
 def test_module_entry_point_runs():
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "src"))
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "src"))
     result = subprocess.run([sys.executable, "-m", "epifuse", "show", "--help"], capture_output=True,
                             text=True, env=env, timeout=120)
     assert result.returncode == 0 and "usage: epifuse show" in result.stdout

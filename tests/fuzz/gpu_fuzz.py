@@ -1,8 +1,8 @@
 """The long GPU fuzz run, in parallel: one pytest process per core, each with its own seed.
 
-    python tests/gpu_fuzz.py                          # 3000 examples, 14 processes, 8 minutes at most
-    python tests/gpu_fuzz.py --examples 6000 --budget 600
-    python tests/gpu_fuzz.py --cpu --processes 2 --examples 6 --budget 120   # CPU smoke run
+    python tests/fuzz/gpu_fuzz.py                          # 3000 examples, 14 processes, 8 minutes at most
+    python tests/fuzz/gpu_fuzz.py --examples 6000 --budget 600
+    python tests/fuzz/gpu_fuzz.py --cpu --processes 2 --examples 6 --budget 120   # CPU smoke run
 
 Each example of tests/test_fuzz_kernels.py compiles new kernels (about a second each on a GPU),
 and Hypothesis runs examples one after another, so one process reaches a few hundred examples in
@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-GPU_TEST = "tests/test_fuzz_kernels.py::test_fuzz_gpu"
-CPU_TEST = "tests/test_fuzz_kernels.py::test_fuzz_against_float64_reference"
+REPO = Path(__file__).resolve().parents[2]
+GPU_TEST = "tests/fuzz/test_fuzz_kernels.py::test_fuzz_gpu"
+CPU_TEST = "tests/fuzz/test_fuzz_kernels.py::test_fuzz_against_float64_reference"
 # Time left after the deadline for the example in flight and pytest's exit, before processes
 # are killed.
 FINISH_MARGIN_S = 30.0
@@ -96,7 +96,9 @@ def start_workers(opts, out: Path, cache_dir: Path, deadline: float) -> list[Wor
     for index in range(opts.processes):
         log, report = out / f"log-{index}.txt", out / f"report-{index}.json"
         report.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *target, *opts.pytest_args]
+        # -m "": the fuzz tests are marked slow, which the default selection leaves out
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "", *target,
+                   *opts.pytest_args]
         with open(log, "w") as sink:
             process = subprocess.Popen(command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
                                        env=worker_env(opts, index, share, deadline, cache_dir, report))

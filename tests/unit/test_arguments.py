@@ -1,0 +1,269 @@
+"""Errors of the arguments (epifuse.arguments and the API's entry points), beside the epilogue
+source's errors, which test_errors.py holds: shapes that do not fit, tensors that overlap,
+wrong objects and options (arguments objects, kernels, dtypes, yes/no options, the debug
+helpers), each naming what it was given, and none leaving an output touched."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import epifuse
+from epifuse import EpilogueArguments, GemmArguments
+from epifuse import EpilogueError
+from test_errors import AB, ALPHA, BIAS, K, M, N, gemm_args, out, outputs_for, raises, src
+
+
+def test_an_epilogue_function_must_be_wrapped_in_epilogue_arguments():
+    A, B = AB()
+    with raises("GemmArguments' epilogue must be an EpilogueArguments, not function."):
+        GemmArguments(A, B, epilogue=lambda accum: accum)
+
+
+@pytest.mark.parametrize("value", [None, "args", 3])
+def test_kernels_are_chosen_for_gemm_arguments_only(value):
+    with raises("Kernels are chosen for a GemmArguments"):
+        epifuse.kernel_statuses(value)
+    with raises("Kernels are chosen for a GemmArguments"):
+        epifuse.get_kernels(EpilogueArguments(ALPHA, alpha=1.0, D=out()) if value is None else value)
+
+
+@pytest.mark.parametrize("cc", ["90", 9.0, 0, -1, True])
+def test_cc_is_a_positive_int(cc):
+    A, B = AB()
+    args = GemmArguments(A, B, epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=out()))
+    with raises("cc must be a compute capability as an int such as 90"):
+        epifuse.get_kernels(args, cc=cc)
+
+
+@pytest.mark.parametrize("value", [None, "args", 3])
+def test_a_kernel_runs_and_compiles_on_gemm_arguments_only(value):
+    args, grouped = _plain_and_grouped()
+    for kernels, expected in ((epifuse.get_kernels(args), "GemmArguments"),
+                              (epifuse.get_kernels(grouped), "GroupedGemmArguments")):
+        for kernel in kernels:
+            for call in (kernel.run, kernel.compile, lambda v: kernel.run(v, verify=True)):
+                with raises(f"runs on {expected}, not on {type(value).__name__}"):
+                    call(value)
+
+
+def test_plain_and_grouped_kernels_refuse_each_others_arguments():
+    args, grouped = _plain_and_grouped()
+    for kernel in epifuse.get_kernels(args):
+        with raises("runs on GemmArguments, not on GroupedGemmArguments"):
+            kernel.run(grouped)
+    for kernel in epifuse.get_kernels(grouped):
+        with raises("runs on GroupedGemmArguments, not on GemmArguments"):
+            kernel.run(args)
+
+
+def _plain_and_grouped():
+    A, B = AB()
+    args = GemmArguments(A, B, epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=out()))
+    return args, epifuse.GroupedGemmArguments([args])
+
+
+@pytest.mark.parametrize("out_dtype", ["float16", 5, (torch.float16,)])
+@pytest.mark.parametrize("grad", [False, True])
+def test_out_dtype_must_be_a_dtype(out_dtype, grad):
+    A, B = AB()
+    with raises("out_dtype must be a torch.dtype such as torch.float16"):
+        epifuse.gemm(A.requires_grad_(grad), B, ALPHA, alpha=1.0, out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("dtype", [getattr(torch, n) for n in ("int4", "float4_e2m1fn_x2", "bits8") if hasattr(torch, n)])
+@pytest.mark.parametrize("grad", [False, True])
+def test_outputs_of_packed_or_bit_dtypes_are_refused(dtype, grad):
+    A, B = AB()
+    with raises(f"Output D has dtype {dtype}, which torch cannot convert a float32 value to elementwise"):
+        epifuse.gemm(A.requires_grad_(grad), B, ALPHA, alpha=1.0, out_dtype=dtype)
+
+
+@pytest.mark.parametrize("value", ["False", "no", 2, None, torch.tensor([True, False])])
+def test_yes_no_options_take_booleans(value):
+    """bool("False") is True: a string would have turned accumulate on."""
+    from epifuse.nn import FusedLinear
+    for name, make in (("accumulate", lambda v: EpilogueArguments(ALPHA, accumulate=v, alpha=1.0, D=out())),
+                       ("deterministic", lambda v: EpilogueArguments(ALPHA, deterministic=v, alpha=1.0, D=out())),
+                       ("store_preactivation", lambda v: epifuse.epilogues.BiasElementwise("relu", store_preactivation=v)),
+                       ("recompute", lambda v: FusedLinear(4, 3, recompute=v))):
+        with raises(f"{name} must be True or False, not {value!r}"):
+            make(value)
+    EpilogueArguments(ALPHA, accumulate=1, deterministic=False, alpha=1.0, D=out())
+
+
+def test_debug_helpers_name_bad_arguments():
+    from epifuse import debug
+    src_ = src("D = relu(accum * alpha)", "return D", params="accum, alpha")
+    args = debug.random_arguments(src_, 8, 8, 4, dtype=torch.float32)
+    for kwargs, phrase in ((dict(tile=(0,)), "tile must be two ints of 0 or more"),
+                           (dict(tile=None), "tile must be two ints of 0 or more"),
+                           (dict(tile_shape=(0, 4)), "tile_shape must be two ints of 1 or more"),
+                           (dict(dtype=torch.int32), "trace's dtype must be a floating torch.dtype")):
+        with raises(phrase):
+            debug.trace(args, **kwargs)
+    with raises("trace takes a GemmArguments, not EpilogueArguments"):
+        debug.trace(args.epilogue)
+    with raises("layout_a must be 'row' or 'col', not 'diagonal'"):
+        debug.random_arguments(src_, 4, 5, 3, layout_a="diagonal")
+    with raises("out_dtype must be a torch.dtype such as torch.float16, not 'float16'"):
+        debug.random_arguments(src_, 4, 5, 3, out_dtype="float16")
+    assert debug.trace(args, tile=(0, 0)) is not None
+
+
+def test_verify_needs_values_and_arguments():
+    meta = dict(device="meta")
+    args = GemmArguments(torch.empty(M, K, **meta), torch.empty(K, N, **meta),
+                         epilogue=EpilogueArguments(ALPHA, alpha=1.0, D=torch.empty(M, N, **meta)))
+    kernel = epifuse.get_kernels(args)[-1]
+    kernel.run(args)
+    with raises("verify=True compares values, and tensors on the meta device have none."):
+        kernel.run(args, verify=True)
+    with raises("runs on GemmArguments, not on NoneType"):
+        kernel.run(None, verify=True)
+
+
+# ---- errors of the arguments and shapes ----------------------------------------------------------
+
+def test_k_mismatch():
+    with pytest.raises(EpilogueError, match=r"do not multiply: A has K=8 columns but B has 7 rows"):
+        gemm_args(ALPHA, torch.randn(16, 8), torch.randn(7, 16), alpha=1.0, D=out())
+    with pytest.raises(EpilogueError, match=r"do not multiply"):
+        epifuse.gemm(torch.randn(16, 8), torch.randn(7, 16))
+
+
+def test_devices_must_match_meta_device():
+    # CUDA is not needed to check the device rule: the meta device is another device.
+    A, B = AB()
+    with raises("Operand bias is on meta but A and B are on cpu."):
+        gemm_args(BIAS, A, B, bias=torch.zeros(N, device="meta"), D=out())
+    with raises("A is on cpu but B is on meta"):
+        gemm_args(BIAS, A, torch.empty(K, N, device="meta"), bias=1.0, D=out())
+    with raises("Output D is on meta but A and B are on cpu."):
+        gemm_args(BIAS, A, B, bias=1.0, D=torch.empty(M, N, device="meta"))
+
+
+def test_batch_mismatch():
+    with pytest.raises(EpilogueError, match="batch sizes must match"):
+        gemm_args(ALPHA, torch.randn(2, M, K), torch.randn(3, K, N), alpha=1.0, D=torch.empty(3, M, N))
+
+
+def test_elementwise_output_shape_must_match_accum():
+    with raises("Output D has shape (16, 15) but accum is (16, 16)"):
+        gemm_args(ALPHA, alpha=1.0, D=torch.empty(M, 15))
+
+
+@pytest.mark.parametrize("value, phrase", [
+    (True, "Operand alpha must be a number or a torch.Tensor, but got bool."),
+    ("2.0", "Operand alpha must be a number or a torch.Tensor, but got str."),
+    (None, "Operand alpha must be a number or a torch.Tensor, but got NoneType."),
+    (torch.zeros(16, 16, dtype=torch.bool), "Operand alpha has dtype torch.bool"),
+    (torch.zeros(16, 16, dtype=torch.complex64), "Operand alpha has dtype torch.complex64"),
+])
+def test_operand_types(value, phrase):
+    with raises(phrase):
+        EpilogueArguments(ALPHA, alpha=value, D=out())
+
+
+def test_output_must_be_a_tensor():
+    with raises("Output D must be a torch.Tensor, but got float."):
+        EpilogueArguments(ALPHA, alpha=1.0, D=3.0)
+
+
+def test_out_and_D_must_agree():
+    A, B = AB()
+    epi = EpilogueArguments(ALPHA, alpha=1.0, D=out())
+    with raises("`out` and the epilogue's output D are different tensors."):
+        GemmArguments(A, B, out=out(), epilogue=epi)
+
+
+def test_an_operand_cannot_be_returned():
+    with raises("Output 'C' is also an input of the epilogue."):
+        gemm_args(src("D = accum", "return C", params="accum, C"), C=out())
+
+
+# ---- reductions ---------------------------------------------------------------------------------
+
+RED_SUM_DIM1 = src("r = sum(accum, dim=1)", "return r")
+
+
+@pytest.mark.parametrize("source, shape, expected", [
+    (RED_SUM_DIM1, (12,), "expected (16,) or (16, 1)"),
+    (RED_SUM_DIM1, (16, 12), "expected (16,) or (16, 1)"),
+    (RED_SUM_DIM1, (1, 16), "expected (16,) or (16, 1)"),
+    (src("r = accum.max(dim=0)", "return r"), (16,), "expected (12,) or (1, 12)"),
+    (src("r = mean(accum, dim=(0, 1))", "return r"), (16,), "gives one value: pass a one-element tensor"),
+])
+def test_reduction_destination_shape_must_match_dim(source, shape, expected):
+    A, B = torch.randn(16, 8), torch.randn(8, 12)  # M != N
+    with pytest.raises(EpilogueError) as info:
+        gemm_args(source, A, B, r=torch.empty(shape))
+    message = str(info.value)
+    assert "Output r has shape" in message and expected in message
+
+
+def test_reduction_destination_shapes_that_fit():
+    A, B = torch.randn(16, 8), torch.randn(8, 12)
+    assert gemm_args(RED_SUM_DIM1, A, B, r=torch.empty(16)).reductions == {"r": "sum"}
+    assert gemm_args(RED_SUM_DIM1, A, B, r=torch.empty(16, 1)).reductions == {"r": "sum"}
+
+
+@pytest.mark.parametrize("lines", [
+    ["r = sum(accum, dim=1)", "D = accum + r", "return D, r"],
+    ["r = sum(accum, dim=1)", "D = accum * 2.0", "s = r * 2.0", "return D, s"],
+    ["r = accum.max(dim=0)", "D = relu(r)", "return D"],
+    ["D = accum - mean(accum, dim=1, keepdim=True)", "return D"],
+])
+def test_a_reduction_result_cannot_be_used(lines):
+    source = src(*lines)
+    with raises("a reduction's result can only be returned as an output") as info:
+        gemm_args(source, **outputs_for(source))
+    assert info.value.loc is not None
+
+
+def test_reduction_dim_out_of_range():
+    with raises("sum(dim=2) is out of range: accum has 2 dimensions"):
+        gemm_args(src("r = sum(accum, dim=2)", "return r"), r=torch.empty(M))
+    with raises("sum() reduces dim -1 twice."):
+        gemm_args(src("r = sum(accum, dim=(1, -1))", "return r"), r=torch.empty(M))
+
+
+# ---- aliasing -----------------------------------------------------------------------------------
+
+def test_an_output_overlapping_A_is_rejected():
+    A, B = torch.randn(M, K), torch.randn(K, N)
+    with raises("Output D overlaps the GEMM input A."):
+        gemm_args(ALPHA, A, B, alpha=1.0, D=A)
+    with raises("Output D overlaps the GEMM input A."):
+        big = torch.randn(2 * M, K)
+        gemm_args(ALPHA, big[:M], B, alpha=1.0, D=big[M // 2: M // 2 + M])
+    with raises("Output D overlaps the GEMM input B."):
+        gemm_args(ALPHA, A, B, alpha=1.0, D=B)
+
+
+def test_an_output_beside_A_in_one_storage_is_fine():
+    storage = torch.randn(2 * M, K)
+    A, D = storage[:M], storage[M:]
+    args = gemm_args(ALPHA, A, torch.randn(K, N), alpha=1.0, D=D)
+    assert args.outputs["D"] is D
+
+
+def test_overlapping_outputs_are_rejected():
+    source = src("D = accum", "F = accum * 2.0", "return D, F")
+    D = out()
+    with raises("Outputs D and F overlap in memory."):
+        gemm_args(source, D=D, F=D)
+
+
+def test_an_output_partly_overlapping_an_operand_is_rejected():
+    storage = torch.randn(M + 1, N)
+    with raises("Output D partly overlaps operand C."):
+        gemm_args(src("D = accum + C", "return D", params="accum, C"), C=storage[:M], D=storage[1:])
+
+
+def test_errors_leave_outputs_untouched():
+    D = torch.full((M, N), 7.0)
+    with pytest.raises(EpilogueError):
+        gemm_args(BIAS, bias=torch.zeros(3), D=D)
+    with pytest.raises(EpilogueError):
+        epifuse.gemm(*AB(), BIAS, bias=torch.zeros(3), D=D)
+    assert torch.equal(D, torch.full((M, N), 7.0))
