@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import importlib
 import io
 import json
 import os
@@ -63,7 +64,6 @@ def load_epilogue(spec: str):
 
 
 def _from_module(module: str, attr: str):
-    import importlib
     try:
         obj = importlib.import_module(module)
     except ImportError as exc:

@@ -22,6 +22,11 @@ import hashlib
 import os
 import re
 import sys
+import sysconfig
+from types import SimpleNamespace
+
+import triton
+from triton import knobs
 
 from .cache import cache_dir, write_atomically
 
@@ -38,9 +43,6 @@ def _directory():
 @functools.lru_cache(maxsize=None)
 def _installation() -> str:
     """Triton's version and the identity of its compiler library (path, size, mtime)."""
-    import sysconfig
-
-    import triton
     ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
     lib = os.path.join(os.path.dirname(triton.__file__), "_C", f"libtriton.{ext}")
     st = os.stat(lib)
@@ -48,7 +50,6 @@ def _installation() -> str:
 
 
 def _hooks_installed() -> bool:
-    from triton import knobs
     return any((knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook,
                 knobs.compilation.always_compile, knobs.compilation.override,
                 knobs.compilation.dump_ir))
@@ -59,10 +60,7 @@ def triton_api():
     means they moved, and every launch takes Triton's own path. Where they remain but Triton's
     own key for a launch is not the one computed here (3.9 added a keyword to it), nothing
     is recorded or served (warmup)."""
-    from types import SimpleNamespace
-
-
-    from triton import knobs
+    # Function-local: private Triton modules that may be missing; ImportError is the signal.
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime.cache import get_cache_manager

@@ -38,6 +38,8 @@ class GluonApi:
 
 @functools.lru_cache(maxsize=None)
 def gluon_api() -> GluonApi:
+    # Gluon is imported on first use, here and below: ~60 ms of start-up that only Hopper's
+    # Gluon kernels need.
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import tma
     barrier = "gl.thread_barrier" if hasattr(gl, "thread_barrier") else "gl.barrier"

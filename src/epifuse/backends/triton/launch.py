@@ -9,6 +9,7 @@ return None where it is built otherwise: the caller then launches through Triton
 from __future__ import annotations
 
 import torch
+from triton import knobs
 
 # encoded TMA descriptors kept per descriptor argument of a plan's launch (on Triton 3.9 the
 # bound is shared: this many times the descriptor arguments, for all of them)
@@ -37,7 +38,6 @@ def direct_launcher(plan, compiled, device: int, before=None):
     """A launch of the already compiled kernel that skips Triton's per-call argument binding
     and specialization: the plan's arguments (and so their specialization) never change.
     Not used while Triton launch hooks (profilers) are installed."""
-    from triton import knobs
     if compiled is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
         return None
     names = plan.kernel.arg_names
@@ -92,7 +92,7 @@ def described_launcher(compiled):
     raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
     if not callable(raw) or not indices or not metas or None in metas or len(metas) != len(indices):
         return None
-    try:
+    try:  # function-local: a private Triton function that may be missing
         from triton.backends.nvidia.driver import make_tensordesc_arg
     except ImportError:
         return None
@@ -122,7 +122,7 @@ def _described_launcher_39(runner, cells):
     the descriptors in C++ (make_tensordesc_args) through a Python encoder per descriptor: the
     same expansion, through an encoder that keeps what Triton's made per (metadata, base
     address, shape, strides). None where the wrapper or the launcher is not as expected."""
-    try:
+    try:  # function-local: a private Triton function that may be missing
         from triton._C.libtriton import make_tensordesc_args
     except ImportError:
         return None
