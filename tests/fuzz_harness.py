@@ -208,9 +208,6 @@ def build(ex: Example, device) -> tuple[epifuse.GemmArguments, dict]:
 
 # ---- the check ----------------------------------------------------------------------------------
 
-_COMBINE = {"max": torch.maximum, "amax": torch.maximum, "min": torch.minimum}
-
-
 def expected_outputs(args, prior: dict, dtype) -> dict:
     """Every output evaluated by the reference interpreter in `dtype`, folded into `prior`
     for reductions when accumulating, in destination shapes."""
@@ -222,7 +219,7 @@ def expected_outputs(args, prior: dict, dtype) -> dict:
                    for k, v in evaluate(args.graph, accum, args.operands, dtype).items()}
     if args.accumulate:
         for name, kind in args.reductions.items():
-            results[name] = _COMBINE.get(kind, torch.add)(prior[name].to(dtype), results[name])
+            results[name] = OPS[kind].reduction.merge(prior[name].to(dtype), results[name])
     return results
 
 

@@ -22,7 +22,7 @@ import torch
 from hypothesis import strategies as st
 
 from epifuse.frontend import MODULE_PREFIXES, RESERVED_KEYWORDS
-from epifuse.ops import OPS, spellings
+from epifuse.ops import OPS, reductions, spellings
 
 
 # ---- the op vocabulary, derived from the registry -------------------------------------------
@@ -39,8 +39,8 @@ GUARDED = {
 UNKNOWN_GUARD = "(sigmoid({}) * 0.5 + 0.25)"
 SPECIAL = {"div", "pow", "where", "clamp", "to", "prelu", "multiply_add", "maximum", "minimum",
            "logical_and", "logical_or", "logical_not", "sign", "leaky_relu", "elu", "gelu", "softplus", "neg"}
-REDUCTIONS = sorted(n for n, op in OPS.items() if op.kind == "reduce")
-ELEMENTWISE = sorted(n for n, op in OPS.items() if op.kind != "reduce")
+REDUCTIONS = sorted(op.name for op in reductions())
+ELEMENTWISE = sorted(n for n, op in OPS.items() if not op.is_reduction)
 # Unary elementwise ops with no parameters and no domain to guard (the registry decides which).
 PLAIN_UNARY = sorted(n for n in ELEMENTWISE if OPS[n].kind == "elementwise" and OPS[n].arity == 1
                      and not OPS[n].params and n not in SPECIAL and n not in GUARDED)

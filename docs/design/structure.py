@@ -61,7 +61,8 @@ def layer_of(module: str) -> int:
 def imports(module: str, path: Path, known: set[str]) -> list[tuple[str, bool]]:
     """(imported module, inside a function) for every import of the package's own modules."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    # the package a relative import starts from: "" for epifuse/__init__.py itself
+    package = "" if module == "__init__" else module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
 
     def resolve(name: str) -> str | None:

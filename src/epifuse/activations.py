@@ -281,11 +281,13 @@ def of_module(module: nn.Module) -> Activation | None:
     return Activation(op, infinite=True, **values)
 
 
-def activation_source(activation: Activation, bias: bool, name: str = "fused_linear") -> str:
-    """The epilogue source applying `activation` to accum (+ bias): `D = act(accum + bias)`."""
+def activation_source(activation: Activation | str, bias: bool, name: str = "fused_linear") -> str:
+    """The epilogue source applying `activation` to accum (+ bias): `D = act(accum + bias)`.
+    A string is an expression in `x` ("relu(x)", "square(relu(x))")."""
     params = "accum, bias" if bias else "accum"
     pre = "accum + bias" if bias else "accum"
-    body = [f"x = {pre}", *activation.statements("x", "D")]
+    result = [f"D = {activation}"] if isinstance(activation, str) else activation.statements("x", "D")
+    body = [f"x = {pre}", *result]
     return f"def {name}({params}):\n" + "".join(f"    {line}\n" for line in body) + "    return D\n"
 
 

@@ -18,9 +18,9 @@ import torch
 
 from . import torch_ops
 from .arguments import (IDENTITY_EPILOGUE, EpilogueArguments, GemmArguments, GroupedGemmArguments,
-                        allocate_outputs)
+                        allocate_outputs, check_out_dtype)
 from .backends.select import choose_kernel, get_kernels, kernel_statuses
-from .errors import EpilogueArgumentError, ShapeError
+from .errors import ShapeError
 from .frontend import Program, parse
 from .runtime import callsite
 
@@ -45,8 +45,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     >>> epifuse.gemm(A, B, epi, bias=torch.full((5,), -1.0))[0]
     tensor([2., 2., 2., 2., 2.])
     """
-    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
-        raise EpilogueArgumentError(f"out_dtype must be a torch.dtype such as torch.float16, not {out_dtype!r}.")
+    check_out_dtype(out_dtype)
     # A kept launch first: its signature admits only calls that do not go through the custom
     # ops (torch.compile traces this function: nothing is looked up while it does)
     compiling = torch.compiler.is_compiling()

@@ -35,6 +35,28 @@ _CHOICE_ENVIRONMENT = ("TRITON_INTERPRET", "EPIFUSE_TUNE")
 IDENTITY_EPILOGUE = "def identity(accum):\n    D = accum\n    return D\n"
 
 
+def check_keywords(program: Program, tensors: dict, required, allowed) -> None:
+    """Every name in `required` is a keyword of `tensors` and every keyword is in `allowed`; else
+    an EpilogueArgumentError naming the first that is not (and a passed keyword it looks like)."""
+    missing = [name for name in required if name not in tensors]
+    unexpected = [name for name in tensors if name not in allowed]
+    if missing:
+        name = missing[0]
+        places = {**dict(zip(program.params, program.param_locs)), **dict(program.outputs)}
+        role = "an operand" if name in program.operands else "an output tensor"
+        hint = f"Pass {name}=... ({role})."
+        close = difflib.get_close_matches(name, unexpected, n=1, cutoff=0.6)
+        if close:
+            hint += f" The keyword {close[0]!r} you passed looks like a misspelling of it."
+        raise EpilogueArgumentError(
+            f"Argument {name} is not provided in the kwargs of the EpilogueArguments constructor",
+            places.get(name), hint)
+    if unexpected:
+        raise EpilogueArgumentError(f"Unexpected keyword argument '{unexpected[0]}'",
+                                    hint=did_you_mean(unexpected[0], allowed) or
+                                    f"The epilogue's operands and outputs are: {', '.join(allowed)}.")
+
+
 class EpilogueArguments:
     """An epilogue and the tensors and numbers its names refer to.
 
@@ -53,24 +75,7 @@ class EpilogueArguments:
         self.compute_dtype = compute_dtype
         program = self.program
         expected = list(program.operands) + [name for name, _ in program.outputs]
-        places = dict(zip(program.params, program.param_locs))
-        places.update(program.outputs)
-        unexpected = [n for n in tensors if n not in expected]
-        for name in expected:
-            if name not in tensors:
-                role = "an operand" if name in program.operands else "an output tensor"
-                hint = f"Pass {name}=... ({role})."
-                close = difflib.get_close_matches(name, unexpected, n=1, cutoff=0.6)
-                if close:
-                    hint += f" The keyword {close[0]!r} you passed looks like a misspelling of it."
-                raise EpilogueArgumentError(
-                    f"Argument {name} is not provided in the kwargs of the EpilogueArguments "
-                    "constructor", places.get(name), hint)
-        for name in tensors:
-            if name not in expected:
-                raise EpilogueArgumentError(f"Unexpected keyword argument '{name}'",
-                                            hint=did_you_mean(name, expected) or
-                                            f"The epilogue's operands and outputs are: {', '.join(expected)}.")
+        check_keywords(program, tensors, required=expected, allowed=expected)
         self.operands = {n: tensors[n] for n in program.operands}
         self.outputs = {n: tensors[n] for n, _ in program.outputs}
         for name, value in self.outputs.items():
@@ -432,19 +437,30 @@ def _check_no_cross_group_overlap(problems: list[GemmArguments]) -> None:
 
 # ---- outputs epifuse allocates --------------------------------------------------------------
 
+def check_out_dtype(out_dtype) -> None:
+    """`out_dtype`, the dtype of allocated tile outputs, is None or a torch.dtype."""
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise EpilogueArgumentError(f"out_dtype must be a torch.dtype such as torch.float16, not {out_dtype!r}.")
+
+
+def reduction_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a reduction output epifuse allocates: float64 when the epilogue computes
+    in float64, else float32 (whatever the inputs' dtype, as the kernels accumulate)."""
+    return torch.float64 if compute_dtype == torch.float64 else torch.float32
+
+
 def output_specs(graph: Graph, accum_shape, A: torch.Tensor, out_dtype: torch.dtype | None = None,
                  compute_dtype: torch.dtype = torch.float32) -> dict[str, tuple[tuple, torch.dtype]]:
     """(shape, dtype) of every output of `graph`, by name: a tile output has accum's shape and
     `out_dtype` (default A's dtype; float32 for integer inputs); a reduction keeps accum's
     other dims ((1,) when none) in float32, or float64 when the epilogue computes in float64."""
-    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
-        raise EpilogueArgumentError(f"out_dtype must be a torch.dtype such as torch.float16, not {out_dtype!r}.")
+    check_out_dtype(out_dtype)
     axes = AXES[3 - len(accum_shape):]
     specs = {}
     for o in graph.outputs:
         if o.node.op.is_reduction:
             shape = tuple(s for a, s in zip(axes, accum_shape) if a not in o.node.dims) or (1,)
-            specs[o.name] = (shape, torch.float64 if compute_dtype == torch.float64 else torch.float32)
+            specs[o.name] = (shape, reduction_dtype(compute_dtype))
         else:
             dtype = out_dtype or (A.dtype if A.is_floating_point() else torch.float32)
             specs[o.name] = (tuple(accum_shape), dtype)
@@ -456,8 +472,7 @@ def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors
                      compute_dtype: torch.dtype = torch.float32) -> dict:
     """`tensors` plus a new tensor (see output_specs) for every output of `program` it lacks.
     Where an operand is missing nothing is allocated: EpilogueArguments names what is missing."""
-    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
-        raise EpilogueArgumentError(f"out_dtype must be a torch.dtype such as torch.float16, not {out_dtype!r}.")
+    check_out_dtype(out_dtype)
     missing = [name for name, _ in program.outputs if name not in tensors]
     if not missing or any(name not in tensors for name in program.operands):
         return dict(tensors)

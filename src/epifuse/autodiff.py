@@ -20,7 +20,7 @@ is all autodiff reads.
 >>> program = parse("def epi(accum, bias):\\n    D = relu(accum + bias)\\n    return D\\n")
 >>> graph = bind(program, {"bias": Operand("bias", "tensor", ("N",))}, 2)
 >>> backward = derive(graph, wrt=("accum", "bias"), seeded=("D",), rank=2)
->>> [o.node.op for o in backward.graph.outputs]
+>>> [o.node.op.name for o in backward.graph.outputs]
 ['where', 'sum']
 """
 from __future__ import annotations

@@ -28,6 +28,7 @@ from .errors import EpilogueError
 from .frontend import Program, parse, parse_source
 from .fused import FusedGemm, drop_self
 from .ir import Operand
+from .ops import dtype_from_name
 from .passes import canonical_hash, optimize
 from .printing import program_source
 from .tools.draw import dot_available, draw
@@ -35,7 +36,7 @@ from .tools.ncu import compiled_stats, summarize_ncu
 from .tools.problems import ROLES, alignment_report, check_roles, random_arguments
 from .verify import run
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_DTYPES = ("float16", "bfloat16", "float32")  # what --dtype and --out-dtype take
 _EPILOGUE_HELP = ("the epilogue: a file (epi.py, or epi.py:name to pick one function or FusedGemm "
                   "class), a module:name (a function, a named epilogue such as "
                   "epifuse.epilogues:LinearCombinationRelu, a FusedGemm subclass), or the source "
@@ -185,8 +186,8 @@ def _problem_options(p: argparse.ArgumentParser, shape_default=None, shape_help=
     p.add_argument("--shape", type=_int_in(0, _INT64_MAX), nargs=3, metavar=("M", "N", "K"), default=shape_default,
                    help=shape_help or "problem size (default: %(default)s)")
     p.add_argument("--batch", type=_int_in(0, _INT64_MAX), metavar="L", help="a batched GEMM of L problems")
-    p.add_argument("--dtype", choices=list(_DTYPES), default="float16", help="A and B dtype (default: float16)")
-    p.add_argument("--out-dtype", choices=list(_DTYPES), help="dtype of tile outputs (default: the input dtype)")
+    p.add_argument("--dtype", choices=_DTYPES, default="float16", help="A and B dtype (default: float16)")
+    p.add_argument("--out-dtype", choices=_DTYPES, help="dtype of tile outputs (default: the input dtype)")
     p.add_argument("--role", type=_role, action="append", default=[], metavar="NAME=ROLE",
                    help="an operand's role: number, scalar (one-element tensor), row (N,), col (M, 1), "
                         "tile (default), batch (L, 1, 1); repeat for several")
@@ -195,9 +196,9 @@ def _problem_options(p: argparse.ArgumentParser, shape_default=None, shape_help=
 def _arguments(ns, program, roles, fill=True, device=None):
     M, N, K = ns.shape
     try:
-        return random_arguments(program, M, N, K, L=ns.batch, dtype=_DTYPES[ns.dtype],
+        return random_arguments(program, M, N, K, L=ns.batch, dtype=dtype_from_name(ns.dtype),
                                 roles={**roles, **dict(ns.role)}, device=device,
-                                out_dtype=_DTYPES[ns.out_dtype] if ns.out_dtype else None,
+                                out_dtype=dtype_from_name(ns.out_dtype) if ns.out_dtype else None,
                                 seed=getattr(ns, "seed", 0), fill=fill,
                                 layout_a=getattr(ns, "layout_a", "row"), layout_b=getattr(ns, "layout_b", "row"))
     except RuntimeError as exc:   # torch.OutOfMemoryError, the CPU allocator's, a size that overflows

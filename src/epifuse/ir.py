@@ -197,10 +197,6 @@ class Output:
     name: str
     node: Node
 
-    @property
-    def reduction(self):
-        return self.node.reduction
-
 
 @dataclass(frozen=True)
 class Graph:

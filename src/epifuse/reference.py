@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from . import ops
 from .ir import ACCUM, AXES, CONST, INPUT, Graph, Node
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -68,7 +69,7 @@ def _evaluate_node(node: Node, src, accum, operands, dtype, rank):
         src = [s.to(dtype) if s.dtype == torch.bool else s for s in src]
     if opdef.kind == "logical":
         src = [s if s.dtype == torch.bool else s != 0 for s in src]
-    if opdef.name == "where" and src[0].dtype != torch.bool:
+    if opdef is ops.where and src[0].dtype != torch.bool:
         src = [src[0] != 0, *src[1:]]
     result = opdef.ref(*src, **params)
     if result.is_floating_point() and result.dtype != dtype:

@@ -58,7 +58,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .arguments import IDENTITY_EPILOGUE, EpilogueArguments, GemmArguments, bound_graph, output_specs
+from .arguments import (IDENTITY_EPILOGUE, EpilogueArguments, GemmArguments, bound_graph, output_specs,
+                        check_keywords, reduction_dtype)
 from .autodiff import derive, restrict
 from .backends.select import choose_kernel
 from .errors import EpilogueArgumentError
@@ -446,7 +447,7 @@ class _Step:
             if kind == "accum":
                 names.append(dtype_name(self.accum_dtype))
             elif kind == "reduce":
-                names.append("float64" if compute == torch.float64 else "float32")
+                names.append(dtype_name(reduction_dtype(compute)))
             else:
                 t = self.values[kind[1]]
                 names.append(dtype_name(t.dtype if t.is_floating_point() else compute))
@@ -485,7 +486,10 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
     wants_grad = bool(needing_grad)
     save = wants_grad and not recompute
     key, operand_names, output_names, visible = _describe(epilogue, save)
-    _check_kwargs(operand_names, output_names[:visible], tensors)
+    allowed = (*operand_names, *output_names[:visible])
+    if any(name not in tensors for name in operand_names) or any(name not in allowed for name in tensors):
+        # plain membership tests while torch.compile traces; the full check only to raise
+        check_keywords(resolve(key).program, tensors, required=operand_names, allowed=allowed)
     given = [name for name in output_names[:visible] if name in tensors]
     operands, numbers, kinds = pack(operand_names, tensors)
     if given:
@@ -498,7 +502,7 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
         if len(given) != visible:
             raise EpilogueArgumentError("Pass either every output tensor or none of them.",
                                         hint=f"The epilogue's outputs are: {', '.join(output_names[:visible])}.")
-        key, operand_names, output_names, visible = _describe(epilogue, False)
+        key, _, output_names, visible = _describe(epilogue, False)
         outs = [tensors[n] for n in output_names]
         torch.ops.epifuse.gemm_out(key, A, B, operands, numbers, kinds, outs, compute_dtype,
                                    accumulate, deterministic, precision)
@@ -511,17 +515,6 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
                                       deterministic, precision)[:visible]
     outs = tuple(outs)
     return outs[0] if len(outs) == 1 else outs
-
-
-def _check_kwargs(operand_names, output_names, tensors) -> None:
-    for name in operand_names:
-        if name not in tensors:
-            raise EpilogueArgumentError(
-                f"Argument {name} is not provided in the kwargs of the EpilogueArguments constructor",
-                hint=f"Pass {name}=... (an operand).")
-    for name in tensors:
-        if name not in operand_names and name not in output_names:
-            raise EpilogueArgumentError(f"Unexpected keyword argument '{name}'")
 
 
 __all__ = ["gemm", "register_epilogue", "entry", "resolve", "read_key", "Entry"]

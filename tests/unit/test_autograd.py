@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import epifuse
-from epifuse import api, torch_ops
+from epifuse import torch_ops
 from epifuse.autodiff import derive
 from epifuse.printing import graph_source
 from epifuse.arguments import bound_graph

@@ -1,7 +1,10 @@
 """The docs cannot drift: docs/ops.md is the generator's output, every Python block of the
 hand-written pages is an excerpt of a script in examples/, and every script runs (on a CPU, at
 a small size, through Triton's interpreter so the generated kernels themselves run)."""
+import doctest
+import importlib
 import os
+import pkgutil
 import re
 import subprocess
 import sys
@@ -10,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import epifuse
 from epifuse.tools import docs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,3 +79,20 @@ def test_example_runs(script, tmp_path):
     result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+
+
+def _modules_with_examples() -> list[str]:
+    names = []
+    for info in pkgutil.walk_packages(epifuse.__path__, "epifuse."):
+        if info.name.endswith("__main__"):
+            continue
+        if any(test.examples for test in doctest.DocTestFinder().find(importlib.import_module(info.name))):
+            names.append(info.name)
+    return names
+
+
+@pytest.mark.parametrize("module", _modules_with_examples())
+def test_docstring_examples_run(module):
+    """The `>>>` examples in the package's docstrings are run and their output compared."""
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted and not result.failed, result

@@ -226,6 +226,20 @@ def test_extra_kwarg_with_everything_given_suggests_the_close_name():
     assert "'alpha'" in str(info.value)
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+def test_a_misspelled_keyword_reads_the_same_with_and_without_autograd(grad):
+    """epifuse.gemm checks its keywords with EpilogueArguments' check on both paths: the
+    missing operand, where it is declared, and the keyword that looks like it."""
+    bias_epilogue = src("D = accum + bias", "return D", params="accum, bias")
+    A = torch.randn(8, 4, requires_grad=grad)
+    with raises("Argument bias is not provided in the kwargs of the EpilogueArguments constructor") as info:
+        epifuse.gemm(A, torch.randn(4, 8), bias_epilogue, bais=torch.randn(8))
+    assert "'bais' you passed looks like a misspelling" in info.value.hint
+    with raises("Unexpected keyword argument 'biass'") as info:
+        epifuse.gemm(A, torch.randn(4, 8), bias_epilogue, bias=torch.randn(8), biass=torch.randn(8))
+    assert "'bias'" in str(info.value)
+
+
 def test_undefined_name_suggests_the_close_name():
     with raises("Variable 'alpah' is not defined.") as info:
         parse(src("D = accum * alpah", "return D", params="accum, alpha"))

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import epifuse
 from epifuse import EpilogueArguments, GemmArguments
-from epifuse.ir import Node, accum, const, op
+from epifuse.ir import accum, const, op
 from epifuse.passes import canonical_hash, optimize
 from epifuse.passes.algebra import simplify_algebra
 from epifuse.passes.dce import eliminate_dead_code

@@ -12,8 +12,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import epifuse
 from epifuse import printing, torch_ops
-from epifuse.nn import ACTIVATIONS, FusedLinear, fuse_linear_activations
-from epifuse.ops import gelu, relu, sigmoid, sum  # noqa: A004  (names the epilogues below use)
+from epifuse.nn import ACTIVATIONS, FusedLinear, activation_source, fuse_linear_activations
+from epifuse.ops import gelu, relu, sum  # noqa: A004  (names the epilogues below use)
 
 F64 = torch.float64
 M, N, K = 6, 5, 4
@@ -288,6 +288,20 @@ def test_every_output_dtype_of_the_plain_path_goes_through_the_ops(out_dtype):
     assert torch.equal(with_grad, plain) and torch.equal(compiled, plain)
 
 
+@pytest.mark.parametrize("compute_dtype", [torch.float32, torch.float64])
+def test_reduction_outputs_have_one_dtype_with_and_without_autograd(compute_dtype):
+    """One allocator: a reduction output epifuse allocates is float64 when the epilogue
+    computes in float64 and float32 otherwise, whether or not an input requires grad."""
+    epilogue = "def e(accum):\n    D = accum * 0.5\n    r = sum(accum, dim=1)\n    return D, r\n"
+    A = torch.randint(-3, 4, (M, K)).to(torch.float16)
+    B = torch.randint(-3, 4, (K, N)).to(torch.float16)
+    _, plain = epifuse.gemm(A, B, epilogue, compute_dtype=compute_dtype)
+    _, with_grad = epifuse.gemm(A.clone().requires_grad_(), B, epilogue, compute_dtype=compute_dtype)
+    expected = (A.double() @ B.double()).sum(dim=1)  # integer values: exact in either dtype
+    assert plain.dtype == with_grad.dtype == compute_dtype
+    assert torch.equal(plain.double(), expected) and torch.equal(with_grad.detach().double(), expected)
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compile_through_epifuse_gemm(backend):
     torch._dynamo.reset()
@@ -351,6 +365,13 @@ TORCH_ACTIVATIONS = {
     "softplus": torch.nn.functional.softplus, "elu": torch.nn.functional.elu,
     "leaky_relu": torch.nn.functional.leaky_relu, "relu_squared": lambda x: torch.relu(x) ** 2,
 }
+
+
+def test_activation_source_takes_an_activation_or_an_expression_in_x():
+    A, B, bias = (torch.randint(-3, 4, s).double() for s in ((M, K), (K, N), (N,)))
+    by_name = epifuse.gemm(A, B, activation_source(ACTIVATIONS["relu_squared"], True), bias=bias)
+    by_expression = epifuse.gemm(A, B, activation_source("square(relu(x))", True), bias=bias)
+    assert torch.equal(by_name, torch.relu(A @ B + bias) ** 2) and torch.equal(by_expression, by_name)
 
 
 def test_every_named_activation_has_a_torch_twin():

@@ -13,18 +13,17 @@ from .registry import OPS, Cost, OpDef, Reduction, register
 
 
 def _reference(reduction: Reduction):
-    """The torch reference of a reduction: its fold over `dim` (all dims for None)."""
+    """The torch reference of a reduction: its fold over `dim` (everything for None, as
+    torch.sum(x) does)."""
     def ref(x, dim=None, keepdim=False):
         x = x if x.is_floating_point() else x.float()
         if reduction.magnitude:
             x = x.abs()
-        dims = tuple(range(x.dim())) if dim is None else dim
-        if reduction.mean:
-            return torch.mean(x, dim=dims, keepdim=keepdim) if x.dim() else x
         if reduction.combine == "add":
-            return torch.sum(x, dim=dims, keepdim=keepdim) if x.dim() else x
+            fold = torch.mean if reduction.mean else torch.sum
+            return fold(x) if dim is None else fold(x, dim=dim, keepdim=keepdim)
         fold = torch.amax if reduction.combine == "maximum" else torch.amin
-        return fold(x, dim=dims, keepdim=keepdim)
+        return fold(x, dim=() if dim is None else dim, keepdim=keepdim)
     return ref
 
 
@@ -59,11 +58,11 @@ def _reduction(name, reduction: Reduction, doc: str, vjp, cost=None) -> OpDef:
 
 sum = _reduction("sum", Reduction("add", 0.0), "sum over dim (fp32 accumulation)", _sum_vjp)
 mean = _reduction("mean", Reduction("add", 0.0, mean=True), "mean over dim", _mean_vjp)
-max = _reduction("max", Reduction("maximum", float("-inf"), needs_elements=True, reads_result=True),
+max = _reduction("max", Reduction("maximum", float("-inf"), needs_elements=True),
                  "maximum over dim (with two tensors: elementwise maximum)", _extreme_vjp)
-min = _reduction("min", Reduction("minimum", float("inf"), needs_elements=True, reads_result=True),
+min = _reduction("min", Reduction("minimum", float("inf"), needs_elements=True),
                  "minimum over dim (with two tensors: elementwise minimum)", _extreme_vjp)
-amax = _reduction("amax", Reduction("maximum", 0.0, magnitude=True, needs_elements=True, reads_result=True),
+amax = _reduction("amax", Reduction("maximum", 0.0, magnitude=True, needs_elements=True),
                   "maximum of |x| over dim (for fp8 scaling)", _amax_vjp, Cost(2))
 
 __all__ = [n for n, v in list(globals().items()) if isinstance(v, OpDef)]

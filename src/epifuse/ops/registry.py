@@ -44,7 +44,6 @@ class Reduction:
     magnitude   folds |x| rather than x (amax)
     mean        the result is divided by the number of elements folded
     needs_elements  an empty fold has no value (a maximum of nothing): refused up front
-    reads_result    the derivative rule compares inputs with the result (max, min, amax)
     """
 
     combine: str
@@ -52,7 +51,6 @@ class Reduction:
     magnitude: bool = False
     mean: bool = False
     needs_elements: bool = False
-    reads_result: bool = False
 
     def __post_init__(self):
         if self.combine not in _FOLDS:

@@ -11,9 +11,8 @@ reductions, sums and amax, that the kernel does not zero itself before the launc
 partials into the destinations after it). A later call with the same signature copies the
 list, puts its own tensors in those positions, and runs the steps and the launch. Tensors that
 share storage (an in-place update, an output aliasing an input) and empty tensors always take
-the full path, which checks them. Buffers a kernel owns (`kernel.owned_buffers(args)`:
-split-K's workspace and counters; a plan's reduction work buffers and in-kernel zeroing's
-words) stay with the site and are shared by its calls, which is why the signature includes
+the full path, which checks them. Buffers the plan owns (`plan.owned`: split-K's workspace
+and counters, reduction work buffers, in-kernel zeroing's words) stay with the site and are shared by its calls, which is why the signature includes
 the current CUDA stream: calls on one stream run one after another.
 """
 from __future__ import annotations
@@ -110,7 +109,7 @@ def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
     by_identity = {id(args.A): "\0A", id(args.B): "\0B"}
     by_identity.update({id(t): n for n, t in args.operands.items() if isinstance(t, torch.Tensor)})
     by_identity.update({id(t): n for n, t in args.outputs.items()})
-    owned = {id(t) for t in (*getattr(kernel, "owned_buffers", lambda _: ())(args), *plan.owned)}
+    owned = {id(t) for t in plan.owned}
     positions = [(i, by_identity.get(id(v))) for i, v in enumerate(plan.values)
                  if isinstance(v, torch.Tensor) and id(v) not in owned]
     if any(name is None for _, name in positions):

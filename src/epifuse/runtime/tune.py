@@ -118,12 +118,11 @@ def choose(args, kernels: list):
 
 
 CLOSE = 1.10  # candidates within 10 % of the fastest are timed a second time
-# Empirical tie-breaks (docs/design/tuning.md has the measurements): within 3 % of the
-# fastest, which is about how much tuning's short timings of one kernel vary between runs, the
-# kernel whose tiles read the fewest operand bytes per output wins, as lighter tiles ran faster
-# in sustained timing than the heavier ones they had tied with; among those as light, a Gluon
-# kernel (Kernel.gluon) comes before a Triton one, as the Gluon kernels ran ahead of the Triton
-# ones with the same tiles.
+# Tie-breaks (docs/design/tuning.md gives the measurements behind them): within 3 % of the
+# fastest, about how much tuning's short timings of one kernel vary between runs, the kernel
+# whose tiles read the fewest operand bytes per output wins, since lighter tiles hold up better
+# in sustained timing than heavier ones that tie in short timings; among those as light, a
+# Gluon kernel (Kernel.gluon) comes before a Triton one with the same tiles.
 LIGHTER_WITHIN = 1.03
 RANKING = (f"rule 2: time, then lighter tiles within {LIGHTER_WITHIN}, "
            "then Gluon")  # in the key: a new rule re-tunes

@@ -73,15 +73,15 @@ def _operators() -> list[str]:
     return lines
 
 
-def _triton_status(name: str, kind: str) -> str:
-    if kind == "reduce":
+def _triton_status(name: str) -> str:
+    if OPS[name].is_reduction:
         return "yes (reduction stage)"
     missing = {op.name: reason for op, reason in missing_rules().items()}
     return "yes" if name not in missing else f"no: {missing[name]}"
 
 
 def _grad(d) -> str:
-    if d.kind in ("compare", "logical"):
+    if d.makes_bool:
         return "none (boolean)"
     return "yes" if d.vjp else "no"
 
@@ -96,7 +96,7 @@ def _op_table(kind: str) -> list[str]:
         cost = f"{d.cost.flops}" + (f" + {d.cost.special} special" if d.cost.special else "")
         lines.append(f"| `{name}` | {', '.join(f'`{a}`' for a in d.aliases) or ''} | "
                      f"`{_cell(', '.join(args))}` | {_cell(d.doc)} | {cost} | "
-                     f"{_cell(_triton_status(name, kind))} | {_grad(d)} |")
+                     f"{_cell(_triton_status(name))} | {_grad(d)} |")
     return lines
 
 

@@ -10,6 +10,7 @@ import torch
 from ..arguments import EpilogueArguments, GemmArguments, allocate_outputs
 from ..errors import EpilogueArgumentError, did_you_mean
 from ..frontend import Program, parse
+from ..ops import dtype_name
 
 ROLES = ("number", "scalar", "row", "col", "tile", "batch")
 
@@ -86,7 +87,7 @@ def alignment_report(args) -> list[tuple[str, bool, str]]:
         if bad:
             problems.append(f"stride {bad[0]} ({bad[0] * size} bytes) is not a multiple of 16 bytes")
         layout = ("contiguous along dim " + ", ".join(map(str, inner))) if inner else "no unit stride"
-        desc = f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}, strides {tuple(t.stride())}, {layout}"
+        desc = f"{tuple(t.shape)} {dtype_name(t.dtype)}, strides {tuple(t.stride())}, {layout}"
         if problems:
             rows.append((name, False, f"{desc}: {'; '.join(problems)} (TMA kernels cannot use it; "
                                       "the tiled kernel loads it with pointers)"))

@@ -191,10 +191,6 @@ class TritonKernel(Kernel):
         else:
             plan.fast = direct_launcher(plan, compiled, device.index or 0, before)
 
-    def owned_buffers(self, args) -> tuple:
-        """What the launch carries besides the caller's tensors (see runtime.callsite)."""
-        return self.plan(args).owned
-
 
 def _device(args) -> torch.device:
     return args.device if hasattr(args, "problems") else args.A.device

@@ -1,8 +1,8 @@
 """TRITON: how each registry op lowers to Triton source, one entry per op.
 
 A rule takes the source expressions (strings) and the op's parameters and returns an
-expression. Ops with no rule are listed in UNSUPPORTED with the reason that `supports()`
-reports. Helpers are `@triton.jit` device functions, emitted into a kernel file only when a
+expression. An op with no rule is refused by `supports()`, with its reason from UNSUPPORTED
+(empty while every op has a rule) or "no Triton lowering yet". Helpers are `@triton.jit` device functions, emitted into a kernel file only when a
 rule uses them; each has a formula version (the CPU interpreter has no libdevice) and, where
 it is more accurate at little cost, a CUDA version. The formulas keep torch's NaN and Inf
 results. User-visible division (`/`, reciprocal) rounds as IEEE division does, like torch;
@@ -127,7 +127,7 @@ _NORMAL_RANGE = (2.0 ** -125, 2.0 ** 125)
 # exp(y) with subnormal results flushed to zero: exact wherever what the result meets absorbs a
 # subnormal. c + exp(y) with |c| >= 2**-100, since c plus a subnormal rounds to c (the position of
 # the exp among the add's operands picks the rule); an exp clamped below at a normal number
-# (MIN_NORMAL or more: codegen's logs of products)
+# (MIN_NORMAL or more: the epilogue emitter's logs of products, epilogue._log_of_products)
 EXP_FLUSHED = Rule(lambda y: f"_exp_flushed({y})", ("_exp_flushed",))
 ADD_EXP_FLUSHED = (Rule(lambda y, c: f"({c} + {EXP_FLUSHED.emit(y)})", EXP_FLUSHED.helpers, through=(0,)),
                    Rule(lambda c, y: f"({c} + {EXP_FLUSHED.emit(y)})", EXP_FLUSHED.helpers, through=(1,)))

@@ -68,7 +68,6 @@ GEMM_PARAMS = {
               "stride_bl", "stride_bk", "stride_bn"),
     "persistent": ("a_ptr", "b_ptr", "M", "N", "K", "stride_al", "stride_am", "stride_ak",
                    "stride_bl", "stride_bk", "stride_bn", "L"),
-    "gluon": ("a_desc", "b_desc", "M", "N", "K"),
 }
 GEMM_PARAMS["splitk"] = GEMM_PARAMS["tiled"] + ("ws_ptr", "counter_ptr")
 _TRITON_META = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UPCAST", "PRECISION", "EPI_N", "ACC_INT",
