@@ -20,7 +20,7 @@ from typing import Any, Callable
 from torch import nn
 
 from .errors import EpilogueArgumentError, EpilogueSyntaxError, Location
-from .frontend import Program, clean_source, names_used, parse_source, read_source
+from .frontend import Program, check_nesting, clean_source, names_used, parse_source, read_source
 from .ops import OPS, OpDef, lookup
 from .printing import param_literal, statement_source
 
@@ -63,6 +63,7 @@ def parse_activation(activation: Callable | str) -> ParsedActivation:
         from_string = False
     # The same clean-up the frontend does, so positions below match what it will parse.
     text = clean_source(source)
+    check_nesting(text, filename, offset)   # before ast.parse: CPython's parser recurses in C
     try:
         module = ast.parse(text)
     except SyntaxError:
@@ -71,7 +72,7 @@ def parse_activation(activation: Callable | str) -> ParsedActivation:
         defs = [n for n in module.body if isinstance(n, ast.FunctionDef)]
         if len(defs) == 1:
             text, wrapped = _add_accum_parameter(text, defs[0], filename, offset)
-    program = parse_source(text, filename, offset, from_string=from_string)
+    program = parse_source(text, filename, offset, from_string=from_string, keywords=False)
     if len(program.outputs) != 1:
         raise EpilogueSyntaxError("An activation returns exactly one value.", program.outputs[1][1],
                                   hint="Return one name: `return y`.")

@@ -73,12 +73,23 @@ def _call_node(expr: Expr, srcs: list[Node], rank: int, locs: dict) -> Node:
 
 
 def _axes_of(dim, rank: int, loc: Location, op: str) -> tuple[str, ...]:
-    """Reduction dims (ints over accum's rank, or None for all) as axis letters."""
+    """Reduction dims (ints over accum's rank, or None for all) as axis letters; a dim that
+    names no dimension, one outside accum's, or one twice is an EpilogueSyntaxError."""
     axes = AXES[3 - rank:]
     if dim is None:
         return tuple(axes)
+    dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
+    if not dims:
+        raise EpilogueSyntaxError(
+            f"{op}(dim={dim!r}) names no dimension to reduce.", loc,
+            "Leave dim out (or write dim=None) to reduce every dimension, or name the dimensions, "
+            f"as in dim=({rank - 2}, {rank - 1}). An empty dim is refused: torch.sum reads it as "
+            "every dimension and NumPy as none.")
     result = []
-    for d in dim:
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise EpilogueSyntaxError(f"{op}(dim={dim!r}) needs dim to be an int or a tuple of ints.",
+                                      loc)
         if not -rank <= d < rank:
             raise EpilogueSyntaxError(
                 f"{op}(dim={d}) is out of range: accum has {rank} dimensions "

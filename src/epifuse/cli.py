@@ -25,7 +25,7 @@ from .binding import bind
 from .demo import run_demo
 from .epilogues import NamedEpilogue
 from .errors import EpilogueError
-from .frontend import Program, parse, parse_source
+from .frontend import Program, parse, parse_module, parse_source
 from .fused import FusedGemm, drop_self
 from .ir import Operand
 from .ops import dtype_from_name
@@ -69,6 +69,10 @@ def _from_module(module: str, attr: str):
         obj = importlib.import_module(module)
     except ImportError as exc:
         raise CommandError(f"cannot import module {module!r}: {exc}") from None
+    except (SyntaxError, RecursionError, MemoryError) as exc:  # CPython's limits on nesting included
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise CommandError(f"cannot import module {module!r}: it does not compile ({detail}); "
+                           "name its file instead (FILE.py:NAME), which epifuse parses without running") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise CommandError(f"module {module!r} has no attribute {attr!r}")
@@ -101,11 +105,7 @@ def _from_file(path: str, name: str | None):
     """Find the epilogue in a file without running it: a function taking accum, or a class with
     an `epilogue` method (a FusedGemm subclass)."""
     text = _read_source(path)
-    try:
-        module = ast.parse(text)   # no path: CPython would re-read the line from disk for a column
-    except SyntaxError:
-        parse_source(text, path, 0, from_string=False)   # raises the located syntax error
-        raise
+    module = parse_module(text, path)   # nesting bounded first; a located EpilogueSyntaxError
     functions = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
     classes = {n.name: m for n in module.body if isinstance(n, ast.ClassDef)
                for m in n.body if isinstance(m, ast.FunctionDef) and m.name == "epilogue"}

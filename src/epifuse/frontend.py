@@ -18,7 +18,7 @@ import io
 import re
 import textwrap
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .errors import (EpilogueSyntaxError, Location, UnsupportedOperationError,
@@ -29,8 +29,16 @@ from .ops.dtypes import CAST_METHODS
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 MAX_SOURCE_CHARS = 100_000
-# Options of EpilogueArguments and epifuse.gemm: an operand or output can never be passed under them.
-RESERVED_KEYWORDS = frozenset({"accumulate", "deterministic", "compute_dtype"})
+# Operands and outputs are passed by keyword (epifuse.gemm(A, B, epi, C=C, D=D)), next to the
+# other keyword parameters of the entry points that take them: epifuse.gemm, torch_ops.gemm,
+# EpilogueArguments, FusedGemm (calling it and .arguments), the named epilogues (calling them
+# and .arguments). None of those names can be an operand or output, whichever entry point the
+# epilogue later goes through; tests/unit/test_api.py checks that every keyword parameter of
+# those entry points is listed here. (GemmArguments' `out` is not: it takes no operands.)
+RESERVED_KEYWORDS = frozenset({
+    "A", "B", "epilogue", "out_dtype", "accumulate", "deterministic", "compute_dtype", "precision",
+    "recompute", "accumulator_type",
+})
 _TOO_DEEP_HINT = "Split the long expression into several assignments."
 MODULE_PREFIXES = {
     ("torch",), ("F",), ("nn", "functional"), ("torch", "nn", "functional"), ("functional",),
@@ -41,15 +49,54 @@ _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.
 _CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Expr:
-    """An expression of the program: a variable, a literal, or a call of a registry op."""
+    """An expression of the program: a variable, a literal, or a call of a registry op.
+
+    Equal when kind, value, args, params and place are. An expression may nest as deeply as
+    a statement the parser accepts allows, or deeper when built by hand, so neither its hash
+    (kept once computed, from its arguments' hashes) nor `==` recurses: both walk a stack.
+    """
 
     kind: str                      # "name" | "const" | "call"
     value: Any                     # the variable name, the float, or the op name
     args: tuple["Expr", ...] = ()
     params: tuple[tuple[str, Any], ...] = ()
     loc: Location | None = None
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        stack = [self]
+        while stack:   # arguments first: each hash is computed once, from its arguments' hashes
+            e = stack[-1]
+            pending = [a for a in e.args if a._hash is None]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            if e._hash is None:
+                object.__setattr__(e, "_hash", hash((e.kind, e.value, tuple(a._hash for a in e.args),
+                                                     e.params, e.loc)))
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        stack = [(self, other)]
+        while stack:
+            a, b = stack.pop()
+            if a is b:
+                continue
+            if (a._hash is not None and b._hash is not None and a._hash != b._hash) or \
+                    len(a.args) != len(b.args) or \
+                    (a.kind, a.value, a.params, a.loc) != (b.kind, b.value, b.params, b.loc):
+                return False
+            stack.extend(zip(a.args, b.args))
+        return True
+
+    def __reduce__(self):
+        # the hash is recomputed where the expression is rebuilt: str hashes differ between processes
+        return (Expr, (self.kind, self.value, self.args, self.params, self.loc))
 
 
 @dataclass(frozen=True)
@@ -76,6 +123,16 @@ class Program:
         return tuple(p for p in self.params if p != "accum")
 
 
+class GeneratedSource(str):
+    """Epilogue source that epifuse printed itself from a Program (printing's program_source
+    and graph_source: a class-based epilogue's text, a derived backward). It is parsed like
+    any string, but without MAX_SOURCE_CHARS, which bounds what a user hands in: a printed
+    program grows with the one it came from (a backward is several times longer than its
+    forward); the nesting of each statement is bounded as in any source."""
+
+    __slots__ = ()
+
+
 def parse(epilogue: Callable | str) -> Program:
     """Parse a function or a string holding one `def` into a Program.
 
@@ -83,7 +140,7 @@ def parse(epilogue: Callable | str) -> Program:
     'D'
     """
     if isinstance(epilogue, str):
-        return _parse_string(epilogue)
+        return _parse_string(epilogue, isinstance(epilogue, GeneratedSource))
     if callable(epilogue):
         return _parse_function(epilogue)
     raise EpilogueSyntaxError(
@@ -91,15 +148,19 @@ def parse(epilogue: Callable | str) -> Program:
 
 
 @functools.lru_cache(maxsize=512)
-def _parse_string(source: str) -> Program:
-    return parse_source(source, "<epilogue string>", 0, from_string=True)
+def _parse_string(source: str, generated: bool) -> Program:
+    return parse_source(source, "<epilogue string>", 0, from_string=True,
+                        max_chars=None if generated else MAX_SOURCE_CHARS)
 
 
 _FUNCTION_CACHE: dict[Any, Program] = {}
 
 
 def _parse_function(fn: Callable) -> Program:
-    code = getattr(fn, "__code__", None)
+    try:  # keyed by the code whose source is read: a decorator's wrapper shares its code
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+    except ValueError:  # a __wrapped__ cycle
+        code = None
     if code is not None and code in _FUNCTION_CACHE:
         return _FUNCTION_CACHE[code]
     if getattr(fn, "__name__", "") == "<lambda>":
@@ -130,28 +191,21 @@ def clean_source(source: str) -> str:
                                       for line in _LINE_BREAK.split(source)))
 
 
-def parse_source(source: str, filename: str, line_offset: int, from_string: bool) -> Program:
-    if len(source) > MAX_SOURCE_CHARS:
+def parse_source(source: str, filename: str, line_offset: int, from_string: bool,
+                 max_chars: int | None = MAX_SOURCE_CHARS, keywords: bool = True) -> Program:
+    """Parse the one `def` of `source` (its lines shifted by `line_offset` in errors).
+    `keywords`: the parameters and returned names are passed as keywords (an epilogue's
+    operands and outputs), so none may be named as an option (RESERVED_KEYWORDS); an
+    activation's are not (they are renamed where it is inlined)."""
+    if max_chars is not None and len(source) > max_chars:
         raise EpilogueSyntaxError(f"The epilogue source is {len(source)} characters long; "
-                                  f"the limit is {MAX_SOURCE_CHARS}.")
+                                  f"the limit is {max_chars}.")
     # Comment-only lines (editors put them at column 0) would stop dedent; blank them instead,
     # which keeps line numbers. Lines end where Python's tokenizer ends them (\r\n, \r, \n), not
     # at str.splitlines()'s form feeds and \u2028: a comment must stay a comment.
     text = clean_source(source)
     lines = text.split("\n")
-    _check_statement_sizes(text, filename, line_offset, lines)
-    try:
-        module = ast.parse(text)   # not the file's path: CPython would re-read its line for a column
-    except SyntaxError as exc:
-        line = exc.lineno or 1
-        loc = Location(filename, line + line_offset, max((exc.offset or 1) - 1, 0),
-                       lines[line - 1] if 0 < line <= len(lines) else "")
-        raise EpilogueSyntaxError(f"The epilogue is not valid Python: {exc.msg}", loc) from None
-    except (RecursionError, MemoryError):
-        raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.",
-                                  hint=_TOO_DEEP_HINT) from None
-    except (UnicodeError, ValueError) as exc:  # lone surrogates, and null bytes on some Pythons
-        raise EpilogueSyntaxError(f"The epilogue is not valid Python source: {exc}") from None
+    module = parse_module(text, filename, line_offset)
     defs = [n for n in module.body if isinstance(n, ast.FunctionDef)]
     others = [n for n in module.body if not isinstance(n, ast.FunctionDef)]
     if len(defs) != 1 or (from_string and others):
@@ -163,58 +217,182 @@ def parse_source(source: str, filename: str, line_offset: int, from_string: bool
         raise EpilogueSyntaxError("The epilogue must be exactly one function definition "
                                   "(`def epi(accum, ...): ... return D`), and nothing else.", loc)
     try:
-        return _Visitor(lines, filename, line_offset, from_string).program(defs[0], text)
+        return _Visitor(lines, filename, line_offset, from_string, keywords).program(defs[0], text)
     except RecursionError:
         raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.",
                                   hint=_TOO_DEEP_HINT) from None
 
 
-# CPython's parser recurses in C once per operator of a chain such as `- - - x` or `a ** b ** c`:
-# a few thousand exhaust a thread's stack (256 KiB, say) and kill the process before any
-# RecursionError. So statements are measured first, with the (iterative) tokenize module.
-MAX_OPERATORS_PER_STATEMENT = 1000
-MAX_BRACKET_DEPTH = 100  # Python's own limit is 200, reached only after much deeper C recursion
-_NOT_OPERATORS = frozenset("()[]{},:.;=") | {"->", "@"}
+def parse_module(text: str, filename: str, line_offset: int = 0) -> ast.Module:
+    """`ast.parse(text)` once check_nesting passed; every way it fails is an EpilogueSyntaxError
+    placed in `filename`, its lines shifted by `line_offset`."""
+    check_nesting(text, filename, line_offset)
+    lines = _LINE_BREAK.split(text)
+    try:
+        return ast.parse(text)   # not the file's path: CPython would re-read its line for a column
+    except SyntaxError as exc:
+        line = exc.lineno or 1
+        loc = Location(filename, line + line_offset, max((exc.offset or 1) - 1, 0),
+                       lines[line - 1] if 0 < line <= len(lines) else "")
+        raise EpilogueSyntaxError(f"The epilogue is not valid Python: {exc.msg}", loc) from None
+    except (RecursionError, MemoryError):
+        raise EpilogueSyntaxError("The epilogue is nested too deeply to parse.",
+                                  hint=_TOO_DEEP_HINT) from None
+    except (UnicodeError, ValueError) as exc:  # lone surrogates, and null bytes on some Pythons
+        raise EpilogueSyntaxError(f"The epilogue is not valid Python source: {exc}") from None
 
 
-def _check_statement_sizes(text: str, filename: str, line_offset: int, lines: list[str]) -> None:
-    count, depth, first = 0, 0, None
+# CPython's parser, and the builder of the ast objects it returns, recurse in C once per level
+# of nesting, and in a thread with a small stack they overflow it (a crash, not an exception)
+# long before any RecursionError or their own limits. Measured on CPython 3.11 (x86-64), a level
+# costs about 1.9 KiB of stack for a bracket (each restarts the whole chain of precedence
+# rules), 250 bytes for a lambda, 400 for an indented block and at most 130 for any other
+# operator, `.`, call, subscript, `not`, `if`/`else` or comprehension `for`: a 128 KiB thread
+# crashes on 75 nested brackets, 450 nested lambdas or 1,500 chained attributes. So before
+# ast.parse sees a source, check_nesting bounds the nesting of every statement from its tokens
+# (the tokenize module is iterative), in units of 128 bytes: NESTING_LIMIT is 64 KiB.
+NESTING_LIMIT = 512
+NESTING_COSTS = {"bracket": 16, "block": 4, "lambda": 2, "operator": 1}
+_NOT_COUNTED = frozenset({"(", ")", "[", "]", "{", "}", ",", ":", ";", "..."})
+_NESTING_KEYWORDS = frozenset({"not", "and", "or", "if", "else", "for", "in", "is", "await", "yield",
+                               "async", "from", "as"})
+_FSTRING_WORD = re.compile(r"[A-Za-z_]+")
+_FSTRING_PREFIX = re.compile(r"[A-Za-z]*")
+_FSTRING_START = getattr(tokenize, "FSTRING_START", None)   # Python 3.12 on
+_FSTRING_END = getattr(tokenize, "FSTRING_END", None)
 
-    def fail(what: str, place) -> None:
-        line, col = place
-        raise EpilogueSyntaxError(f"The statement {what}, too many to parse safely.",
-                                  Location(filename, line + line_offset, col,
-                                           lines[line - 1] if 0 < line <= len(lines) else ""),
-                                  _TOO_DEEP_HINT)
 
+class _Level:
+    """One level of brackets in a statement (or the statement itself): the cost of the
+    elements (separated by commas) already closed, and of the current one, as the operators
+    met at this level plus the costliest bracket closed inside it."""
+
+    __slots__ = ("weight", "closed", "operators", "inner", "lambdas")
+
+    def __init__(self, weight: int):
+        self.weight = weight
+        self.closed = 0
+        self.operators = 0
+        self.inner = 0
+        self.lambdas = 0   # lambdas whose parameters (their commas) have not ended with ':'
+
+    def cost(self, child: int = 0) -> int:
+        return self.weight + max(self.closed, self.operators + max(self.inner, child))
+
+
+def _path_cost(levels: list) -> int:
+    """The costliest path from the statement down through the open brackets."""
+    cost = 0
+    for level in reversed(levels):
+        cost = level.cost(cost)
+    return cost
+
+
+def _fstring_cost(text: str) -> int:
+    """The nesting of an f-string token (before Python 3.12, one token): CPython parses each
+    replacement field with a parser of its own, inside the enclosing statement's. Bounded by
+    the fields' deepest brackets, as levels, and every bracket, operator character and keyword
+    in the fields, as if they all nested."""
+    body = text[len(_FSTRING_PREFIX.match(text).group()):]
+    depth = deepest = 0
+    inside = []
+    i = 0
+    while i < len(body):
+        char = body[i]
+        if not depth and body.startswith(("{{", "}}"), i):
+            i += 2
+            continue
+        if char in "([{" and (depth or char == "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+            inside.append(char)   # the call, subscript or display it makes counts as an operator
+        elif char in ")]}" and depth:
+            depth -= 1
+        elif depth:
+            inside.append(char)
+        i += 1
+    fields = "".join(inside)
+    operators = sum(fields.count(char) for char in "([{+-*/%@&|^~<>=!.:")
+    for word in _FSTRING_WORD.findall(fields):
+        operators += NESTING_COSTS["lambda"] if word == "lambda" else word in _NESTING_KEYWORDS
+    return NESTING_COSTS["bracket"] * deepest + operators
+
+
+def check_nesting(text: str, filename: str, line_offset: int = 0) -> None:
+    """Raise an EpilogueSyntaxError where a statement of `text` nests deeper than NESTING_LIMIT
+    (see NESTING_COSTS): brackets, lambdas, indented blocks, chains of unary or binary
+    operators, attributes, calls, subscripts, conditional expressions, comprehensions."""
+    costs = NESTING_COSTS
+    blocks = 0
+    levels = [_Level(0)]
     try:
         for token in tokenize.generate_tokens(io.StringIO(text).readline):
-            if token.type == tokenize.NEWLINE:
-                count, first = 0, None
+            kind, string = token.type, token.string
+            level = levels[-1]
+            if kind in (tokenize.NEWLINE, tokenize.ENDMARKER) or (kind == tokenize.OP and string == ";"
+                                                                 and len(levels) == 1):
+                levels = [_Level(0)]
                 continue
-            if token.type == tokenize.OP and token.string in "([{":
-                depth += 1
-                if depth > MAX_BRACKET_DEPTH:
-                    fail(f"nests more than {MAX_BRACKET_DEPTH} brackets", token.start)
-            elif token.type == tokenize.OP and token.string in ")]}":
-                depth -= 1
-            operator = (token.type == tokenize.OP and token.string not in _NOT_OPERATORS) or (
-                token.type == tokenize.NAME and token.string in ("not", "and", "or", "if", "else"))
-            if operator:
-                first = first or token.start
-                count += 1
-                if count > MAX_OPERATORS_PER_STATEMENT:
-                    fail(f"has more than {MAX_OPERATORS_PER_STATEMENT} operators", first)
+            if kind == tokenize.INDENT:
+                blocks += 1
+            elif kind == tokenize.DEDENT:
+                blocks -= 1
+                continue
+            elif kind == tokenize.OP and string in "([{" or kind == _FSTRING_START:
+                level.operators += 1   # the call, subscript or display it makes at this level
+                levels.append(_Level(costs["bracket"]))
+            elif kind == tokenize.OP and string in ")]}" or kind == _FSTRING_END:
+                if len(levels) > 1:
+                    closed = levels.pop()
+                    levels[-1].inner = max(levels[-1].inner, closed.cost())
+                continue
+            elif kind == tokenize.OP and string == ",":
+                if not level.lambdas:
+                    level.closed = max(level.closed, level.operators + level.inner)
+                    level.operators = level.inner = 0
+                continue
+            elif kind == tokenize.OP and string == ":":
+                level.lambdas = max(level.lambdas - 1, 0)
+                continue
+            elif kind == tokenize.OP and string not in _NOT_COUNTED:
+                level.operators += costs["operator"]
+            elif kind == tokenize.NAME and string == "lambda":
+                level.operators += costs["lambda"]
+                level.lambdas += 1
+            elif kind == tokenize.NAME and string in _NESTING_KEYWORDS:
+                level.operators += costs["operator"]
+            elif kind == tokenize.STRING and "f" in _FSTRING_PREFIX.match(string).group().lower():
+                level.inner = max(level.inner, _fstring_cost(string))
+            else:
+                continue
+            cost = blocks * costs["block"] + _path_cost(levels)
+            if cost > NESTING_LIMIT:
+                _too_deep(text, filename, line_offset, token.start, cost)
     except (tokenize.TokenError, SyntaxError):
-        return  # ast.parse reports it, with its place
+        return  # what was read before the error is checked; ast.parse reports the error
+
+
+def _too_deep(text: str, filename: str, line_offset: int, place, cost: int) -> None:
+    line, col = place
+    lines = _LINE_BREAK.split(text)
+    costs = NESTING_COSTS
+    raise EpilogueSyntaxError(
+        f"The statement nests too deeply to parse safely: its nesting reaches {cost}, and "
+        f"epifuse's nesting limit is {NESTING_LIMIT} (a level of brackets counts "
+        f"{costs['bracket']}, an indented block {costs['block']}, a lambda {costs['lambda']}, "
+        f"any other operator, '.', call or subscript {costs['operator']}).",
+        Location(filename, line + line_offset, col, lines[line - 1] if 0 < line <= len(lines) else ""),
+        _TOO_DEEP_HINT)
 
 
 class _Visitor:
-    def __init__(self, lines: list[str], filename: str, line_offset: int, from_string: bool):
+    def __init__(self, lines: list[str], filename: str, line_offset: int, from_string: bool,
+                 keywords: bool = True):
         self.lines = lines
         self.filename = filename
         self.line_offset = line_offset
         self.from_string = from_string
+        self.reserved = RESERVED_KEYWORDS if keywords else frozenset()
         self.defined: dict[str, Location] = {}
         self.conditions: set[str] = set()   # names of boolean values (comparisons and logic)
 
@@ -243,9 +421,10 @@ class _Visitor:
 
     def check_not_reserved(self, name: str, node: ast.AST) -> None:
         """Operands and outputs are passed as keywords, so they cannot share a name with an option."""
-        if name in RESERVED_KEYWORDS:
-            self.fail(node, f"The name {name!r} cannot be an operand or output: it is an option of "
-                            "EpilogueArguments and epifuse.gemm, so no tensor could be passed under it.",
+        if name in self.reserved:
+            self.fail(node, f"The name {name!r} cannot be an operand or output: it clashes with the "
+                            f"gemm option '{name}' (a keyword of epifuse.gemm and of the other entry "
+                            "points that take operands by name), so no tensor could be passed under it.",
                       hint=f"Rename it (for example {name}_).")
 
     # ---- the function -------------------------------------------------------------------
@@ -634,4 +813,28 @@ def names_used(program: Program) -> list[tuple[str, Location | None]]:
     return found
 
 
-__all__ = ["Expr", "Statement", "Program", "parse", "parse_source", "names_used"]
+def rename(expr: Expr, names: dict[str, str]) -> Expr:
+    """`expr` with each variable in `names` read under its new name; built arguments first,
+    without recursion (expressions may nest deeply). Unchanged parts are the same objects."""
+    done: dict[int, Expr] = {}
+    stack: list[tuple[Expr, bool]] = [(expr, False)]
+    while stack:
+        e, expanded = stack.pop()
+        if id(e) in done:
+            continue
+        if e.kind == "name":
+            done[id(e)] = replace(e, value=names[e.value]) if e.value in names else e
+        elif not e.args:
+            done[id(e)] = e
+        elif not expanded:
+            stack.append((e, True))
+            stack.extend((a, False) for a in e.args if id(a) not in done)
+        else:
+            args = tuple(done[id(a)] for a in e.args)
+            same = all(new is old for new, old in zip(args, e.args))
+            done[id(e)] = e if same else replace(e, args=args)
+    return done[id(expr)]
+
+
+__all__ = ["Expr", "Statement", "Program", "GeneratedSource", "parse", "parse_source", "parse_module",
+           "check_nesting", "names_used", "rename"]

@@ -397,3 +397,79 @@ def test_a_role_needs_a_name(capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["show", "epi.py", "--role", "=row"])
     assert info.value.code == 2 and "expected NAME=ROLE" in capsys.readouterr().err
+
+
+# ---- deeply nested files --------------------------------------------------------------------------
+
+DEEP_FILES = {   # a helper beside the epilogue nests too deeply for CPython's parser
+    "unary-minus": "def helper(x):\n    return " + "-" * 10000 + "x\n",
+    "lambdas": "helper = " + "lambda: " * 3000 + "0\n",
+    "attributes": "helper = x" + ".a" * 10000 + "\n",
+    "calls": "helper = f" + "()" * 10000 + "\n",
+    "parentheses": "helper = " + "(" * 180 + "0" + ")" * 180 + "\n",
+    "f-string": 'helper = f"{' + "not " * 5000 + 'x}"\n',
+}
+_EPILOGUE = "\n\ndef epi(accum):\n    D = accum * 2.0\n    return D\n"
+
+
+def test_show_on_a_deeply_nested_file_is_a_one_line_error_in_a_new_process(tmp_path):
+    """`epifuse show` on a file CPython's parser cannot nest that deep printed
+    "MemoryError: MemoryError"; it names the nesting limit and the place."""
+    path = tmp_path / "deep.py"
+    path.write_text(DEEP_FILES["unary-minus"] + _EPILOGUE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    result = subprocess.run([sys.executable, "-m", "epifuse", "show", str(path), "--text"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert result.stderr.count("\n") == 1 and "MemoryError" not in result.stderr, result.stderr
+    assert result.stderr.startswith("epifuse show: The statement nests too deeply")
+    assert "nesting limit" in result.stderr and f"({path}:2:" in result.stderr
+
+
+_CLI_SMALL_STACK = """
+import contextlib, io, sys, threading
+from epifuse import cli
+paths = {paths!r}
+results = []
+
+def work():
+    for case_id, path in paths.items():
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = cli.main(["show", path, "--text"])
+        if rc != 2 or "nesting limit" not in err.getvalue():
+            results.append((case_id, rc, err.getvalue()[:300]))
+
+threading.stack_size(128 * 1024)
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+print(results)
+sys.exit(1 if results else 0)
+"""
+
+
+def test_show_on_deeply_nested_files_in_a_small_stack(tmp_path):
+    from helpers import run_python
+    paths = {}
+    for case_id, text in DEEP_FILES.items():
+        paths[case_id] = str(tmp_path / f"{case_id.replace('-', '_')}.py")
+        with open(paths[case_id], "w") as f:
+            f.write(text + _EPILOGUE)
+    result = run_python(_CLI_SMALL_STACK.format(paths=paths), timeout=300)
+    assert result.returncode == 0, (result.returncode, result.stdout[-3000:], result.stderr[-3000:])
+
+
+def test_a_module_that_does_not_compile_is_a_command_error(tmp_path, monkeypatch):
+    (tmp_path / "deep_epilogue_module.py").write_text(DEEP_FILES["unary-minus"] + _EPILOGUE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(cli.CommandError, match="cannot import module 'deep_epilogue_module': it does not compile"):
+        cli.load_epilogue("deep_epilogue_module:epi")
+
+
+def test_ordinary_code_beside_the_epilogue_still_loads(capsys, tmp_path):
+    path = tmp_path / "ordinary.py"
+    path.write_text("TABLE = [" + ", ".join(str(-i) for i in range(3000)) + "]\n"
+                    "def report(x):\n    return f\"{x!r:>10} and {x + 1} {{literal}} {len(TABLE)}\"\n" + _EPILOGUE)
+    rc, out, err = _run(capsys, "show", str(path), "--text")
+    assert rc == 0 and "mul" in out, err

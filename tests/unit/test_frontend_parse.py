@@ -265,3 +265,178 @@ def test_clamp_with_an_operand_bound_end_to_end(AB):
     D = epifuse.gemm(A, B, body("clamp(accum, lo, 1.0)", "accum, lo"), lo=lo)
     expected = torch.minimum(torch.maximum(accum_of(A, B), lo.double()), torch.tensor(1.0).double())
     assert torch.equal(D.double(), expected)
+
+
+# ---- nesting, bounded before CPython's parser sees it -------------------------------------------
+
+def _statement(text: str) -> str:
+    return f"def epi(accum, x, c):\n    D = {text}\n    return D\n"
+
+
+# Every construct that nests, each far past what CPython's parser (and its ast builder) can take
+# in a small thread's stack: unchecked, each one kills the process (SIGSEGV) at 128 KiB.
+DEEP_SOURCES = {
+    "lambdas": _statement("lambda: " * 3000 + "x"),
+    "lambdas-with-parameters": _statement("lambda a, b=1: " * 3000 + "x"),
+    "attributes": _statement("x" + ".a" * 10000),
+    "calls": _statement("x" + "()" * 10000),
+    "subscripts": _statement("x" + "[0]" * 10000),
+    "methods": _statement("x" + ".relu()" * 10000),
+    "unary-minus": _statement("-" * 10000 + "x"),
+    "unary-plus": _statement("+" * 10000 + "x"),
+    "not": _statement("not " * 10000 + "x"),
+    "invert": _statement("~" * 10000 + "x"),
+    "sum": _statement(" + ".join(["x"] * 10000)),
+    "power-tower": _statement(" ** ".join(["x"] * 10000)),
+    "conditional-expressions": _statement("x if c else " * 5000 + "x"),
+    "parentheses": _statement("(" * 180 + "x" + ")" * 180),
+    "lists": _statement("[" * 180 + "x" + "]" * 180),
+    "dicts": _statement("{1: " * 180 + "x" + "}" * 180),
+    "calls-nested": _statement("relu(" * 180 + "x" + ")" * 180),
+    "comprehensions": _statement("[x for x in " * 180 + "x" + "]" * 180),
+    "generators": _statement("(x for x in " * 180 + "x" + ")" * 180),
+    "walrus": _statement("(y := " * 180 + "x" + ")" * 180),
+    "lambdas-in-parentheses": _statement("(lambda: " * 180 + "x" + ")" * 180),
+    "f-string-field": _statement('f"{' + "-" * 5000 + 'x}"'),
+    "f-string-parentheses": _statement('f"{' + "(" * 180 + "x" + ")" * 180 + '}"'),
+    "blocks-and-a-chain": "def epi(accum):\n" + "".join(" " * (i + 1) + "if accum:\n" for i in range(98))
+                          + " " * 99 + "D = " + "-" * 1000 + "accum\n",
+    "decorators": "@" + "a." * 10000 + "b\ndef epi(accum):\n    D = accum\n    return D\n",
+}
+
+_NESTING_SCRIPT = """
+import sys, threading
+from epifuse.errors import EpilogueSyntaxError
+from epifuse.frontend import parse
+sources = {sources!r}
+results = []
+
+def work():
+    for case_id, source in sources.items():
+        try:
+            parse(source)
+            results.append(case_id + ": parsed")
+        except EpilogueSyntaxError as error:
+            if "nesting limit" not in error.message:
+                results.append(case_id + ": " + error.message[:200])
+        except BaseException as error:
+            results.append(case_id + ": " + repr(error)[:200])
+
+threading.stack_size({stack} * 1024)
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+print(results)
+sys.exit(1 if results else 0)
+"""
+
+
+@pytest.mark.parametrize("stack", [256, 128])
+def test_every_nesting_construct_is_refused_before_it_can_crash_a_small_stack(stack):
+    """In a thread with a 256 or 128 KiB stack, each deep construct is refused by the nesting
+    limit (an EpilogueSyntaxError that names it) before CPython's parser recurses into it. Run
+    in a subprocess: a crash fails this test (exit status -11), not the whole run."""
+    from helpers import run_python
+    result = run_python(_NESTING_SCRIPT.format(sources=DEEP_SOURCES, stack=stack), timeout=300)
+    assert result.returncode == 0, (result.returncode, result.stdout[-3000:], result.stderr[-3000:])
+
+
+def test_the_nesting_error_names_the_limit_and_the_place():
+    from epifuse.errors import EpilogueSyntaxError
+    from epifuse.frontend import NESTING_LIMIT
+    with pytest.raises(EpilogueSyntaxError) as info:
+        parse(_statement("(" * 40 + "x" + ")" * 40))
+    error = info.value
+    assert f"nesting limit is {NESTING_LIMIT}" in error.message and error.hint
+    assert error.loc.filename == "<epilogue string>" and error.loc.line == 2
+
+
+# Large epilogues that ordinary code writes: long sums and products, nested calls and
+# brackets, long method chains; each still parses, runs, and gives the float64 answer.
+REASONABLE = {
+    "sum-of-300-terms": (" + ".join(["accum"] * 150 + ["x"] * 150),
+                         lambda acc, x: acc * 150 + x * 150),
+    "nested-brackets-24": ("(" * 24 + "accum + x" + ")" * 24, lambda acc, x: acc + x),
+    "nested-calls-20": ("relu(" * 10 + "abs(" * 10 + "accum - x" + ")" * 20, lambda acc, x: (acc - x).abs()),
+    "method-chain-60": ("(accum - x)" + ".relu()" * 30 + ".abs()" * 30, lambda acc, x: (acc - x).relu()),
+    "where-nest-12": ("where(accum > x, " * 12 + "accum" + ", x)" * 12, lambda acc, x: torch.maximum(acc, x)),
+    "unary-minus-200": ("-" * 200 + "accum + x", lambda acc, x: acc + x),
+    "polynomial": (" + ".join(f"{i}.0 * accum ** {1 + i % 2}" for i in range(1, 60)),
+                   lambda acc, x: sum(i * acc ** (1 + i % 2) for i in range(1, 60))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REASONABLE))
+def test_large_but_reasonable_epilogues_still_parse_and_run(case, AB):
+    text, expected = REASONABLE[case]
+    A, B = AB
+    x = integer_tensor(N, dtype=torch.float32)
+    D = epifuse.gemm(A, B, body(text, "accum, x"), x=x, out_dtype=torch.float32)
+    want = expected(accum_of(A, B), x.double())
+    assert torch.allclose(D.double(), want, rtol=1e-6, atol=1e-6), (D.double() - want).abs().max()
+
+
+def test_large_but_reasonable_epilogues_parse_in_a_small_stack():
+    from helpers import run_python
+    sources = {case: body(text, "accum, x") for case, (text, _) in REASONABLE.items()}
+    script = _NESTING_SCRIPT.replace("parse(source)\n            results.append(case_id + \": parsed\")",
+                                     "parse(source)")
+    result = run_python(script.format(sources=sources, stack=128), timeout=300)
+    assert result.returncode == 0, (result.returncode, result.stdout[-3000:], result.stderr[-3000:])
+
+
+# ---- names of gemm options: never an operand or output -------------------------------------------
+
+OPTION_NAMES = ["precision", "out_dtype", "recompute", "A", "epilogue", "accumulator_type"]
+
+
+@pytest.mark.parametrize("name", OPTION_NAMES)
+def test_a_name_of_a_gemm_option_is_refused_in_every_form_of_epilogue(name, tmp_path, capsys):
+    """A string, a function or a FusedGemm method in a file, and the CLI reading that file: each
+    refuses an operand named like a gemm option at its parameter, saying why."""
+    import importlib.util
+
+    from epifuse import cli
+    from epifuse.errors import EpilogueSyntaxError
+    message = f"The name '{name}' cannot be an operand or output: it clashes with the gemm option '{name}'"
+    with pytest.raises(EpilogueSyntaxError, match=message) as info:
+        parse(f"def epi(accum, {name}):\n    D = accum * {name}\n    return D\n")
+    assert info.value.loc.line == 1 and info.value.loc.col == len("def epi(accum, ")
+    path = tmp_path / f"epi_{name}.py"
+    path.write_text("import epifuse\n\n\n"
+                    f"def epi(accum, {name}):\n    D = accum * {name}\n    return D\n\n\n"
+                    f"class Op(epifuse.FusedGemm):\n    def epilogue(self, accum, {name}):\n"
+                    f"        D = accum + {name}\n        return D\n")
+    spec = importlib.util.spec_from_file_location(f"epi_{name}", path)
+    with pytest.raises(EpilogueSyntaxError, match=message) as info:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))   # defining Op parses it
+    assert info.value.loc.filename == str(path) and info.value.loc.line == 10
+    for target, line in ((f"{path}:epi", 4), (f"{path}:Op", 10)):
+        assert cli.main(["show", target]) == 2
+        err = capsys.readouterr().err
+        assert message in err and f"{path}:{line}:" in err, err
+
+
+def test_an_activation_may_use_the_names_of_options():
+    """An activation's argument and result are renamed where it is inlined, never passed by
+    keyword: `def act(precision): A = relu(precision); return A` is an ordinary activation."""
+    from epifuse.epilogues import LinearCombination
+    for source in ("def act(x):\n    epilogue = relu(x)\n    return epilogue\n",
+                   "def act(precision):\n    A = relu(precision)\n    return A\n",
+                   "def act(accumulate):\n    deterministic = relu(accumulate)\n    return deterministic\n"):
+        epilogue = LinearCombination(activation=source)
+        assert "    D = relu(F)\n" in str(epilogue)
+        A, B = cpu_ab()
+        C = integer_tensor(M, N, dtype=torch.float32)
+        D = epilogue(A, B, C=C, alpha=2.0, beta=1.0)
+        assert torch.equal(D.double(), (2 * accum_of(A, B) + C.double()).relu())
+
+
+def test_rename_reads_names_under_new_ones_at_any_depth():
+    from epifuse.frontend import rename
+    program = parse("def e(accum, b):\n    D = relu(accum" + " + accum" * 300 + " * b)\n    return D\n")
+    expr = program.statements[0].expr
+    renamed = rename(expr, {"accum": "pre"})
+    printed = epifuse.printing.expr_source(renamed)
+    assert printed == "relu(pre" + " + pre" * 300 + " * b)"
+    assert rename(expr, {"zz": "yy"}) is expr
