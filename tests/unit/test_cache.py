@@ -1,12 +1,16 @@
 """Caches under stress, concurrency, and determinism.
 
-- The kernel source cache (runtime/cache.py): a truncated or tampered file is detected and
-  rewritten; what runs is always the text generated in-process (a planted __pycache__ entry or
-  an edited file never runs); an unwritable cache directory falls back to a private one.
-- The tuning cache (runtime/tune.py): a malformed tuning.json is ignored and rebuilt.
+- The kernel source cache (runtime/cache.py): a truncated or tampered file is detected, set
+  aside with a warning and rewritten; what runs is always the text generated in-process (a
+  planted __pycache__ entry or a file edited before or after loading never runs, even once
+  linecache was cleared); an unwritable cache directory falls back to a private one.
+- The tuning cache (runtime/tune.py): a damaged tuning.json (not JSON, nested, binary, huge,
+  not a file) is set aside with a warning and rebuilt; stores at once keep every choice.
 - The index of compiled kernels (runtime/compiled.py): a new process loads the kernel an earlier
-  one compiled without Triton keying it; a damaged entry or a Triton cache emptied since falls
-  back to Triton's own path and the entry is rewritten.
+  one compiled without Triton keying it; a damaged entry (set aside with a warning) or a Triton
+  cache emptied since falls back to Triton's own path and the entry is rewritten.
+- Every file read back from the cache directory may be anything: a directory, a FIFO (never
+  waited on), a sparse file of many megabytes, a file that cannot be read, a symbolic link loop.
 - Three processes ('spawn') sharing one EPIFUSE_CACHE_DIR compile the same epilogue at once:
   every result is right and bitwise identical, no file is torn, no temporary file is left.
 - Threads: loading kernel modules concurrently; epifuse.gemm from several threads.
@@ -16,12 +20,15 @@
 """
 from __future__ import annotations
 
+import inspect
 import json
+import linecache
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -69,30 +76,106 @@ def test_write_source_writes_a_checksummed_file(cache_root):
     assert path.stat().st_mtime_ns == mtime  # intact: not rewritten
 
 
-@pytest.mark.parametrize("damage", ["truncated", "emptied", "body-edited", "checksum-edited",
-                                    "consistent-forgery", "binary-garbage", "a-directory"])
-def test_a_damaged_cache_file_is_rewritten(cache_root, damage):
+# Things in a cache file's place that epifuse never writes, whatever the file is for.
+OBSTACLES = ["a-directory", "a-fifo", "huge-sparse", "unreadable", "symlink-loop"]
+
+
+def _obstruct(path: Path, obstacle: str, size: int, monkeypatch) -> None:
+    """Put `obstacle` in `path`'s place; "huge-sparse" is a file of `size` bytes."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    if obstacle == "a-directory":
+        path.mkdir()
+        (path / "inside").write_text("x")
+    elif obstacle == "a-fifo":  # opened for reading the usual way, it blocks until a writer comes
+        os.mkfifo(path)
+    elif obstacle == "huge-sparse":
+        with open(path, "wb") as f:
+            f.truncate(size)
+    elif obstacle == "unreadable":  # as chmod 000 would make it, for root too
+        path.write_bytes(b"x")
+        real_open = os.open
+
+        def refuse(file, *args, **kwargs):
+            if os.fspath(file) == str(path):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(file, *args, **kwargs)
+        monkeypatch.setattr(os, "open", refuse)
+    else:
+        path.symlink_to(path.name)
+
+
+def _finishes(call, seconds: float = 20.0):
+    """call() run in a thread: its result, or a failure if it has not returned in `seconds`
+    (a read that waits on a FIFO would otherwise hang the test)."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # noqa: BLE001 - raised again below
+            outcome["error"] = error
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s (a blocking read?)"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _set_aside_copy(path: Path) -> Path:
+    copy = path.with_name(path.name + ".corrupt-1")
+    assert os.path.lexists(copy), sorted(p.name for p in path.parent.iterdir())
+    return copy
+
+
+@pytest.mark.parametrize("damage", ["truncated", "emptied", "body-edited", "checksum-edited", "no-checksum-line",
+                                    "binary-garbage", *OBSTACLES])
+def test_a_damaged_cache_file_is_set_aside_and_rewritten(cache_root, monkeypatch, damage):
+    """A source file that is not what epifuse wrote is set aside as <name>.corrupt-1 with a
+    warning naming it, and written again; the call neither fails nor waits."""
     path = cache.write_source("damaged_stem", BODY)
     text = path.read_text()
-    if damage == "truncated":
-        path.write_text(text[: len(text) // 2])
-    elif damage == "emptied":
-        path.write_text("")
-    elif damage == "body-edited":
-        path.write_text(text.replace("42", "43"))
-    elif damage == "checksum-edited":
-        path.write_text("# sha256 " + "0" * 64 + "\n" + BODY)
-    elif damage == "consistent-forgery":  # a forger who also updates the checksum
-        forged = BODY.replace("42", "666")
-        path.write_text(cache.file_text(forged))
-    elif damage == "binary-garbage":
-        path.write_bytes(b"\xff\xfe\x00garbage")
-    else:
-        path.unlink()
-        path.mkdir()
-    written = cache.write_source("damaged_stem", BODY)
-    assert written.read_text() == cache.file_text(BODY)
-    assert not list(written.parent.glob(".damaged_stem.*.tmp"))
+    damaged = {"truncated": text[: len(text) // 2], "emptied": "", "body-edited": text.replace("42", "43"),
+               "checksum-edited": "# sha256 " + "0" * 64 + "\n" + BODY, "no-checksum-line": BODY,
+               "binary-garbage": "\udcff\udcfe\x00garbage"}.get(damage)
+    with monkeypatch.context() as patch:
+        if damaged is not None:
+            path.write_bytes(damaged.encode("utf-8", "surrogateescape"))
+        else:
+            _obstruct(path, damage, cache.MAX_SOURCE_BYTES + 1, patch)
+        with pytest.warns(cache.CacheWarning, match=re.escape(str(path))):
+            written = _finishes(lambda: cache.write_source("damaged_stem", BODY))
+    assert written == path and path.read_text() == cache.file_text(BODY)
+    copy = _set_aside_copy(path)
+    if damaged is not None:
+        assert copy.read_bytes() == damaged.encode("utf-8", "surrogateescape")
+    assert not list(path.parent.glob(".damaged_stem.*.tmp"))
+
+
+def test_an_intact_file_another_renderer_wrote_is_replaced_quietly(cache_root, recwarn):
+    """A file whose checksum holds but whose body differs is a kernel another version (or
+    another Triton) rendered for the same graph: replaced, with no warning and nothing set aside."""
+    path = cache.write_source("other_stem", BODY)
+    path.write_text(cache.file_text(BODY.replace("42", "666")))
+    assert cache.write_source("other_stem", BODY) == path
+    assert path.read_text() == cache.file_text(BODY)
+    assert not [w for w in recwarn if issubclass(w.category, cache.CacheWarning)]
+    assert sorted(p.name for p in path.parent.iterdir() if not p.name.startswith(".")) == ["other_stem.py"]
+
+
+def test_set_aside_copies_are_bounded(cache_root):
+    path = cache_root / "bounded.json"
+    cache_root.mkdir(parents=True)
+    for i in range(cache.SET_ASIDE_SLOTS + 3):
+        path.write_text(f"damage {i}")
+        with pytest.warns(cache.CacheWarning, match=re.escape(str(path))):
+            cache.set_aside(path, "is damaged")
+    copies = sorted(cache_root.glob("bounded.json.corrupt-*"))
+    assert len(copies) == cache.SET_ASIDE_SLOTS and not path.exists()
+    assert path.with_name(f"bounded.json.corrupt-{cache.SET_ASIDE_SLOTS}").read_text() == \
+        f"damage {cache.SET_ASIDE_SLOTS + 2}"
 
 
 _TAMPER_SCRIPT = """
@@ -208,12 +291,77 @@ def test_a_failing_write_falls_back(cache_root, monkeypatch):
 
 def test_modules_load_from_the_generated_text(cache_root):
     """load_kernel_module runs the text it was given and serves the same text to inspect."""
-    import inspect
     body = "def generated():\n    return 7\n"
     module = cache.load_kernel_module("text_stem", body, interpret=True)
     assert module.generated() == 7
     assert inspect.getsource(module.generated) == body
     assert cache.load_kernel_module("text_stem", body, interpret=True) is module
+
+
+@pytest.mark.parametrize("change", ["edited", "forged-checksum", "truncated", "removed"])
+def test_the_generated_text_is_served_after_linecache_is_cleared(cache_root, change):
+    """inspect (and so Triton, whose interpreter reads a kernel's source when it first runs it)
+    gets the text epifuse generated, not what the file holds after loading, even once
+    linecache.clearcache() dropped every entry."""
+    value = int.from_bytes(os.urandom(2), "little")
+    body = f"def generated():\n    return {value}\n"
+    stem = f"changed_stem_{change}_{value}"
+    module = cache.load_kernel_module(stem, body, interpret=True)
+    path = cache_root / "kernels" / f"{stem}.py"
+    evil = body.replace(str(value), "-1")
+    if change == "edited":
+        path.write_text(path.read_text().replace(str(value), "-1"))
+    elif change == "forged-checksum":
+        path.write_text(cache.file_text(evil))
+    elif change == "truncated":
+        path.write_text(path.read_text()[:20])
+    else:
+        path.unlink()
+    linecache.clearcache()
+    assert inspect.getsource(module.generated) == body
+    assert inspect.getsource(module) == cache.file_text(body)
+    assert module.generated() == value
+
+
+@pytest.mark.parametrize("change", ["constant-changed", "forged-checksum", "truncated"])
+def test_a_kernel_file_changed_after_loading_never_runs(cache_root, change):
+    """A kernel is loaded, then its file changes on disk (someone edits it to compute with
+    another constant, or another process truncates it) and linecache is cleared before the
+    first launch: the launch runs the kernel epifuse generated and gives the exact product. A
+    later load (a new process) finds the damaged file, sets it aside with a warning and
+    writes it again; a forger who kept the checksum consistent only gets the file rewritten."""
+    constant = _fresh_constant()
+    source = f"def epi(accum, C):\n    D = accum * {constant} + C\n    return D\n"
+    A = integer_tensor(M, K, dtype=torch.float32)
+    B = integer_tensor(K, N, dtype=torch.float32)
+    C = integer_tensor(N, dtype=torch.float32)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        source, C=C, D=torch.empty(M, N)), precision="highest")
+    kernel = next(k for k in epifuse.get_kernels(args) if k.name != "reference")
+    kernel.compile(args)
+    files = sorted((cache_root / "kernels").glob(f"*{args.key}*.py"))
+    assert files, list((cache_root / "kernels").iterdir())
+    originals = {f: f.read_text() for f in files}
+    for f, text in originals.items():
+        if change == "constant-changed":
+            f.write_text(text.replace(constant, "1000.0"))
+        elif change == "forged-checksum":
+            f.write_text(cache.file_text(text.partition("\n")[2].replace(constant, "1000.0")))
+        else:
+            f.write_text(text[: len(text) // 3])
+    linecache.clearcache()
+    kernel.run(args)
+    expected = A.double() @ B.double() * float(constant) + C.double()
+    assert torch.equal(args.outputs["D"].double(), expected)
+    for f, text in originals.items():
+        body = text.partition("\n")[2]
+        if change == "forged-checksum":
+            assert cache.write_source(f.stem, body) == f
+        else:
+            with pytest.warns(cache.CacheWarning, match=re.escape(str(f))):
+                assert cache.write_source(f.stem, body) == f
+            assert _set_aside_copy(f).exists()
+        assert f.read_text() == text
 
 
 def test_threads_loading_modules_concurrently(cache_root):
@@ -234,24 +382,65 @@ def test_threads_loading_modules_concurrently(cache_root):
 
 # ---- the tuning cache ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("content", [b"{not json", b"", b"\xff\xfe\x00\x01", b"[1, 2, 3]", b"null",
-                                     b'{"key": 3}', b'{"key": {"nested": "x"}}', b'{"a": "b"'])
-def test_malformed_tuning_file_is_ignored_and_rebuilt(cache_root, content):
+TUNING_DAMAGE = {
+    "not-json": b"{not json", "empty": b"", "binary": b"\xff\xfe\x00\x01", "a-list": b"[1, 2, 3]",
+    "null": b"null", "a-number-value": b'{"key": 3}', "an-object-value": b'{"key": {"nested": "x"}}',
+    "truncated": b'{"a": "b"', "two-objects": b'{"a": "b"}{"c": "d"}',
+    "huge-number": b'{"key": 1' + b"0" * 5000 + b"}",
+    "deeply-nested-lists": b"[" * 100_000 + b"]" * 100_000,
+    "deeply-nested-objects": b'{"a": ' * 100_000 + b'"x"' + b"}" * 100_000,
+    "nesting-in-a-value": b'{"key": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "nesting-hidden-after-a-string": b'{"a": "b\\\\", "k": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+}
+
+
+@pytest.mark.parametrize("damage", [*TUNING_DAMAGE, *OBSTACLES])
+def test_a_damaged_tuning_file_is_set_aside_and_rebuilt(cache_root, monkeypatch, damage):
+    """Whatever tuning.json holds, reading it neither raises (RecursionError on deep nesting,
+    MemoryError, UnicodeDecodeError) nor waits: it is set aside with a warning naming it, and
+    tuning goes on as if there were no file."""
     path = tune._path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content)
-    assert tune._load() == {}
+    with monkeypatch.context() as patch:
+        if damage in TUNING_DAMAGE:
+            path.write_bytes(TUNING_DAMAGE[damage])
+        else:
+            _obstruct(path, damage, tune.MAX_TUNING_BYTES + 1, patch)
+        with pytest.warns(cache.CacheWarning, match=re.escape(str(path))):
+            assert _finishes(tune._load) == {}
+    copy = _set_aside_copy(path)
+    if damage in TUNING_DAMAGE:
+        assert copy.read_bytes() == TUNING_DAMAGE[damage]
     tune._store("some key", "<some kernel>")
     assert json.loads(path.read_text()) == {"some key": "<some kernel>"}
     assert tune._load() == {"some key": "<some kernel>"}
 
 
-def test_tuning_file_that_is_a_directory_is_survived(cache_root):
-    path = tune._path()
-    path.mkdir(parents=True)
-    assert tune._load() == {}
-    tune._store("k", "v")  # cannot be written: only costs a re-tune
-    assert path.is_dir()
+def test_a_tuning_file_of_escaped_strings_is_intact(cache_root, recwarn):
+    """Brackets, braces, quotes and backslashes inside keys and choices are not nesting."""
+    choices = {'key [with] {brackets} "quoted" \\': 'TritonKernel(family="tiled", [64, 64]) \\"',
+               "other": "{}[]"}
+    tune._path().parent.mkdir(parents=True, exist_ok=True)
+    tune._path().write_text(json.dumps(choices, indent=0, sort_keys=True))
+    assert tune._load() == choices
+    tune._store("third", "[x]")
+    assert tune._load() == {**choices, "third": "[x]"}
+    assert not [w for w in recwarn if issubclass(w.category, cache.CacheWarning)]
+
+
+def test_tuning_stores_at_once_keep_every_choice(cache_root, monkeypatch):
+    """Threads (or processes) storing choices at once: each store reads, adds and writes under
+    the entry's lock, so none writes over another's choice."""
+    real_write = tune.write_atomically
+
+    def slow_write(path, text):
+        time.sleep(0.05)  # widens the window between reading the file and replacing it
+        real_write(path, text)
+    monkeypatch.setattr(tune, "write_atomically", slow_write)
+    keys = [f"key {i}" for i in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda key: tune._store(key, f"<kernel for {key}>"), keys))
+    assert tune._load() == {key: f"<kernel for {key}>" for key in keys}
 
 
 def test_tuning_entries_are_kept_across_stores(cache_root):
@@ -327,16 +516,39 @@ def test_malformed_or_stale_tuning_file_on_gpu(cache_root):
 
 # ---- the index of compiled kernels ----------------------------------------------------------------
 
-@pytest.mark.parametrize("content", ["", "not a hash\n", "0" * 63 + "\n", "g" * 64, "\x00\xff" * 40])
-def test_damaged_compiled_index_entries_read_as_missing(cache_root, content):
+COMPILED_DAMAGE = {"empty": b"", "not-a-hash": b"not a hash\n", "short": b"0" * 63 + b"\n",
+                   "not-hex": b"g" * 64, "binary": b"\x00\xff" * 40, "two-lines": b"ab" * 32 + b"\nextra\n"}
+
+
+@pytest.mark.parametrize("damage", [*COMPILED_DAMAGE, *OBSTACLES])
+def test_damaged_compiled_index_entries_are_set_aside(cache_root, monkeypatch, damage):
+    """An index entry that is not a Triton cache key, or not a file, reads as missing (Triton's
+    own path then), set aside with a warning; the entry is then recorded again."""
     entry = "ab" * 32
     directory = cache_root / "compiled"
     directory.mkdir(parents=True)
-    (directory / entry).write_bytes(content.encode("latin-1"))
-    assert compiled._read(entry) is None
+    path = directory / entry
+    with monkeypatch.context() as patch:
+        if damage in COMPILED_DAMAGE:
+            path.write_bytes(COMPILED_DAMAGE[damage])
+        else:
+            _obstruct(path, damage, 1 << 20, patch)
+        with pytest.warns(cache.CacheWarning, match=re.escape(str(path))):
+            assert _finishes(lambda: compiled._read(entry)) is None
+    if damage in COMPILED_DAMAGE:
+        assert _set_aside_copy(path).read_bytes() == COMPILED_DAMAGE[damage]
     compiled._record(entry, "0123456789abcdef" * 4)
     assert compiled._read(entry) == "0123456789abcdef" * 4
-    assert [p.name for p in directory.iterdir()] == [entry]  # no temporary file left
+    assert sorted(p.name for p in directory.iterdir()) == [entry, f"{entry}.corrupt-1"]  # no temporary file
+
+
+def test_a_compiled_index_directory_that_is_a_file_is_set_aside(cache_root):
+    cache_root.mkdir(parents=True)
+    (cache_root / "compiled").write_text("not a directory")
+    assert compiled._read("cd" * 32) is None
+    with pytest.warns(cache.CacheWarning, match=re.escape(str(cache_root / "compiled"))):
+        compiled._record("cd" * 32, "0123456789abcdef" * 4)
+    assert compiled._read("cd" * 32) == "0123456789abcdef" * 4
 
 
 def test_compiled_index_finds_the_triton_internals_it_reads():

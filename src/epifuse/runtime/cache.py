@@ -1,13 +1,23 @@
 """The on-disk cache of generated kernel sources, and loading them as modules.
 
-Triton needs kernel source it can inspect, so each generated kernel is written to a file and
-loaded from there. Files are written atomically (a temporary file, then a rename), carry a
-checksum of their body on the first line, and are rewritten when they do not hold exactly the
-body we generated (a truncated or edited file). What runs is always the text generated in this
-process, compiled here, never bytes read back from the directory (nor a __pycache__ entry
-planted beside the file); Triton's source inspection is served the same text. The directory
-is $EPIFUSE_CACHE_DIR, else ~/.cache/epifuse; if it cannot be written, a private temporary
-directory is used instead.
+Each generated kernel is written to <cache>/kernels/<stem>.py, for people and tools to read.
+What runs is always the text generated in this process, never bytes read back from the
+directory (nor a __pycache__ entry planted beside the file): the module's code is compiled
+from that text under a name that is no file (.../runtime/<generated>/<stem>.py), whose source
+the module's loader serves, so `inspect`, Triton's JIT and Triton's interpreter (which reads a
+kernel's source when it first runs it) read that same text, even once `linecache` was
+cleared, whatever the file holds by then.
+
+Files are written atomically (a temporary file, then a rename) and carry a checksum of their
+body on the first line. A file that does not hold exactly the body we generated is rewritten:
+silently where it is intact (its checksum holds: a kernel another version rendered), and set
+aside as <name>.corrupt-<n> with a CacheWarning where it is damaged (truncated, edited, not
+text, not a regular file). Every file epifuse reads back from its cache directory (the
+tuning records and the index of compiled kernels too) is read through `read_file`: at most a
+bound of bytes, a regular file only, and without blocking on a FIFO; what cannot be what
+epifuse wrote is set aside the same way, and the call goes on as if there were no file. The
+directory is $EPIFUSE_CACHE_DIR, else ~/.cache/epifuse; if it cannot be written, a private
+temporary directory is used instead.
 
 Processes sharing the directory take a per-entry lock (`fcntl.flock` on `.<stem>.lock`) while
 they check and write an entry, so one writes it and the others find it intact. The lock is
@@ -21,10 +31,12 @@ import contextlib
 import hashlib
 import linecache
 import os
+import stat
 import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -38,6 +50,16 @@ _LOCK_POLL_S = 0.01
 _LOCK = threading.Lock()
 _MODULES: dict[tuple[str, str], ModuleType] = {}
 _FALLBACK_DIR: Path | None = None
+MAX_SOURCE_BYTES = 16 << 20  # far above any generated kernel; a larger file is not one of ours
+SET_ASIDE_SLOTS = 8  # <name>.corrupt-1 .. -8 per file; past that the last one is replaced
+# Where generated modules' code says it comes from: a directory that does not exist, inside
+# the installed package, so no file there can stand in for the text (only whoever may change
+# epifuse itself could make one), and linecache always asks the module's loader.
+CODE_DIR = Path(__file__).resolve().parent / "<generated>"
+
+
+class CacheWarning(RuntimeWarning):
+    """A file in epifuse's cache directory was damaged; it was set aside and is rebuilt."""
 
 
 def cache_dir() -> Path:
@@ -73,12 +95,84 @@ def file_text(body: str) -> str:
     return f"# sha256 {_checksum(body)}\n{body}"
 
 
-def _read_valid(path: Path, body: str) -> bool:
+def _read(path: Path, limit: int) -> tuple[bytes | None, os.stat_result | None, str | None]:
+    """(bytes, stat, None) of the regular file `path` if it holds at most `limit` bytes;
+    (None, None, None) where there is no file; else (None, stat or None, what is wrong)."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:
-            return f.read() == file_text(body)
-    except (OSError, UnicodeError):
-        return False
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None, None
+    except OSError as error:
+        return None, None, f"cannot be read ({error.strerror or error})"
+    seen = None
+    try:
+        seen = os.fstat(fd)
+        if not stat.S_ISREG(seen.st_mode):
+            return None, seen, "is not a regular file"
+        if seen.st_size > limit:
+            return None, seen, f"holds {seen.st_size} bytes, more than epifuse writes there ({limit})"
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                return b"".join(chunks), seen, None
+            chunks.append(chunk)
+            size += len(chunk)
+        return None, seen, f"holds more bytes than epifuse writes there ({limit})"
+    except (OSError, MemoryError) as error:
+        return None, seen, f"cannot be read ({error})"
+    finally:
+        os.close(fd)
+
+
+def read_file(path: Path, limit: int) -> tuple[bytes, os.stat_result] | None:
+    """The bytes (at most `limit`) and stat of the cache file `path`, or None where there is
+    none. What epifuse never writes there (not a regular file, over `limit` bytes, a file that
+    cannot be read) is set aside (set_aside) and read as None. The file is opened without
+    blocking, so a FIFO in its place cannot hang the call."""
+    data, seen, problem = _read(path, limit)
+    if problem is not None:
+        set_aside(path, problem, seen)
+    return None if data is None else (data, seen)
+
+
+def _identity(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def set_aside(path: Path, problem: str, seen: os.stat_result | None = None) -> None:
+    """Rename the damaged cache file `path` to <name>.corrupt-<n> (the first free n, else the
+    last one is replaced), with a CacheWarning naming the file and `problem`; the caller goes on
+    as if there were no file. `seen`: the stat of the file found damaged; a file that has been
+    replaced since (another process rebuilt it) is left where it is."""
+    try:
+        if seen is not None and _identity(os.stat(path)) != _identity(seen):
+            return
+        slots = [path.with_name(f"{path.name}.corrupt-{n}") for n in range(1, SET_ASIDE_SLOTS + 1)]
+        target = next((slot for slot in slots if not os.path.lexists(slot)), slots[-1])
+        os.replace(path, target)
+    except FileNotFoundError:
+        return  # gone meanwhile: another process set it aside or replaced it
+    except OSError as error:
+        warnings.warn(f"epifuse: the cache file {path} {problem}; it could not be set aside ({error}), "
+                      "so it is ignored", CacheWarning, stacklevel=2)
+        return
+    warnings.warn(f"epifuse: the cache file {path} {problem}; it was set aside as {target.name} and "
+                  "is rebuilt", CacheWarning, stacklevel=2)
+
+
+def _damage(data: bytes) -> str | None:
+    """What is wrong with a source file holding `data` (not the body we generated): None where
+    it is intact, a checksummed body another renderer wrote."""
+    try:
+        first, newline, body = data.decode("utf-8").partition("\n")
+    except UnicodeDecodeError:
+        return "is not UTF-8 text"
+    if not newline or not first.startswith("# sha256 "):
+        return "has no checksum line (a truncated or foreign file)"
+    if first != f"# sha256 {_checksum(body)}":
+        return "does not match its checksum (truncated or edited)"
+    return None
 
 
 @contextlib.contextmanager
@@ -120,11 +214,19 @@ def _acquire(fd: int, timeout: float) -> bool:
 
 def _write(directory: Path, stem: str, body: str) -> Path:
     path = directory / f"{stem}.py"
-    if _read_valid(path, body):
+    expected = file_text(body).encode()
+    if _read(path, len(expected))[0] == expected:
         return path
     with entry_lock(directory, stem):
-        if not _read_valid(path, body):  # another process may have written it meanwhile
-            _write_file(directory, stem, path, body)
+        # checked again: another process may have written it meanwhile
+        data, seen, problem = _read(path, max(MAX_SOURCE_BYTES, len(expected)))
+        if data == expected:
+            return path
+        if data is not None:
+            problem = _damage(data)
+        if problem is not None:
+            set_aside(path, problem, seen)
+        _write_file(directory, stem, path, body)
     return path
 
 
@@ -175,6 +277,17 @@ def _interpreter(enabled: bool):
             os.environ["TRITON_INTERPRET"] = old
 
 
+class _GeneratedSource:
+    """A generated module's loader: it serves the module's text to linecache (and so to
+    inspect and Triton) whenever linecache has no entry for the module's code."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def get_source(self, name: str) -> str:
+        return self.text
+
+
 def load_kernel_module(stem: str, body: str, interpret: bool) -> ModuleType:
     """Import the generated module `stem` (written first if needed); cached per process."""
     key = (stem, "interpret" if interpret else "compiled")
@@ -182,16 +295,18 @@ def load_kernel_module(stem: str, body: str, interpret: bool) -> ModuleType:
         module = _MODULES.get(key)
         if module is not None:
             return module
-        path = str(write_source(stem, body))
+        write_source(stem, body)
         text = file_text(body)
+        code_name = str(CODE_DIR / f"{stem}.py")
         name = f"epifuse_generated.{stem}_{key[1]}"
         module = ModuleType(name)
-        module.__file__ = path
+        module.__file__ = code_name
+        module.__loader__ = _GeneratedSource(text)
         module.__source_sha256__ = _checksum(body)  # what runtime.compiled keys compiled kernels by
-        # inspect (and so Triton) reads source through linecache: serve it the text we generated
-        # (mtime None: linecache never re-reads it from the file, which could change under us).
-        linecache.cache[path] = (len(text), None, text.splitlines(True), path)
-        code = compile(text, path, "exec")
+        # mtime None: linecache.checkcache keeps the entry; once linecache.clearcache drops it,
+        # the loader serves the same text again (the name is no file linecache could read).
+        linecache.cache[code_name] = (len(text), None, text.splitlines(True), code_name)
+        code = compile(text, code_name, "exec")
         sys.modules[name] = module
         with _interpreter(interpret):
             exec(code, module.__dict__)  # generated-source: the kernel text emitted above

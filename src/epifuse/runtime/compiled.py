@@ -13,7 +13,8 @@ target, and the cache-invalidating environment variables.
 into the JIT function's in-process cache (so Triton does not compile or key it) and, after a
 compile, records it. Anything unexpected (an entry that is not a hash, a Triton cache entry
 that is gone, an internal Triton API that changed, compile hooks installed) falls back to
-Triton's own path, which then rewrites the entry.
+Triton's own path, which then rewrites the entry; an entry that is not a hash is damaged, and
+is set aside with a warning first (cache.set_aside).
 """
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ from types import SimpleNamespace
 import triton
 from triton import knobs
 
-from .cache import cache_dir, write_atomically
+from .cache import cache_dir, read_file, set_aside, write_atomically
 
 _HASH = re.compile(r"[0-9a-f]{64}")
+_ENTRY = re.compile(rb"[0-9a-f]{64}\n?")  # an index entry: what _record writes
+_ENTRY_BYTES = 65
 LOADED = [0]  # kernels this process took from the index (for tests and the start-up benchmark)
 LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
 _OTHER_KEY = "Triton keyed the launch otherwise than the index (a Triton this module does not know)"
@@ -95,17 +98,24 @@ def _lookup(kernel, values, meta):
 
 
 def _read(entry: str) -> str | None:
-    try:
-        with open(_directory() / entry, encoding="ascii") as f:
-            text = f.read().strip()
-    except (OSError, UnicodeError):
+    """The Triton cache key the index entry `entry` names, or None (no entry, or a damaged one,
+    which is set aside)."""
+    path = _directory() / entry
+    found = read_file(path, _ENTRY_BYTES)
+    if found is None:
         return None
-    return text if _HASH.fullmatch(text) else None
+    data, seen = found
+    if _ENTRY.fullmatch(data) is None:
+        set_aside(path, "does not hold a Triton cache key", seen)
+        return None
+    return data[:64].decode("ascii")
 
 
 def _record(entry: str, triton_hash: str) -> None:
     directory = _directory()
     try:
+        if directory.exists() and not directory.is_dir():
+            set_aside(directory, "is not a directory")
         directory.mkdir(parents=True, exist_ok=True)
         write_atomically(directory / entry, triton_hash + "\n")
     except OSError:

@@ -7,7 +7,10 @@ power-of-two bucket of the shape, the dtypes, the GPU, the library versions, the
 and the set of candidates timed. The winner is the fastest, or within LIGHTER_WITHIN of it the
 kernel whose tiles (as it runs them, and only tiles that fill the GPU's SMs) read the fewest
 operand bytes per output, a Gluon kernel first among those as light. The file is rewritten
-atomically; an unreadable or malformed file is ignored and rebuilt. Under Triton's interpreter,
+atomically, under the cache's lock of the entry "tuning" so that processes tuning at once keep
+each other's choices. A file that is not what epifuse writes (unreadable, binary, truncated,
+not a flat JSON object of strings, nested, larger than MAX_TUNING_BYTES) is set aside with a
+warning (cache.set_aside) and tuning goes on as if there were none. Under Triton's interpreter,
 or with EPIFUSE_TUNE=0, the first supported kernel is taken untimed.
 """
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import threading
 
@@ -26,7 +30,7 @@ from ..arguments import EpilogueArguments, GemmArguments
 from ..backends.triton.device import gpu_sms, output_tiles
 from ..shapes import operand_layouts
 from ..version import __version__
-from .cache import cache_dir, write_atomically
+from .cache import cache_dir, entry_lock, read_file, set_aside, write_atomically
 
 _LOCK = threading.Lock()
 _MEMORY: dict[str, str] = {}
@@ -60,26 +64,59 @@ def candidates_digest(kernels) -> str:
     return "candidates " + hashlib.sha256(names.encode()).hexdigest()[:12]
 
 
+MAX_TUNING_BYTES = 32 << 20  # some 70,000 choices; a store that would pass it starts afresh
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
 def _path():
     return cache_dir().parent / "tuning.json"
 
 
-def _load() -> dict:
+def _parse(data: bytes) -> tuple[dict, str | None]:
+    """The choices a tuning file holding `data` records, and what is wrong with it (None where
+    nothing is). epifuse writes one flat JSON object of strings, so outside its strings the
+    text has one pair of braces and no brackets: checked before json parses it, since json
+    recurses once for each level of nesting (RecursionError, or a crash on a small stack)."""
     try:
-        with open(_path()) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) and all(isinstance(v, str) for v in data.values()) else {}
-    except (OSError, ValueError):
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {}, "is not UTF-8 text"
+    try:
+        if _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)) != "{}":
+            return {}, "is not one flat JSON object (truncated, nested or not JSON)"
+        choices = json.loads(text)
+    except (ValueError, RecursionError, MemoryError) as error:
+        return {}, f"is not valid JSON ({type(error).__name__}: {str(error)[:80]})"
+    if not isinstance(choices, dict) or not all(isinstance(v, str) for v in choices.values()):
+        return {}, "is not a JSON object of strings"
+    return choices, None
+
+
+def _load() -> dict:
+    """The choices remembered on disk; none where the file is missing or damaged (set aside)."""
+    path = _path()
+    found = read_file(path, MAX_TUNING_BYTES)
+    if found is None:
         return {}
+    data, seen = found
+    choices, problem = _parse(data)
+    if problem is not None:
+        set_aside(path, problem, seen)
+    return choices
 
 
 def _store(key: str, choice: str) -> None:
     path = _path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = _load()
-        data[key] = choice
-        write_atomically(path, json.dumps(data, indent=0, sort_keys=True))
+        with entry_lock(path.parent, "tuning"):  # another process's choice stored meanwhile is kept
+            data = _load()
+            data[key] = choice
+            text = json.dumps(data, indent=0, sort_keys=True)
+            if len(text.encode()) > MAX_TUNING_BYTES:
+                text = json.dumps({key: choice}, indent=0)
+            write_atomically(path, text)
     except OSError:
         pass  # a read-only cache only costs a re-tune next time
 
