@@ -79,12 +79,15 @@ def _evaluate_node(node: Node, src, accum, operands, dtype, rank):
 
 def saturate(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The conversion every kernel applies to outputs, before the cast to `dtype`: integers
-    round to nearest even and saturate (NaN becomes 0); fp8 saturates to its largest finite
-    value (NaN stays NaN); other floating types round to nearest even (the cast itself)."""
+    round to nearest even and saturate (NaN becomes 0, +-inf the largest and smallest values),
+    and come back in `dtype` (int64's largest value has no float64); fp8 saturates to its
+    largest finite value (NaN stays NaN); other floating types round to nearest even (the cast
+    itself)."""
     if dtype in FP8_MAX:
         return value.clamp(-FP8_MAX[dtype], FP8_MAX[dtype])
     if dtype.is_floating_point or dtype == torch.bool:
         return value
     info = torch.iinfo(dtype)
-    value = torch.nan_to_num(value.double(), nan=0.0, posinf=info.max, neginf=info.min)
-    return torch.round(value).clamp(info.min, info.max)
+    value = torch.nan_to_num(value.double(), nan=0.0).round()
+    top = value >= float(info.max)  # int64's largest value rounds up to 2**63 in float64
+    return value.clamp(min=info.min).masked_fill(top, 0.0).to(dtype).masked_fill(top, info.max)

@@ -440,3 +440,29 @@ def test_cpu_kernels_work_when_triton_was_imported_before_the_interpreter_was_re
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("source,operand", [
+    ("D = X", "number"), ("D = X", "scalar"), ("D = X * 2.0", "number"), ("D = X", "row"),
+    ("D = accum + 1.0 / X", "number"), ("D = accum + 1.0 / X", "scalar"), ("D = accum + 1.0 / X", "tile"),
+    ("D = 1.0 / tanh(X)", "tile"), ("D = 1.0 / (X * -1e-40)", "ones")])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_signed_zeros_keep_their_sign(source, operand, out_dtype, device):
+    """-0.0 stays -0.0, so 1 / x is -inf as in torch: a number or one-element operand broadcast to
+    the tile (added to +0.0, it became +0.0), tanh(-0.0), and a negative constant below fp32's
+    normal range (the kernel source has it as a zero: -0.0, no longer +0.0)."""
+    value = {"number": -0.0, "scalar": torch.tensor(-0.0, device=device),
+             "row": torch.full((N,), -0.0, device=device),
+             "tile": torch.where(torch.rand(M, N, device=device) < 0.5, -0.0, 0.0),
+             "ones": ints(M, N, device=device, dtype=torch.float32).abs() + 1.0}[operand]
+    A, B = ints(M, K, device=device), ints(K, N, device=device)
+    epi = epifuse.EpilogueArguments(f"def epi(accum, X):\n    {source}\n    return D\n", X=value,
+                                    D=torch.empty(M, N, device=device, dtype=out_dtype))
+    args = epifuse.GemmArguments(A, B, epilogue=epi, precision="highest")
+    expected = reference_outputs(args)["D"].to(out_dtype)
+    assert torch.signbit(expected).any()
+    bits = torch.int32 if out_dtype == torch.float32 else torch.int16
+    for kernel in (k for k in epifuse.get_kernels(args) if k.name != "reference"):
+        args.outputs["D"].fill_(float("nan"))
+        kernel.run(args)
+        assert torch.equal(args.outputs["D"].view(bits), expected.view(bits)), (kernel, args.outputs["D"].flatten()[:4])

@@ -99,7 +99,7 @@ def _load_operand(var: str, o: OperandParams, style: str) -> list[str]:
         return [f"{var} = {o.prefix}"]
     mask = _mask_of(o.axes)
     masked = f", mask={mask}, other=0.0" if mask else ""
-    pointer_load = f"{var} = tl.load({o.prefix}_ptr + {_offset(o.prefix, o.axes)}{masked}).to(tl.float32)"
+    pointer_load = f"{var} = _to_f32(tl.load({o.prefix}_ptr + {_offset(o.prefix, o.axes)}{masked}))"
     if style == "pointer" or not {"M", "N"} <= set(o.axes):
         return [pointer_load]
     flag = f"{o.prefix.upper()}_TMA"
@@ -109,27 +109,29 @@ def _load_operand(var: str, o: OperandParams, style: str) -> list[str]:
                 "else:",
                 f"    {pointer_load}"]
     return [f"if {flag} == 2:",
-            f"    {var} = {o.prefix}_desc.load([offs_m, offs_en]).to(tl.float32)",
+            f"    {var} = _to_f32({o.prefix}_desc.load([offs_m, offs_en]))",
             f"elif {flag} == 3:",
-            f"    {var} = {o.prefix}_desc.load([batch, offs_m, offs_en]).reshape(BLOCK_M, EPI_N).to(tl.float32)",
+            f"    {var} = _to_f32({o.prefix}_desc.load([batch, offs_m, offs_en]).reshape(BLOCK_M, EPI_N))",
             "else:",
             f"    {pointer_load}"]
 
 
 def _as_full_tile(expr: str, node: Node, style: str) -> str:
+    """`expr` broadcast to the (BLOCK_M, EPI_N) piece by adding -0.0, the addition that changes
+    no value (+0.0 would turn -0.0 into +0.0)."""
     if node.dtype == "bool":
         expr = f"{expr}.to(tl.float32)"
     if {"M", "N"} <= set(node.axes):
         return expr
     if style == "gluon":  # Gluon makes tensors only with an explicit layout
-        return f"({expr} + gl.full((BLOCK_M, EPI_N), 0.0, gl.float32, acc_layout))"
-    return f"({expr} + tl.full((BLOCK_M, EPI_N), 0.0, tl.float32))"
+        return f"({expr} + gl.full((BLOCK_M, EPI_N), -0.0, gl.float32, acc_layout))"
+    return f"({expr} + tl.full((BLOCK_M, EPI_N), -0.0, tl.float32))"
 
 
 def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]:
     upper = y.prefix.upper()
-    value = (f"_convert({_as_full_tile(expr, node, style)}, {upper}_KIND, {upper}_LO, {upper}_HI)"
-             f".to({y.prefix}_ptr.dtype.element_ty)")
+    value = (f"_convert({_as_full_tile(expr, node, style)}, {upper}_KIND, {upper}_LO, {upper}_HI, "
+             f"{y.prefix}_ptr.dtype.element_ty)")
     pointer_store = f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, {value}, mask=mask)"
     flag = f"{y.prefix.upper()}_TMA"
     if style == "gluon":  # the previous tile's TMA stores were waited for before the epilogue

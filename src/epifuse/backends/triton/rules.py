@@ -51,11 +51,15 @@ def _f(value: float) -> str:
     if math.isinf(value32) or abs(value) >= 3.4028235e38:
         return "_INF" if value > 0 else "(-_INF)"
     if value32 != 0.0 and abs(value32) < 1.1754943508222875e-38:
-        value32 = 0.0  # fp32 subnormal literals would be typed as fp64 by Triton
+        value32 = math.copysign(0.0, value32)  # fp32 subnormal literals would be typed as fp64 by Triton
     return repr(value32)
 
 
 _NAN_ALL = "propagate_nan=tl.PropagateNan.ALL"
+
+# The float8_e4m3fn code of what rounds past 448, and of inf, in the installed torch's cast:
+# 0x7E (448, saturated) or 0x7F (NaN)
+E4M3_OVERFLOW = int(torch.tensor(480.0).to(torch.float8_e4m3fn).view(torch.uint8))
 
 TRITON: dict[OpDef, Rule] = {
     ops.add: Rule(lambda a, b: f"({a} + {b})"),
@@ -118,6 +122,16 @@ TRITON: dict[OpDef, Rule] = {
     ops.to: Rule(lambda a, dtype="float32": f"{a}.to({TL_TYPES[rounding_dtype(dtype)]}).to(tl.float32)"),
 }
 
+# x.to(dtype) where Triton's own cast is not torch's: bf16 and fp8 in the interpreter (which
+# truncates, drops rounding carries and garbles NaN); fp8 on CUDA, whose cvt.rn.satfinite
+# saturates where torch's float8_e5m2 overflows to infinity (and its float8_e4m3fn to NaN, in
+# torch versions that do not saturate: E4M3_OVERFLOW)
+ROUND_THROUGH = {
+    torch.bfloat16: Rule(lambda a, dtype=None: f"_round_bf16({a})", ("_round_bf16",)),
+    torch.float8_e4m3fn: Rule(lambda a, dtype=None: f"_round_e4m3({a})", ("_round_e4m3",)),
+    torch.float8_e5m2: Rule(lambda a, dtype=None: f"_round_e5m2({a})", ("_round_e5m2",)),
+}
+
 # A log whose argument a clamp keeps inside the normal positive floats needs no subnormal, zero,
 # negative or infinity cases: a polynomial alone, 16 instructions where tl.log takes 26 on Hopper.
 LOG_OF_NORMAL = Rule(lambda a: f"_log_normal({a})", ("_log_normal",))
@@ -142,6 +156,10 @@ _EXCESS_RANGE = (0.0, 2.0 ** 120)
 
 def rule_for(node) -> Rule | None:
     """The rule that lowers `node`: its op's, or a cheaper one its operands allow."""
+    if node.op is ops.to:
+        found = ROUND_THROUGH.get(rounding_dtype(node.params.get("dtype", "float32")))
+        if found is not None:
+            return found
     if node.op is ops.log:
         low, high = value_bounds(node.src[0])
         if _NORMAL_RANGE[0] <= low and high <= _NORMAL_RANGE[1]:
@@ -343,9 +361,11 @@ def _log1p(x):
     "_tanh": {"any": '''
 @triton.jit
 def _tanh(x):
+    # tanh(|x|), which is +0.0 or positive, with x's sign bit: tanh(-0.0) is -0.0
     t = _expm1(-2.0 * tl.abs(x))
     r = tl.fdiv(t * -1.0, 2.0 + t)
-    return tl.where(x < 0, r * -1.0, r)
+    sign = x.to(tl.int32, bitcast=True) & -2147483648
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 '''},
     "_tan": {"any": '''
 @triton.jit
@@ -393,6 +413,40 @@ def _gelu_tanh(x):
     # are what a fused GELU costs on Hopper).
     x2 = x * x
     return tl.fdiv(x, 1.0 + tl.exp2(x * (-2.302208198 + -0.1029432396 * x2)))
+'''},
+    # x.to(dtype) (ROUND_THROUGH); the interpreter's through header.py.j2's conversions from the bits
+    "_round_bf16": {"any": '''
+@triton.jit
+def _round_bf16(x):
+    return _to_f32(_bf16_from_f32(x))
+''', "cuda": '''
+@triton.jit
+def _round_bf16(x):
+    return x.to(tl.bfloat16).to(tl.float32)
+'''},
+    "_round_e4m3": {"any": f'''
+@triton.jit
+def _round_e4m3(x):
+    return _to_f32(_fp8_from_f32(x, tl.float8e4nv, {E4M3_OVERFLOW}))
+''', "cuda": '''
+@triton.jit
+def _round_e4m3(x):
+    return x.to(tl.float8e4nv).to(tl.float32)
+''' if E4M3_OVERFLOW == 126 else '''
+@triton.jit
+def _round_e4m3(x):
+    # what rounds past 448 (|x| > 464), and inf, is NaN
+    return tl.where(tl.abs(x) > 464.0, _NAN, x.to(tl.float8e4nv).to(tl.float32))
+'''},
+    "_round_e5m2": {"any": '''
+@triton.jit
+def _round_e5m2(x):
+    return _to_f32(_fp8_from_f32(x, tl.float8e5, 0))
+''', "cuda": '''
+@triton.jit
+def _round_e5m2(x):
+    # what rounds past 57344 (|x| >= 61440) is infinite
+    return tl.where(tl.abs(x) >= 61440.0, x * _INF, x.to(tl.float8e5).to(tl.float32))
 '''},
     "_load_acquire": {"any": '''
 @triton.jit
