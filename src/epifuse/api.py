@@ -27,14 +27,16 @@ from .runtime import callsite
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | None = None, /, *,
          out_dtype: torch.dtype | None = None, accumulate: bool = False,
-         deterministic: bool = False, compute_dtype: torch.dtype = torch.float32,
+         deterministic: bool = False, compute_dtype: torch.dtype | None = None,
          precision: str = "default", **tensors):
     """`A @ B` with the epilogue fused; allocates any output not passed; returns the outputs.
 
     One output comes back as a tensor, several as a tuple in return order. Tile outputs are
     allocated in `out_dtype` (default: A's dtype; float32 for integer inputs), reduction
-    outputs in float32 (float64 when `compute_dtype` is float64). `precision="highest"` makes float32 inputs multiply in full fp32
-    rather than tf32.
+    outputs in float32 (float64 when `compute_dtype` is float64). The epilogue math runs in
+    `compute_dtype`, float32 or float64, by default the promoted dtype of A, B and the tensor
+    operands (float64 inputs compute in float64). `precision="highest"` makes float32 inputs
+    multiply in full fp32 rather than tf32.
 
     >>> import torch, epifuse
     >>> from epifuse.ops import relu

@@ -27,7 +27,9 @@ from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
 from .frontend import Program, parse
 from .ir import AXES, Graph, Operand
 from .passes import canonical_hash, optimize
-from .shapes import accum_shape_of, accumulator_types, classify_operand, output_strides, overlaps, span
+from .printing import statement_source
+from .shapes import (accum_shape_of, accumulator_types, address, check_tensor, classify_operand, is_stand_in,
+                     misalignment, output_strides, overlaps, same_view, span)
 
 # environment variables that change which kernels run or which is chosen
 _CHOICE_ENVIRONMENT = ("TRITON_INTERPRET", "EPIFUSE_TUNE")
@@ -63,11 +65,13 @@ class EpilogueArguments:
     Keyword arguments name every operand (the function's parameters other than accum) and
     every output (each returned name). Options: `accumulate=True` folds reduction results into
     what the destinations hold; `deterministic=True` asks for run-to-run identical reductions;
-    `compute_dtype` (default torch.float32) is the type the epilogue math runs in.
+    `compute_dtype` is the type the epilogue math runs in: torch.float32 or torch.float64; by
+    default (None) the promoted dtype of the inputs, never narrower (see `default_compute_dtype`),
+    which GemmArguments decides once it has A and B.
     """
 
     def __init__(self, epilogue: Callable | str | Program, /, *, accumulate: bool = False,
-                 deterministic: bool = False, compute_dtype: torch.dtype = torch.float32,
+                 deterministic: bool = False, compute_dtype: torch.dtype | None = None,
                  **tensors: Any):
         self.program = epilogue if isinstance(epilogue, Program) else parse(epilogue)
         self.accumulate = flag("accumulate", accumulate)
@@ -128,6 +132,12 @@ class GemmArguments:
     A is (M, K) or (L, M, K); B is (K, N) or (L, K, N); either may be 2-D while the other is
     batched (it is then shared across L). `out` is the main output (the epilogue's D); without
     an epilogue, `D = accum` is stored into `out`.
+
+    The arguments may be run again and again: a kernel reads the tensors' contents at each run,
+    and first compares every tensor's sizes, strides and address with those they were checked
+    with (`current`): a tensor resized or re-strided since (`resize_`, `set_`, `t_()`) is
+    refused, one whose memory moved is checked again (`check_current`). Built from fake or meta
+    tensors they plan and compile kernels, which then run on arguments of real tensors.
     """
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
@@ -137,11 +147,19 @@ class GemmArguments:
             raise EpilogueArgumentError(
                 f"GemmArguments' epilogue must be an EpilogueArguments, not {type(epilogue).__name__}.",
                 hint="Wrap it with its tensors: epilogue=EpilogueArguments(epi, C=C, D=D).")
+        if out is not None and not isinstance(out, torch.Tensor):
+            raise EpilogueArgumentError(f"`out` must be a torch.Tensor, but got {type(out).__name__}.")
         if epilogue is None:
             if out is None:
                 raise EpilogueArgumentError("GemmArguments needs `out` or an `epilogue`.")
             epilogue = EpilogueArguments(IDENTITY_EPILOGUE, D=out)
-        elif out is not None and "D" in epilogue.outputs and epilogue.outputs["D"] is not out:
+        elif out is not None and "D" not in epilogue.outputs:
+            names = ", ".join(epilogue.outputs)
+            raise EpilogueArgumentError(
+                f"`out` is the epilogue's output D, but this epilogue returns {names} and no D, so "
+                "nothing would be written to it.",
+                hint="Pass the output tensors by name to EpilogueArguments, and leave out `out`.")
+        elif out is not None and epilogue.outputs["D"] is not out:
             raise EpilogueArgumentError("`out` and the epilogue's output D are different tensors.",
                                         hint="Pass the same tensor as out=D and D=... (or leave out `out`).")
         if precision not in ("default", "highest"):
@@ -156,7 +174,8 @@ class GemmArguments:
         self.precision = precision
         self.accumulate = epilogue.accumulate
         self.deterministic = epilogue.deterministic
-        self.compute_dtype = epilogue.compute_dtype
+        self.compute_dtype = epilogue.compute_dtype if epilogue.compute_dtype is not None \
+            else default_compute_dtype(A, B, *epilogue.operands.values())
         self.accum_shape, (self.L, self.M, self.N, self.K) = accum_shape_of(A, B)
         self.rank = len(self.accum_shape)
         self.a_strides = _gemm_strides(A)
@@ -181,9 +200,56 @@ class GemmArguments:
                 out_.name, dest, self.accum_shape, A.device,
                 out_.node.dims if reduction else None, reduction)
         self._check_aliasing()
-        tensors = [A, B, *self.outputs.values(),
-                   *(v for v in self.operands.values() if isinstance(v, torch.Tensor))]
+        self._labeled = (("A", A), ("B", B),
+                         *((f"Operand {n}", v) for n, v in self.operands.items() if isinstance(v, torch.Tensor)),
+                         *((f"Output {n}", t) for n, t in self.outputs.items()))
+        tensors = [t for _, t in self._labeled]
         self.largest_span = max(span(t) for t in tensors)
+        # planning stand-ins (meta, fake tensors): kernels are chosen and compiled, never run
+        self.stand_in = any(is_stand_in(t) for t in tensors)
+        self._built = self._layouts()
+
+    # ---- the tensors since these arguments were built -------------------------------------------
+    def _layouts(self) -> list:
+        if self.stand_in:   # no addresses
+            return [(None, t.shape, t.stride(), t.dtype, t.device) for _, t in self._labeled]
+        return [(t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for _, t in self._labeled]
+
+    def current(self) -> bool:
+        """Whether every tensor has the sizes, strides and address it had when these arguments
+        were checked: the cheap test before a kept launch."""
+        return self._layouts() == self._built
+
+    def check_current(self) -> bool:
+        """Raise ShapeError where a tensor was resized or re-strided since these arguments were
+        built (`resize_`, `set_`, an in-place view op): M, N, K, the strides and every check
+        were of the old sizes, and a kernel would index past the tensor. A tensor whose memory
+        moved (its storage reallocated, freed) is checked again (its storage holds it, its 16-byte
+        alignment, which the kernel was chosen and compiled for, is the same, and no output
+        overlaps another tensor); True then: plans holding addresses must be made again."""
+        now = self._layouts()
+        if now == self._built:
+            return False
+        for (label, t), (ptr, shape, strides, dtype, device), (new_ptr, *_) in zip(self._labeled, self._built, now):
+            if t.dtype != dtype or t.device != device:
+                raise ShapeError(f"{label} is {t.dtype} on {t.device} now, but was {dtype} on {device} when "
+                                 "these GemmArguments were built (`.data =` or `set_` since): the kernel "
+                                 "was chosen and compiled for the old one.",
+                                 hint="Build new GemmArguments for the tensor as it is now.")
+            if t.shape != shape or t.stride() != strides:
+                raise ShapeError(f"{label} has shape {tuple(t.shape)} and strides {t.stride()} now, but "
+                                 f"{tuple(shape)} and {strides} when these GemmArguments were built "
+                                 "(resize_, set_ or an in-place view op since): a kernel would index it "
+                                 "with the old ones.",
+                                 hint="Build new GemmArguments for the new sizes.")
+            check_tensor(label, t)
+            if new_ptr is not None and new_ptr % 16 != ptr % 16:
+                raise ShapeError(f"{label} moved to memory of another 16-byte alignment since these "
+                                 "GemmArguments were built; the kernels were chosen for the old one.",
+                                 hint="Build new GemmArguments for the tensor as it is now.")
+        self._check_aliasing()
+        self._built = now
+        return True
 
     def _check_accumulator(self) -> None:
         A, B = self.A, self.B
@@ -209,9 +275,7 @@ class GemmArguments:
                     raise ShapeError(f"Outputs {name} and {other} overlap in memory.")
             for op_name, value in self.operands.items():
                 if isinstance(value, torch.Tensor) and overlaps(dest, value):
-                    same_view = (dest.data_ptr() == value.data_ptr() and dest.shape == value.shape
-                                 and dest.stride() == value.stride() and name not in self.reductions)
-                    if not same_view:
+                    if not same_view(dest, value) or name in self.reductions:
                         raise ShapeError(f"Output {name} partly overlaps operand {op_name}.",
                                          hint="An output may alias an operand only as the very same "
                                               "view (an in-place update such as D = C).")
@@ -227,7 +291,7 @@ class GemmArguments:
             tensors = [("A", self.A), ("B", self.B), *self.operands.items(), *self.outputs.items()]
             sig = (self.key, self.rank, self.accumulator_type, self.precision, self.accumulate,
                    self.deterministic, self.compute_dtype,
-                   tuple((name, tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+                   tuple((name, tuple(t.shape), t.stride(), t.dtype, t.device, misalignment(t) == 0)
                          if isinstance(t, torch.Tensor) else (name, "number")
                          for name, t in tensors),
                    tuple(os.environ.get(v) for v in _CHOICE_ENVIRONMENT))
@@ -294,6 +358,19 @@ class GroupedGemmArguments:
         self.compute_dtype = first.compute_dtype
         self.reductions = dict(first.reductions)
         self.largest_span = max(p.largest_span for p in self.problems)
+        self.stand_in = any(p.stand_in for p in self.problems)
+
+    def current(self) -> bool:
+        """Whether every group's tensors are as they were checked (GemmArguments.current)."""
+        return all(p.current() for p in self.problems)
+
+    def check_current(self) -> bool:
+        """GemmArguments.check_current for every group, and where memory moved, that no group's
+        output now shares memory with another group's tensors."""
+        moved = [p.check_current() for p in self.problems]
+        if any(moved):
+            _check_no_cross_group_overlap(self.problems)
+        return any(moved)
 
     def __len__(self) -> int:
         return len(self.problems)
@@ -327,11 +404,28 @@ def _check_same_setup(i: int, p: GemmArguments, first: GemmArguments) -> None:
         if mine != theirs:
             raise ShapeError(f"Group {i}: {label} is {mine} but group 0's {label} is {theirs}; "
                              "all groups must use the same dtypes.")
-    for option in ("accumulator_type", "precision", "accumulate", "deterministic", "compute_dtype"):
+    for option in ("accumulator_type", "precision", "accumulate", "deterministic"):
         mine, theirs = getattr(p, option), getattr(first, option)
         if mine != theirs:
             raise EpilogueArgumentError(f"Group {i} has {option}={mine!r} but group 0 has {theirs!r}; "
                                         "all groups share one setting.")
+    if p.compute_dtype != first.compute_dtype:
+        raise EpilogueArgumentError(
+            f"Group {i} computes in {p.compute_dtype} ({_compute_dtype_origin(p)}) but group 0 in "
+            f"{first.compute_dtype} ({_compute_dtype_origin(first)}); all groups share one compute dtype.",
+            hint="Pass the same compute_dtype to every group's EpilogueArguments.")
+
+
+def _compute_dtype_origin(p: GemmArguments) -> str:
+    """Where a group's compute dtype comes from: given, or the default for its inputs
+    (default_compute_dtype: float64 where one of A, B and the tensor operands is)."""
+    if p.epilogue.compute_dtype is not None:
+        return f"compute_dtype={p.compute_dtype} is given"
+    tensors = (("A", p.A), ("B", p.B), *((f"operand {n}", v) for n, v in p.operands.items()))
+    wide = [label for label, t in tensors if isinstance(t, torch.Tensor) and t.dtype == torch.float64]
+    if not wide:
+        return "the default: none of A, B and its tensor operands is float64"
+    return f"the default, as its {wide[0]} is torch.float64"
 
 
 def _operand_roles(p: GemmArguments) -> dict[str, Operand]:
@@ -351,16 +445,19 @@ def _widest_roles(problems: list[GemmArguments]) -> tuple[Operand, ...]:
     for i, p in enumerate(problems[1:], start=1):
         program = p.epilogue.program
         mine = [name for name, _ in program.outputs]
-        if program.operands != names or mine != outputs:
+        if program.operands != names:
             raise EpilogueArgumentError(
-                f"Group {i}'s epilogue has operands ({', '.join(program.operands)}) and outputs "
-                f"({', '.join(mine)}), but group 0's has operands ({', '.join(names)}) and outputs "
+                f"Group {i}'s epilogue takes the operands ({', '.join(program.operands)}) but group 0's "
+                f"takes ({', '.join(names)}); all groups share one epilogue.")
+        if mine != outputs:
+            raise EpilogueArgumentError(
+                f"Group {i}'s epilogue returns ({', '.join(mine)}) but group 0's returns "
                 f"({', '.join(outputs)}); all groups share one epilogue.")
         for name, role in _operand_roles(p).items():
             shared = roles[name]
             if role.kind != shared.kind:
                 raise EpilogueArgumentError(
-                    f"Operand {name} is a {_kind(shared)} in group 0 but a {_kind(role)} in group {i}.",
+                    f"Group {i}: operand {name} is a {_kind(role)} but group 0's is a {_kind(shared)}.",
                     hint="Numbers are passed once for the launch: pass a one-element tensor in "
                          "every group for a per-group scalar.")
             axes = tuple(a for a in AXES if a in shared.axes or a in role.axes)
@@ -378,11 +475,27 @@ def _shared_graph(problems: list[GemmArguments], roles: tuple[Operand, ...]):
     for i, p in enumerate(problems[1:], start=1):
         _, mine = bound_graph(p.epilogue.program, roles, 2)
         if mine != key:
+            ours, theirs = _first_difference(p.epilogue.program, problems[0].epilogue.program)
             raise EpilogueArgumentError(
-                f"Group {i}'s epilogue computes something different from group 0's (the same "
-                "operand and output names, another computation); all groups share one epilogue.",
+                f"Group {i}'s epilogue computes `{ours}` where group 0's computes `{theirs}`; all "
+                "groups share one epilogue.",
                 hint="Build every group's EpilogueArguments from the same function or string.")
     return graph, key
+
+
+def _first_difference(program: Program, first: Program) -> tuple[str, str]:
+    """The first line (a statement, or the return after the shorter body) in which two epilogues
+    of the same operands and outputs but different graphs differ, as each spells it."""
+    mine, theirs = _lines(program), _lines(first)
+    for a, b in zip(mine, theirs):
+        if a != b:
+            return a, b
+    return "; ".join(mine), "; ".join(theirs)   # lines equal, graphs not: show them whole
+
+
+def _lines(program: Program) -> list[str]:
+    return [*(statement_source(s.target, s.expr) for s in program.statements),
+            "return " + ", ".join(name for name, _ in program.outputs)]
 
 
 def _check_same_tensors(i: int, p: GemmArguments, first: GemmArguments) -> None:
@@ -420,16 +533,16 @@ def _check_no_cross_group_overlap(problems: list[GemmArguments]) -> None:
                    *((n, t, False) for n, t in p.operands.items() if isinstance(t, torch.Tensor)),
                    *((n, t, True) for n, t in p.outputs.items())]
         for name, t, written in tensors:
-            if t.numel() and t.device.type != "meta":
-                start = t.data_ptr()
-                spans.append((start, start + span(t) * t.element_size(), i, name, written))
+            if t.numel():
+                memory, start = address(t)
+                spans.append((memory, start, start + span(t) * t.element_size(), i, name, written))
     spans.sort()
     open_spans: list[tuple] = []
     for current in spans:
-        open_spans = [s for s in open_spans if s[1] > current[0]]
+        open_spans = [s for s in open_spans if s[0] == current[0] and s[2] > current[1]]
         for other in open_spans:
-            if other[2] != current[2] and (other[4] or current[4]):
-                raise ShapeError(f"Group {other[2]}'s {other[3]} and group {current[2]}'s {current[3]} "
+            if other[3] != current[3] and (other[5] or current[5]):
+                raise ShapeError(f"Group {other[3]}'s {other[4]} and group {current[3]}'s {current[4]} "
                                  "share memory, and one of them is an output; groups run at once.",
                                  hint="Give every group its own output tensors.")
         open_spans.append(current)
@@ -443,6 +556,15 @@ def check_out_dtype(out_dtype) -> None:
         raise EpilogueArgumentError(f"out_dtype must be a torch.dtype such as torch.float16, not {out_dtype!r}.")
 
 
+def default_compute_dtype(*inputs) -> torch.dtype:
+    """The compute dtype of a call that names none: never narrower than the promoted dtype of
+    the tensors among `inputs` (A, B and the tensor operands; numbers do not promote). That is
+    float64 where one of them is float64 (nothing promotes past it; torch.promote_types is not
+    asked, as it refuses fp8), else float32."""
+    wide = any(isinstance(value, torch.Tensor) and value.dtype == torch.float64 for value in inputs)
+    return torch.float64 if wide else torch.float32
+
+
 def reduction_dtype(compute_dtype: torch.dtype) -> torch.dtype:
     """The dtype of a reduction output epifuse allocates: float64 when the epilogue computes
     in float64, else float32 (whatever the inputs' dtype, as the kernels accumulate)."""
@@ -450,11 +572,15 @@ def reduction_dtype(compute_dtype: torch.dtype) -> torch.dtype:
 
 
 def output_specs(graph: Graph, accum_shape, A: torch.Tensor, out_dtype: torch.dtype | None = None,
-                 compute_dtype: torch.dtype = torch.float32) -> dict[str, tuple[tuple, torch.dtype]]:
+                 compute_dtype: torch.dtype | None = None) -> dict[str, tuple[tuple, torch.dtype]]:
     """(shape, dtype) of every output of `graph`, by name: a tile output has accum's shape and
     `out_dtype` (default A's dtype; float32 for integer inputs); a reduction keeps accum's
-    other dims ((1,) when none) in float32, or float64 when the epilogue computes in float64."""
+    other dims ((1,) when none) in float32, or float64 when the epilogue computes in float64
+    (`compute_dtype`; None takes default_compute_dtype(A): callers that have the operands pass
+    the dtype GemmArguments decides for them)."""
     check_out_dtype(out_dtype)
+    if compute_dtype is None:
+        compute_dtype = default_compute_dtype(A)
     axes = AXES[3 - len(accum_shape):]
     specs = {}
     for o in graph.outputs:
@@ -469,9 +595,10 @@ def output_specs(graph: Graph, accum_shape, A: torch.Tensor, out_dtype: torch.dt
 
 def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors: dict,
                      out_dtype: torch.dtype | None = None,
-                     compute_dtype: torch.dtype = torch.float32) -> dict:
+                     compute_dtype: torch.dtype | None = None) -> dict:
     """`tensors` plus a new tensor (see output_specs) for every output of `program` it lacks.
-    Where an operand is missing nothing is allocated: EpilogueArguments names what is missing."""
+    Where an operand is missing nothing is allocated: EpilogueArguments names what is missing.
+    `compute_dtype` None is the default GemmArguments takes for these inputs."""
     check_out_dtype(out_dtype)
     missing = [name for name, _ in program.outputs if name not in tensors]
     if not missing or any(name not in tensors for name in program.operands):
@@ -481,12 +608,24 @@ def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors
     accum_shape, _ = accum_shape_of(A, B)
     roles = tuple(classify_operand(n, tensors[n], accum_shape, A.device)[0] for n in program.operands)
     graph, _ = bound_graph(program, roles, len(accum_shape))
+    if compute_dtype is None:
+        compute_dtype = default_compute_dtype(A, B, *(tensors[n] for n in program.operands))
     specs = output_specs(graph, accum_shape, A, out_dtype, compute_dtype)
     out = dict(tensors)
     for name in missing:
         shape, dtype = specs[name]
         out[name] = torch.empty(shape, device=A.device, dtype=dtype)
     return out
+
+
+def check_real(args) -> None:
+    """A ShapeError where `args` (single or grouped) hold fake or meta tensors: kernels are
+    chosen and compiled from those, never run on them."""
+    if args.stand_in:
+        raise ShapeError("These arguments hold fake or meta tensors, which have no memory to compute "
+                         "on: kernels are chosen and compiled from them, not run on them.",
+                         hint="Build the arguments from real tensors of the same metadata and run the "
+                              "kernel on those.")
 
 
 def check_arguments(kernel, args, grouped: bool = False) -> None:

@@ -146,7 +146,7 @@ class NamedEpilogue(str):
         return gemm(A, B, self, **self.prepare(A, B, kwargs))
 
     def arguments(self, A: torch.Tensor, B: torch.Tensor, *, accumulator_type=torch.float32,
-                  precision: str = "default", compute_dtype=torch.float32,
+                  precision: str = "default", compute_dtype: torch.dtype | None = None,
                   out_dtype: torch.dtype | None = None, **tensors):
         """GemmArguments for `get_kernels` / `kernel.run`; outputs not passed are allocated."""
         tensors = allocate_outputs(self.program, A, B, self.prepare(A, B, tensors), out_dtype, compute_dtype)

@@ -16,8 +16,9 @@ op runs `epifuse.gemm`, so outputs not passed are allocated, autograd and torch.
 and the kernel is tuned. Because the method is plain Python over torch ops, calling
 `op.epilogue(A @ B, C, X, ...)` yourself is its eager reference.
 
-Options given to the constructor apply to every call: `out_dtype`, `compute_dtype`,
-`precision`, `deterministic`, `accumulate`.
+Options given to the constructor apply to every call: `out_dtype`, `compute_dtype` (default:
+the promoted dtype of the inputs, as for `epifuse.gemm`), `precision`, `deterministic`,
+`accumulate`.
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ class FusedGemm:
         cls.operands = cls.program.operands
         cls.outputs = tuple(n for n, _ in cls.program.outputs)
 
-    def __init__(self, *, out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype = torch.float32,
+    def __init__(self, *, out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None,
                  precision: str = "default", deterministic: bool = False, accumulate: bool = False):
         if type(self).program is None:
             raise TypeError(f"{type(self).__name__} defines no epilogue: subclass FusedGemm and write "

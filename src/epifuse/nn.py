@@ -11,7 +11,8 @@ an epilogue with a `bias` parameter receives the bias and uses it as it likes. O
 the epilogue are passed to `forward` by name (`layer(x, C=residual)`); tensors shaped like the
 output are flattened with it. Gradients, torch.compile, CUDA graphs and autocast (fp16/bf16:
 x and W are cast, the output has the autocast dtype, the epilogue computes in fp32) work as for
-`nn.Linear`; float64 layers compute their epilogue in float64. See docs/autograd.md for
+`nn.Linear`; the epilogue computes in the promoted dtype of the inputs (float64 layers and
+operands in float64), as `epifuse.gemm` does by default. See docs/autograd.md for
 what the backward fuses.
 """
 from __future__ import annotations
@@ -27,8 +28,9 @@ from torch import Tensor, nn
 from . import torch_ops
 from .activations import ACTIVATIONS, activation_source, of_module
 from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
-from .frontend import Expr, Program, Statement, parse
+from .frontend import Expr, Program, Statement, parse, rename
 from .printing import FreshNames
+from .shapes import check_tensor
 
 def _program(epilogue, bias: bool) -> tuple[Program, str | None, str]:
     """(program, the operand that receives the bias, a label for repr)."""
@@ -58,17 +60,9 @@ def _add_bias(program: Program) -> Program:
     names = FreshNames(taken)
     bias, pre = names.fresh("bias"), names.fresh("accum_plus_bias")
     loc = program.statements[0].loc if program.statements else program.outputs[0][1]
-
-    def swap(e: Expr) -> Expr:
-        if e.kind == "name" and e.value == "accum":
-            return dataclasses.replace(e, value=pre)
-        if e.kind == "call":
-            return dataclasses.replace(e, args=tuple(swap(a) for a in e.args))
-        return e
-
     first = Statement(pre, Expr("call", "add", (Expr("name", "accum", loc=loc),
                                                 Expr("name", bias, loc=loc)), loc=loc), loc)
-    statements = (first,) + tuple(dataclasses.replace(s, expr=swap(s.expr))
+    statements = (first,) + tuple(dataclasses.replace(s, expr=rename(s.expr, {"accum": pre}))
                                   for s in program.statements)
     extra = {"param_locs": program.param_locs + (loc,)} if hasattr(program, "param_locs") else {}
     return dataclasses.replace(program, params=program.params + (bias,), statements=statements, **extra)
@@ -140,9 +134,11 @@ class FusedLinear(nn.Module):
         layer._set_epilogue(epilogue)
         return layer
 
-    def forward(self, x: Tensor, **operands):
+    def forward(self, x: Tensor, /, **operands):
         if not isinstance(x, Tensor):
             raise EpilogueArgumentError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if not torch.compiler.is_compiling():   # dynamo cannot trace the checks; the op's impls make them
+            check_tensor("x", x)   # before reshape: a layout no kernel reads is named as x's
         if x.dim() == 0:
             raise ShapeError(f"x is a 0-dim tensor but the layer takes (..., in_features={self.in_features})")
         if x.shape[-1] != self.in_features:
@@ -166,9 +162,8 @@ class FusedLinear(nn.Module):
                 raise EpilogueArgumentError("layer.bias is None, but the layer's epilogue adds a bias.",
                                             hint="Build the layer with bias=False for one without.")
             operands[self._bias_name] = bias
-        compute = torch.float64 if x2.dtype == torch.float64 else torch.float32
         outs = torch_ops.gemm(x2, weight.t(), self._epilogue_id, recompute=self.recompute,
-                              compute_dtype=compute, **operands)
+                              **operands)
         single = not isinstance(outs, tuple)
         outs = (outs,) if single else outs
         rows = x2.shape[0]

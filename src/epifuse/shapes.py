@@ -11,6 +11,7 @@ import math
 import warnings
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from .errors import ShapeError
 from .ir import AXES, Operand
@@ -32,14 +33,58 @@ def _shape(shape) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-def _check_layout(label: str, t: torch.Tensor) -> None:
-    """Kernels index memory by strides: sparse, quantized and other non-strided tensors have none."""
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def is_stand_in(t: torch.Tensor) -> bool:
+    """Whether `t` is a planning stand-in without memory: a meta or fake tensor (FakeTensor,
+    and functional wrappers of one). Kernels are chosen and compiled from its metadata; it
+    is never read or written."""
+    if t.device.type == "meta":
+        return True
+    return type(t) not in _PLAIN and is_fake(t)
+
+
+def misalignment(t: torch.Tensor) -> int:
+    """How many bytes past a 16-byte boundary `t`'s first element lies. A stand-in has no
+    address: it is planned as the real tensor of its metadata lies, at its storage offset
+    from an allocation's aligned start."""
+    if is_stand_in(t):
+        return (t.storage_offset() * t.element_size()) % 16
+    return t.data_ptr() % 16
+
+
+def check_tensor(label: str, t: torch.Tensor) -> None:
+    """What kernels need of any tensor they read or write: dense strided memory (not sparse,
+    mkldnn, nested or quantized), no lazy sign bit, and a storage that holds the whole view.
+    Kernels index memory by strides and read or write it as it is."""
+    if t.is_nested:
+        raise ShapeError(f"{label} is a nested tensor; epifuse needs dense (strided) tensors.",
+                         hint="Run each of its components as a GEMM of its own, or pad it "
+                              "(.to_padded_tensor(0)).")
     if t.layout != torch.strided:
         raise ShapeError(f"{label} has layout {t.layout}; epifuse needs dense (strided) tensors.",
                          hint="Convert it first, e.g. with .to_dense().")
     if t.is_quantized:
         raise ShapeError(f"{label} is a quantized tensor ({t.dtype}); epifuse needs plain "
                          "floating-point or integer tensors.", hint="Dequantize it first (.dequantize()).")
+    for bit, is_set, resolve in (("negative", t.is_neg, "resolve_neg"), ("conjugate", t.is_conj, "resolve_conj")):
+        if is_set():
+            raise ShapeError(f"{label} has torch's {bit} bit set (a lazy view such as x.conj().imag or "
+                             "torch._neg_view(x)): its memory holds the values without that sign, and "
+                             "kernels read and write memory as it is.",
+                             hint=f"Pass .{resolve}() of it (a plain copy); an output must be a plain "
+                                  "tensor, since the kernel writes its memory directly.")
+    if t.numel() and not is_stand_in(t):
+        size = t.element_size()
+        reach = (t.storage_offset() + span(t)) * size
+        held = t.untyped_storage().nbytes()
+        if reach > held:
+            raise ShapeError(f"{label}'s storage holds {held} bytes but the tensor reaches {reach}: its "
+                             "storage was freed or shrunk (untyped_storage().resize_()), so it has no "
+                             "data there.",
+                             hint="Give the storage its size back (untyped_storage().resize_(n)) or pass "
+                                  "another tensor.")
 
 
 def accum_shape_of(A, B) -> tuple[tuple[int, ...], tuple[int, int, int, int]]:
@@ -47,7 +92,7 @@ def accum_shape_of(A, B) -> tuple[tuple[int, ...], tuple[int, int, int, int]]:
     for label, t in (("A", A), ("B", B)):
         if not isinstance(t, torch.Tensor):
             raise ShapeError(f"{label} must be a torch.Tensor, but got {type(t).__name__}.")
-        _check_layout(label, t)
+        check_tensor(label, t)
         if t.dim() not in (2, 3):
             raise ShapeError(f"{label} must be 2-D or 3-D (batched), but has shape {_shape(t.shape)}.")
         if t.is_complex() or t.dtype == torch.bool:
@@ -74,7 +119,7 @@ def classify_operand(name: str, value, accum_shape, device) -> tuple[Operand, di
     if not isinstance(value, torch.Tensor):
         _check_number(name, value)
         return Operand(name, "number", ()), {}
-    _check_layout(f"Operand {name}", value)
+    check_tensor(f"Operand {name}", value)
     if value.device != device:
         raise ShapeError(f"Operand {name} is on {value.device} but A and B are on {device}.")
     if value.numel() == 1:
@@ -134,7 +179,7 @@ def _storable(dtype: torch.dtype) -> bool:
 def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, op) -> dict:
     """Strides of an output per stored axis; checks its shape (and reduction dims), dtype, device
     and that no two of its elements share memory. `op` is the reduction's OpDef, None for a tile."""
-    _check_layout(f"Output {name}", dest)
+    check_tensor(f"Output {name}", dest)
     if dest.device != device:
         raise ShapeError(f"Output {name} is on {dest.device} but A and B are on {device}.")
     if dest.is_complex():
@@ -172,14 +217,22 @@ def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, op)
             raise ShapeError(f"Output {name} has shape {_shape(dest.shape)} but {kind}(dim=({reduced})) "
                              f"over accum {_shape(accum_shape)} gives one value: pass a one-element tensor.")
         return {a: 0 for a in AXES if a not in dims}
-    if tuple(dest.shape) == kept_shape:
-        strides = dict(zip(kept, dest.stride()))
-    elif tuple(dest.shape) == keep_shape:
-        strides = {a: dest.stride(i) for i, a in enumerate(acc_axes) if a in kept}
-    else:
+    # torch broadcasting: the result (kept_shape) or its keepdim form, less any leading ones
+    forms = {}
+    for axes, shape in ((kept, kept_shape), (acc_axes, keep_shape)):
+        start = 0
+        while True:
+            forms.setdefault(shape[start:], axes[start:])
+            if start == len(shape) - 1 or shape[start] != 1:
+                break
+            start += 1
+    axes = forms.get(tuple(dest.shape))
+    if axes is None:
+        shapes = [_shape(f) for f in forms]
         raise ShapeError(f"Output {name} has shape {_shape(dest.shape)} but {kind}(dim=({reduced})) "
                          f"over accum {_shape(accum_shape)} gives {_shape(kept_shape)}: expected "
-                         f"{_shape(kept_shape)} or {_shape(keep_shape)}.")
+                         f"{', '.join(shapes[:-1])} or {shapes[-1]}.")
+    strides = {a: dest.stride(i) for i, a in enumerate(axes) if a in kept}
     sizes = dict(zip(acc_axes, accum_shape))
     return {a: (strides[a] if sizes.get(a, 1) > 1 and a in strides else 0)
             for a in AXES if a not in dims}
@@ -215,25 +268,36 @@ def self_overlaps(t: torch.Tensor) -> bool:
     return torch.unique(offsets).numel() != t.numel()
 
 
+def address(t: torch.Tensor) -> tuple[int, int]:
+    """(memory, byte address) of `t`'s first element: memory 0 and the address for a real
+    tensor; for a stand-in (meta, fake), which has no address, its storage's identity and its
+    offset into it, so that only views of one storage can meet."""
+    if is_stand_in(t):
+        return t.untyped_storage()._cdata, t.storage_offset() * t.element_size()
+    return 0, t.data_ptr()
+
+
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors share any byte of memory (by the spans their strides reach)."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
         return False
-    if a.device.type == "meta":
-        return False  # meta tensors have no memory
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    (memory_a, a0), (memory_b, b0) = address(a), address(b)
+    if memory_a != memory_b:
         return False
-
-    a0, b0 = a.data_ptr(), b.data_ptr()
     a1, b1 = a0 + span(a) * a.element_size(), b0 + span(b) * b.element_size()
     return a0 < b1 and b0 < a1
+
+
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` are one view of one memory: the same first element, shape and strides."""
+    return address(a) == address(b) and a.shape == b.shape and a.stride() == b.stride()
 
 
 def layout_class(t: torch.Tensor) -> tuple:
     """What the TMA kernels' support and plans read of a tensor's layout: which of its last two
     dimensions is contiguous, and whether its base and leading strides are 16-byte aligned."""
     size = t.element_size()
-    return (t.stride(-1) == 1, t.dim() > 1 and t.stride(-2) == 1, t.data_ptr() % 16 == 0,
+    return (t.stride(-1) == 1, t.dim() > 1 and t.stride(-2) == 1, misalignment(t) == 0,
             all((s * size) % 16 == 0 for s in t.stride()[:-1]))
 
 

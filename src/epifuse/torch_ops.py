@@ -31,7 +31,9 @@ Autograd (`epifuse::gemm` only; see docs/autograd.md): the backward is derived f
 (`epifuse.autodiff`) and is itself an epilogue run by the same kernels, followed by two torch
 matmuls for dA and dB. By default the forward also stores accum (the epilogue gets one extra
 output, dropped before the caller sees it) and the backward reads it; `recompute=True` keeps
-no accum and the backward kernel recomputes A @ B instead.
+no accum and the backward kernel recomputes A @ B instead. The backward's epilogue runs through
+the same op, so it is differentiable in turn (create_graph=True, gradgradcheck): the saved
+accum is an output of the forward, and the gradient it receives is accum's.
 
 >>> import torch, epifuse
 >>> from epifuse import torch_ops
@@ -49,6 +51,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import keyword
 import math
 import threading
 import zlib
@@ -59,15 +62,15 @@ import torch
 from torch import Tensor
 
 from .arguments import (IDENTITY_EPILOGUE, EpilogueArguments, GemmArguments, bound_graph, output_specs,
-                        check_keywords, reduction_dtype)
+                        check_keywords, default_compute_dtype, reduction_dtype)
 from .autodiff import derive, restrict
 from .backends.select import choose_kernel
-from .errors import EpilogueArgumentError
-from .frontend import Expr, Program, Statement, parse
+from .errors import EpilogueArgumentError, ShapeError
+from .frontend import IDENTIFIER, RESERVED_KEYWORDS, Expr, Program, Statement, parse
 from .ir import AXES
 from .ops import dtype_from_name, dtype_name
 from .printing import FreshNames, dump_program, graph_source, load_program
-from .shapes import accum_shape_of, classify_operand
+from .shapes import accum_shape_of, check_tensor, classify_operand
 
 
 # ---- the epilogue table -----------------------------------------------------------------------
@@ -143,22 +146,120 @@ def resolve(key: str) -> Entry:
     if eid is not None:
         return _TABLE[eid]
     program, save_accum = read_key(key)
-    return _TABLE[register_epilogue(program, save_accum)]
+    try:
+        eid = register_epilogue(program, save_accum)
+    except RecursionError:   # hashing and printing a Program recurse once per level of nesting
+        raise EpilogueArgumentError(
+            "epifuse::gemm got an epilogue key whose expressions nest too deeply to register.",
+            hint="Split the long expression into several assignments.") from None
+    with _LOCK:
+        _KEYS.setdefault(key, eid)   # the same program, whatever the JSON's spacing
+    return _TABLE[eid]
+
+
+# A key's JSON is at most this long once decompressed (a parsed epilogue's is far shorter), and
+# its expressions nest at most this deep (the parser's nesting limit keeps a parsed one shallower).
+_MAX_KEY_TEXT = 1 << 26
+_MAX_KEY_DEPTH = 1000
 
 
 def read_key(key: str) -> tuple[Program, bool]:
-    """The program and save_accum flag an epilogue key spells (EpilogueArgumentError if none)."""
+    """The program and save_accum flag an epilogue key spells; EpilogueArgumentError where it
+    spells none, or a program the parser would refuse (_check_program)."""
+    if not isinstance(key, str):
+        raise EpilogueArgumentError(f"epifuse::gemm takes its epilogue as a key string, not a "
+                                    f"{type(key).__name__}.")
     try:
         tag, save_accum, digest, body = key.split(":")
-        text = zlib.decompress(base64.urlsafe_b64decode(body.encode("ascii"))).decode()
+        inflate = zlib.decompressobj()
+        data = inflate.decompress(base64.urlsafe_b64decode(body.encode("ascii")), _MAX_KEY_TEXT)
+        if inflate.unconsumed_tail or not inflate.eof:
+            raise ValueError("the compressed program is cut short or too long")
+        text = data.decode()
         if tag != _KEY_TAG or save_accum not in ("0", "1") \
                 or hashlib.sha256(text.encode()).hexdigest()[:32] != digest:
-            raise ValueError(tag)
-        return load_program(text), save_accum == "1"
-    except (ValueError, zlib.error, UnicodeError):
+            raise ValueError("not an epilogue key, or its digest does not match")
+        program = load_program(text)
+        _check_program(program)
+        return program, save_accum == "1"
+    except (ValueError, zlib.error, UnicodeError) as exc:
         raise EpilogueArgumentError(
-            f"epifuse::gemm got an epilogue argument it cannot read: {key[:60]!r}...",
+            f"epifuse::gemm got an epilogue argument it cannot read ({exc}): {key[:60]!r}...",
             hint="Pass an epilogue's key: torch_ops.entry(torch_ops.register_epilogue(epi)).key.") from None
+
+
+def _check_program(program: Program) -> None:
+    """ValueError unless `program` is one the parser could have produced: what frontend.parse
+    checks on source, checked on the Program itself (load_program has checked each name's
+    spelling, each op's name and arity and each parameter's kind). A key is read in another
+    process, maybe from a file on disk, so nothing in it is taken on trust: an output returned
+    twice, a name read before it is assigned or a parameter passed twice would otherwise reach
+    the binder and the kernels."""
+    if not (program.name.isidentifier() and not keyword.iskeyword(program.name)):
+        raise ValueError(f"the function name {program.name!r} is not a Python name")
+    if len(program.param_locs) != len(program.params):
+        raise ValueError(f"{len(program.params)} parameters but {len(program.param_locs)} places")
+    defined: set[str] = set()
+    for name in program.params:
+        _check_name(name, "parameter")
+        _check_not_reserved(name, "parameter")
+        if name in defined:
+            raise ValueError(f"the parameter {name!r} is listed twice")
+        defined.add(name)
+    if "accum" not in defined:
+        raise ValueError("accum is not a parameter")
+    for statement in program.statements:
+        _check_name(statement.target, "variable")
+        _check_expr(statement.expr, defined)
+        if statement.target in defined:
+            raise ValueError(f"the variable {statement.target!r} is assigned twice")
+        defined.add(statement.target)
+    if not program.outputs:
+        raise ValueError("the program returns nothing")
+    returned: set[str] = set()
+    for name, _ in program.outputs:
+        if name not in defined:
+            raise ValueError(f"the output {name!r} is never assigned")
+        if name in returned:
+            raise ValueError(f"the output {name!r} is returned twice")
+        _check_not_reserved(name, "output")
+        returned.add(name)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not IDENTIFIER.match(name) or name.startswith("__"):
+        raise ValueError(f"the {what} name {name!r} is not one an epilogue may use")
+
+
+def _check_not_reserved(name: str, what: str) -> None:
+    if name in RESERVED_KEYWORDS:
+        raise ValueError(f"the {what} {name!r} has the name of an option")
+
+
+def _check_expr(expr: Expr, defined: set) -> None:
+    """Names assigned before they are read, float literals (the parser makes every number
+    literal a float), each parameter once and never a bare int (only dims are ints, in a
+    tuple), clamp with a bound, and no deeper nesting than a statement the parser accepts."""
+    stack = [(expr, 1)]
+    while stack:
+        e, depth = stack.pop()
+        if depth > _MAX_KEY_DEPTH:
+            raise ValueError(f"an expression nests more than {_MAX_KEY_DEPTH} deep")
+        if e.kind == "name":
+            if e.value not in defined:
+                raise ValueError(f"{e.value!r} is read before it is assigned")
+        elif e.kind == "const":
+            if type(e.value) is not float:
+                raise ValueError(f"the literal {e.value!r} is not a float")
+        else:
+            keys = [k for k, _ in e.params]
+            if len(set(keys)) != len(keys):
+                raise ValueError(f"{e.value}() gets a parameter twice")
+            if any(type(v) is int for _, v in e.params):
+                raise ValueError(f"{e.value}() gets an int parameter where the parser writes a float")
+            if e.value == "clamp" and not e.params:
+                raise ValueError("clamp() has no bound")
+            stack.extend((a, depth + 1) for a in e.args)
 
 
 def _with_accum_output(program: Program) -> Program:
@@ -287,8 +388,10 @@ def _gemm_out(epilogue: str, A: Tensor, B: Tensor, tensors: list[Tensor], number
 @_gemm_out.register_fake
 def _gemm_out_fake(epilogue, A, B, tensors, numbers, kinds, outputs, compute_dtype, accumulate,
                    deterministic, precision):
-    program = resolve(epilogue).program
-    _plan(program, A, B, unpack(program.operands, tensors, numbers, kinds))
+    e = resolve(epilogue)
+    _plan(e.program, A, B, unpack(e.program.operands, tensors, numbers, kinds))
+    for name, t in zip(e.output_names, outputs):
+        check_tensor(f"Output {name}", t)
     return None
 
 
@@ -370,17 +473,24 @@ def _backward(ctx, grads):
     wrt = (("accum",) if need_a or need_b else ()) + tuple(
         name for name, need in zip(tensor_names, need_ops) if need)
     seeded = tuple(name for name, g in zip(e.output_names[:e.visible], grads) if g is not None)
+    # The saved accum is an output too: differentiating the backward (create_graph=True) sends
+    # it a gradient, which is accum's own (saved_accum = accum).
+    saved_grad = grads[-1] if e.saves_accum else None
     result_ops = [None] * len(tensors)
     # The structure must mirror the inputs': an empty float list reads as an empty tensor list.
     no_numbers = [] if not ctx.numbers else None
-    if not wrt or not seeded:
+    if not wrt or not (seeded or (saved_grad is not None and "accum" in wrt)):
         return (None, None, None, result_ops, no_numbers) + (None,) * 5
-    plan = _backward_plan(ctx.epilogue, roles, len(accum_shape), wrt, seeded)
     step = _Step(ctx.options, graph, accum_shape, values, accum, A, B)
-    results = step.run(plan, dict(zip(e.output_names, grads)))
+    plan, results = None, {}
+    if seeded:
+        plan = _backward_plan(ctx.epilogue, roles, len(accum_shape), wrt, seeded)
+        results = step.run(plan, dict(zip(e.output_names, grads)))
     grad_a = grad_b = None
     if "accum" in wrt:
-        d_accum = results.get(plan.grads["accum"])
+        d_accum = results.get(plan.grads["accum"]) if plan is not None else None
+        if saved_grad is not None:
+            d_accum = saved_grad if d_accum is None else d_accum + saved_grad.to(d_accum.dtype)
         if d_accum is None:
             d_accum = torch.zeros(accum_shape, dtype=step.accum_dtype, device=A.device)
         if need_a:
@@ -389,7 +499,7 @@ def _backward(ctx, grads):
             grad_b = torch.matmul(A.mT.to(d_accum.dtype), d_accum).sum_to_size(B.shape).to(B.dtype)
     for i, (name, need) in enumerate(zip(tensor_names, need_ops)):
         if need:
-            t, out_name = values[name], plan.grads[name]
+            t, out_name = values[name], plan.grads[name] if plan is not None else None
             grad = torch.zeros_like(t) if out_name is None else results[out_name].reshape(t.shape)
             result_ops[i] = grad.to(t.dtype)
     return (None, grad_a, grad_b, result_ops, no_numbers) + (None,) * 5
@@ -471,27 +581,49 @@ torch.library.register_autograd("epifuse::gemm", _backward, setup_context=_setup
 
 # ---- the Python entry points --------------------------------------------------------------------
 
+def _check_tensors(A, B, tensors: dict, outputs) -> None:
+    """shapes.check_tensor on A, B and every tensor keyword (an operand, or one of `outputs`),
+    labelled as epifuse.gemm labels them, before autograd or the op's dispatch reads any of them:
+    torch's own handling there is no answer for the layouts kernels cannot take (a jagged nested
+    tensor fails deep in its dispatch, a negative or conjugate bit is resolved on inputs but not
+    on outputs). Stand-ins (fake tensors while torch.compile traces, meta tensors) have no
+    storage to check, which check_tensor knows."""
+    for label, t in (("A", A), ("B", B)):
+        if not isinstance(t, Tensor):
+            raise ShapeError(f"{label} must be a torch.Tensor, but got {type(t).__name__}.")
+        check_tensor(label, t)
+    for name, value in tensors.items():
+        if isinstance(value, Tensor):
+            check_tensor(f"Output {name}" if name in outputs else f"Operand {name}", value)
+
+
 def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
          out_dtype: torch.dtype | None = None, accumulate: bool = False,
-         deterministic: bool = False, compute_dtype: torch.dtype = torch.float32,
+         deterministic: bool = False, compute_dtype: torch.dtype | None = None,
          precision: str = "default", recompute: bool = False, **tensors):
     """`epifuse.gemm` through the custom ops: differentiable and traceable by torch.compile.
 
     Outputs not passed are allocated (tile outputs in `out_dtype`, default A's dtype);
     outputs passed are written in place (no autograd through them, as torch's out=).
     `recompute=True`: the backward recomputes A @ B instead of reading a saved accum.
+    `compute_dtype` defaults to the promoted dtype of A, B and the tensor operands
+    (arguments.default_compute_dtype).
     """
     needing_grad = [name for name, t in (("A", A), ("B", B), *tensors.items())
                     if isinstance(t, Tensor) and t.requires_grad] if torch.is_grad_enabled() else []
     wants_grad = bool(needing_grad)
     save = wants_grad and not recompute
     key, operand_names, output_names, visible = _describe(epilogue, save)
+    if not torch.compiler.is_compiling():   # dynamo cannot trace is_neg(): the fake impls check then
+        _check_tensors(A, B, tensors, output_names[:visible])
     allowed = (*operand_names, *output_names[:visible])
     if any(name not in tensors for name in operand_names) or any(name not in allowed for name in tensors):
         # plain membership tests while torch.compile traces; the full check only to raise
         check_keywords(resolve(key).program, tensors, required=operand_names, allowed=allowed)
     given = [name for name in output_names[:visible] if name in tensors]
     operands, numbers, kinds = pack(operand_names, tensors)
+    if compute_dtype is None:
+        compute_dtype = default_compute_dtype(A, B, *operands)
     if given:
         if wants_grad:
             raise EpilogueArgumentError(

@@ -74,6 +74,39 @@ def test_fuzzed_sources_bind_and_hash_stably(ex):
         assert build(other, "cpu")[0].key == args.key
 
 
+@pytest.mark.slow
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(ex=examples())
+def test_fuzzed_problems_plan_alike_from_fake_tensors(ex):
+    """Every generated problem planned from fake tensors of its tensors (views sharing their
+    storage as the real ones do; reading a data pointer refused): GemmArguments takes them,
+    every kernel's status is the one the real tensors get, and each kernel offered compiles."""
+    import torch
+    import torch._functorch.config as functorch_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import epifuse
+    note(describe(ex))
+    args, _ = build(ex, "cpu")
+    with functorch_config.patch(fake_tensor_allow_unsafe_data_ptr_access=False):
+        mode = FakeTensorMode()
+
+    def fake(value):
+        return mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+    epi = epifuse.EpilogueArguments(args.epilogue.program, accumulate=args.accumulate,
+                                    deterministic=args.deterministic, compute_dtype=args.compute_dtype,
+                                    **{n: fake(v) for n, v in {**args.operands, **args.outputs}.items()})
+    planned = epifuse.GemmArguments(fake(args.A), fake(args.B), epilogue=epi, precision=args.precision)
+    assert planned.key == args.key
+    statuses = epifuse.kernel_statuses(planned)
+    assert [(repr(k), s) for k, s in statuses] == [(repr(k), s) for k, s in epifuse.kernel_statuses(args)]
+    for kernel, status in statuses:
+        if status.ok:
+            kernel.compile(planned)
+
+
 def _rename(source: str, old: str, new: str) -> str:
     import io
     import tokenize

@@ -220,3 +220,285 @@ def test_negation_flips_the_sign_of_zero_large():
 def test_summed_logs_near_one_keep_their_digits_large():
     from test_reductions import test_summed_logs_near_one_keep_their_digits
     test_summed_logs_near_one_keep_their_digits("cuda")
+
+
+# ---- kept launches shared by threads, streams and graphs; stand-ins; arguments that changed ------
+
+SHARED_SRC = ("def epi(accum, bias):\n    D = accum + bias\n    r = sum(D, dim=1)\n    m = max(D, dim=0)\n"
+              "    return D, r, m\n")
+
+
+def _shared_site_calls(threads: int, calls: int, streams: list, M=256, N=384, K=1024) -> list:
+    """`threads` workers each make `calls` epifuse.gemm calls of one signature at once, worker i
+    on streams[i % len(streams)] (None: the default stream); (worker, call, output) of every
+    result that is not exact."""
+    import threading
+    B = integer_tensor(K, N, low=-1, high=2, dtype=torch.float16, device="cuda")
+    start, errors = threading.Barrier(threads), []
+
+    def worker(index):
+        stream = streams[index % len(streams)] or torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            start.wait()
+            for call in range(calls):
+                A = integer_tensor(M, K, dtype=torch.float16, device="cuda")
+                bias = integer_tensor(N, dtype=torch.float32, device="cuda")
+                r = torch.full((M,), float("nan"), dtype=torch.float16, device="cuda")
+                D, r, m = epifuse.gemm(A, B, SHARED_SRC, bias=bias, r=r, out_dtype=torch.float32)
+                stream.synchronize()
+                expected = A.double() @ B.double() + bias.double()
+                for name, got, want in (("D", D, expected), ("r", r, expected.sum(1).half()),
+                                        ("m", m, expected.amax(0))):
+                    if not torch.equal(got.double(), want.double()):
+                        errors.append((index, call, name))
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return errors
+
+
+@pytest.mark.parametrize("kernel", ["chosen", "triton_splitk"])
+@pytest.mark.parametrize("streams", ["one stream", "two streams"])
+def test_threads_and_streams_share_kept_launches(kernel, streams, monkeypatch):
+    """Eight threads calling one signature at once, on one stream and on two CUDA streams (a
+    site each), with reductions (an fp16 sum through a work buffer, a max through partials) and
+    with split-K's kept workspace: every result exact, the kept launches used."""
+    from epifuse import api
+    from epifuse.runtime import callsite
+    if kernel != "chosen":
+        real = api.choose_kernel
+        monkeypatch.setattr(api, "choose_kernel", lambda args: next(
+            (k for k in api.get_kernels(args) if k.name == kernel), None) or real(args))
+    import threading
+    served, lock, call = [0], threading.Lock(), callsite.Site.call
+
+    def counted(site, *args):
+        with lock:
+            served[0] += 1
+        return call(site, *args)
+    monkeypatch.setattr(callsite.Site, "call", counted)
+    callsite.clear()
+    chosen = [None] if streams == "one stream" else [torch.cuda.Stream(), torch.cuda.Stream()]
+    assert _shared_site_calls(8, 4, chosen) == []
+    assert served[0] >= 32 - 8   # at most each thread's first call a full one
+
+
+def test_a_call_captured_in_a_cuda_graph_shares_nothing_with_kept_launches():
+    """Calls of a kept signature before, into and after a CUDA graph capture: the captured call
+    takes the full path, so its replays (interleaved with eager calls on the same stream)
+    and the eager calls each compute their own inputs exactly."""
+    from epifuse.runtime import callsite
+    M, N, K = 256, 384, 512
+    B = integer_tensor(K, N, low=-1, high=2, dtype=torch.float16, device="cuda")
+    bias = integer_tensor(N, dtype=torch.float32, device="cuda")
+
+    def call(A):
+        return epifuse.gemm(A, B, SHARED_SRC, bias=bias, r=torch.empty(M, dtype=torch.float16, device="cuda"),
+                            out_dtype=torch.float32)
+
+    def check(A, outs):
+        expected = A.double() @ B.double() + bias.double()
+        assert torch.equal(outs[0].double(), expected)
+        assert torch.equal(outs[1].double(), expected.sum(1).half().double())
+        assert torch.equal(outs[2].double(), expected.amax(0))
+    for _ in range(2):
+        A = integer_tensor(M, K, dtype=torch.float16, device="cuda")
+        check(A, call(A))
+    static_A = integer_tensor(M, K, dtype=torch.float16, device="cuda")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call(static_A)   # warm-up on the capture stream: a site of its own
+    torch.cuda.current_stream().wait_stream(stream)
+    hits = callsite.HITS[0]
+    with torch.cuda.graph(graph, stream=stream):
+        captured = call(static_A)
+    assert callsite.HITS[0] == hits
+    for _ in range(3):
+        static_A.copy_(integer_tensor(M, K, dtype=torch.float16, device="cuda"))
+        graph.replay()
+        with torch.cuda.stream(stream):
+            A = integer_tensor(M, K, dtype=torch.float16, device="cuda")
+            eager = call(A)
+        torch.cuda.synchronize()
+        check(static_A, captured)
+        check(A, eager)
+
+
+@pytest.mark.parametrize("unsafe_data_ptr", [True, False], ids=["data-ptr-allowed", "data-ptr-refused"])
+def test_kernels_compiled_from_fake_tensors_run_on_real_ones(unsafe_data_ptr):
+    """GemmArguments of fake CUDA tensors: every kernel get_kernels offers compiles (Triton
+    specializes it on the fakes' dtypes and storage offsets), and runs exactly on the real
+    tensors of the same metadata, TMA kernels included."""
+    import torch._functorch.config as functorch_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    M, N, K = 512, 384, 256
+    S = integer_tensor(M * N + N + 1, dtype=torch.float32, device="cuda")
+    real = {"A": integer_tensor(M, K, dtype=torch.float16, device="cuda"),
+            "B": integer_tensor(N, K, low=-1, high=2, dtype=torch.float16, device="cuda").t(),
+            "bias": integer_tensor(N, dtype=torch.float32, device="cuda"),
+            "C": S[1:1 + M * N].view(M, N), "D": torch.empty(M, N, dtype=torch.float16, device="cuda"),
+            "r": torch.empty(M, device="cuda"), "m": S[1 + M * N:]}
+    src = "def epi(accum, bias, C):\n    D = accum + bias + C\n    r = sum(D, dim=1)\n    m = max(D, dim=0)\n    return D, r, m\n"
+    with functorch_config.patch(fake_tensor_allow_unsafe_data_ptr_access=unsafe_data_ptr):
+        mode = FakeTensorMode()
+
+    def args_of(t):
+        return epifuse.GemmArguments(t["A"], t["B"], epilogue=epifuse.EpilogueArguments(
+            src, bias=t["bias"], C=t["C"], D=t["D"], r=t["r"], m=t["m"]))
+    planned = args_of({name: mode.from_tensor(t) for name, t in real.items()})
+    real_args = args_of(real)
+    assert [(repr(k), s.ok) for k, s in epifuse.kernel_statuses(planned)] == \
+        [(repr(k), s.ok) for k, s in epifuse.kernel_statuses(real_args)]
+    kernels = epifuse.get_kernels(planned)
+    assert len(kernels) > 1
+    for kernel in kernels:
+        kernel.compile(planned)
+    for kernel in kernels:
+        for name in ("D", "r"):
+            real_args.outputs[name].fill_(float("nan"))
+        real["m"].fill_(float("nan"))
+        kernel.run(real_args)
+        torch.cuda.synchronize()
+        expected = reference_outputs(real_args)
+        for name, want in expected.items():
+            assert torch.equal(real_args.outputs[name].double(), want.to(real_args.outputs[name].dtype).double()), \
+                (kernel, name)
+
+
+@pytest.mark.parametrize("kernel_index", [0, 1, -2])
+def test_a_resized_tensor_stops_the_direct_launch(kernel_index):
+    """After direct launches (kernel.run on the same arguments), a resize_ of an output is
+    refused with nothing written, and a tensor given new memory is checked again and read
+    there."""
+    from epifuse.errors import ShapeError
+    M, N, K = 384, 512, 256
+    A = integer_tensor(M, K, dtype=torch.float16, device="cuda")
+    B = integer_tensor(K, N, low=-1, high=2, dtype=torch.float16, device="cuda")
+    bias = integer_tensor(N, dtype=torch.float32, device="cuda")
+    D = torch.empty(M, N, device="cuda")
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        "def epi(accum, bias):\n    D = accum + bias\n    return D\n", bias=bias, D=D))
+    kernel = epifuse.get_kernels(args)[kernel_index]
+    assert kernel.name != "reference"
+    for _ in range(3):
+        kernel.run(args)
+    assert args._plans[kernel].fast is not None
+    size = A.untyped_storage().nbytes()
+    A.untyped_storage().resize_(0)
+    A.untyped_storage().resize_(size)
+    A.copy_(integer_tensor(M, K, dtype=torch.float16, device="cuda"))
+    D.fill_(float("nan"))
+    kernel.run(args)
+    torch.cuda.synchronize()
+    assert torch.equal(D.double(), A.double() @ B.double() + bias.double())
+    guard = torch.full((M * N,), 7.0, device="cuda")
+    D.resize_(M // 2, N)
+    D.set_(guard.untyped_storage(), 0, (M // 2, N), (N, 1))
+    with pytest.raises(ShapeError, match="has shape"):
+        kernel.run(args)
+    torch.cuda.synchronize()
+    assert bool((guard == 7.0).all())
+
+
+# Conversions bit for bit in every family (test_dtypes.py's checks, on the GPU): K long enough
+# for split-K, one tile, so each family that runs it is listed by get_kernels.
+STORED = [torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
+          torch.int32, torch.int8, torch.uint8]
+
+
+def _families_expected():
+    names = {"triton_tiled", "triton_persistent", "triton_splitk", "triton_grouped"}
+    if torch.cuda.get_device_capability() == (9, 0):
+        names.add("gluon_pingpong")
+    return names
+
+
+@pytest.mark.parametrize("out_dtype", STORED, ids=str)
+def test_stores_round_and_saturate_bit_for_bit_in_every_family(out_dtype):
+    from test_dtypes import check_stores
+    ran = check_stores(out_dtype, "cuda", K=2048)
+    assert _families_expected() <= ran, ran
+
+
+@pytest.mark.parametrize("out_dtype", [torch.int8, torch.int32, torch.uint8], ids=str)
+def test_integer_product_ties_round_to_even_in_every_family(out_dtype):
+    """(accum + C) * 0.05 at ties: fma(x, s, 1.5 * 2**23) rounded 10.5 to 11 on an H100."""
+    from test_dtypes import check_integer_product_ties
+    ran = check_integer_product_ties(out_dtype, "cuda", K=2048)
+    assert _families_expected() <= ran, ran
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"])
+def test_rounding_through_a_dtype_is_torchs_in_every_family(name):
+    from test_dtypes import check_round_through
+    ran = check_round_through(name, "cuda", K=2048)
+    assert _families_expected() <= ran, ran
+
+
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_operands_load_every_value_exactly_in_every_family(in_dtype):
+    from test_dtypes import check_loads
+    ran = check_loads(in_dtype, "cuda", K=2048)
+    assert _families_expected() <= ran, ran
+
+
+def test_signed_zeros_keep_their_sign_large():
+    from test_kernels import test_signed_zeros_keep_their_sign
+    cases = [("D = X", "number"), ("D = X", "scalar"), ("D = X", "row"), ("D = accum + 1.0 / X", "number"),
+             ("D = 1.0 / tanh(X)", "tile"), ("D = 1.0 / (X * -1e-40)", "ones")]
+    for source, operand in cases:
+        for out_dtype in (torch.float32, torch.bfloat16):
+            test_signed_zeros_keep_their_sign(source, operand, out_dtype, "cuda")
+
+
+@pytest.mark.parametrize("unsafe_data_ptr", [True, False], ids=["data-ptr-allowed", "data-ptr-refused"])
+def test_grouped_kernels_compiled_from_fake_tensors_run_on_real_groups(unsafe_data_ptr):
+    """GroupedGemmArguments of fake CUDA tensors (mixture-of-experts sizes, an empty group, one
+    operand 2 bytes past a 16-byte boundary): every grouped kernel offered compiles, from the
+    source the real groups get, and runs exactly on them; run on the fakes is refused."""
+    import torch._functorch.config as functorch_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    src = ("def epi(accum, alpha, bias, C):\n    F = accum * alpha + bias + C\n    D = relu(F)\n"
+           "    r = sum(F, dim=1)\n    return D, F, r\n")
+    N, K = 384, 256
+    groups = []
+    for i, M in enumerate([0, 129, 777, 64]):
+        S = integer_tensor(M * N + 8, dtype=torch.float16, device="cuda")
+        start = 1 if i == 2 else 8
+        groups.append({"A": integer_tensor(M, K, dtype=torch.float16, device="cuda"),
+                       "B": integer_tensor(N, K, low=-1, high=2, dtype=torch.float16, device="cuda").t(),
+                       "bias": integer_tensor(N, dtype=torch.float32, device="cuda"),
+                       "C": S[start:start + M * N].view(M, N),
+                       "D": torch.empty(M, N, dtype=torch.float16, device="cuda"),
+                       "F": torch.empty(M, N, device="cuda"), "r": torch.empty(M, device="cuda")})
+    with functorch_config.patch(fake_tensor_allow_unsafe_data_ptr_access=unsafe_data_ptr):
+        mode = FakeTensorMode()
+
+    def grouped_of(gs):
+        return epifuse.GroupedGemmArguments([epifuse.GemmArguments(g["A"], g["B"], epilogue=epifuse.EpilogueArguments(
+            src, alpha=2.0, bias=g["bias"], C=g["C"], D=g["D"], F=g["F"], r=g["r"]), precision="highest") for g in gs])
+    planned = grouped_of([{name: mode.from_tensor(t) for name, t in g.items()} for g in groups])
+    real_args = grouped_of(groups)
+    assert [(repr(k), s.ok) for k, s in epifuse.kernel_statuses(planned)] == \
+        [(repr(k), s.ok) for k, s in epifuse.kernel_statuses(real_args)]
+    kernels = epifuse.get_kernels(planned)
+    assert kernels[0].name == "triton_grouped", epifuse.kernel_statuses(planned)
+    for kernel in kernels:
+        kernel.compile(planned)
+    expected = [reference_outputs(p) for p in real_args]
+    for kernel in kernels:
+        for p in real_args:
+            for dest in p.outputs.values():
+                dest.fill_(float("nan"))
+        kernel.run(real_args)
+        torch.cuda.synchronize()
+        for i, (p, ref) in enumerate(zip(real_args, expected)):
+            for name, want in ref.items():
+                assert torch.equal(p.outputs[name], want.to(p.outputs[name].dtype)), (kernel, i, name)
+    for kernel in kernels[:-1]:
+        assert kernel.plan(planned).kernel is kernel.plan(real_args).kernel, kernel
+        with pytest.raises(epifuse.EpilogueError, match="fake or meta tensors, which have no memory"):
+            kernel.run(planned)

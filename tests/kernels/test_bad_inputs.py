@@ -21,11 +21,12 @@ import pytest
 import torch
 
 import epifuse
-from epifuse import EpilogueArguments, EpilogueError, GemmArguments
+from epifuse import EpilogueArguments, EpilogueError, FusedGemm, GemmArguments, torch_ops
 from epifuse.errors import EpilogueArgumentError, EpilogueSyntaxError, ShapeError
+from epifuse.frontend import parse
 from epifuse.nn import FusedLinear
 from epifuse.shapes import overlaps
-from helpers import reference_outputs
+from helpers import integer_tensor, reference_outputs
 
 M, N, K, L = 8, 12, 7, 2
 
@@ -50,7 +51,7 @@ class Problem:
     tensors: dict = field(default_factory=dict)
     options: dict = field(default_factory=dict)        # EpilogueArguments / gemm options
     gemm_options: dict = field(default_factory=dict)   # GemmArguments options (out=, precision=, ...)
-    via: str = "args"                                  # "args": GemmArguments + every kernel; "gemm"
+    via: str = "args"                                  # "args": GemmArguments + every kernel; "gemm"; VIAS
     check: Callable | None = None                      # check(problem, outputs) for "ok" cases
 
 
@@ -104,6 +105,34 @@ def with_value(t: torch.Tensor, index: tuple, value: float) -> torch.Tensor:
 
 def meta(*shape, dtype=torch.float32):
     return torch.empty(shape, device="meta", dtype=dtype)
+
+
+def neg(t: torch.Tensor) -> torch.Tensor:
+    """A view of `t` with torch's negative bit: it reads as -t, its memory holds t."""
+    return torch._neg_view(t)
+
+
+def conj_imag(*shape, device="cpu") -> torch.Tensor:
+    """x.conj().imag of a complex x: a real view with the negative bit set."""
+    return torch.complex(ints(*shape, device=device), ints(*shape, device=device)).conj().imag
+
+
+def freed(t: torch.Tensor) -> torch.Tensor:
+    t.untyped_storage().resize_(0)
+    return t
+
+
+def shrunk(t: torch.Tensor, nbytes: int) -> torch.Tensor:
+    t.untyped_storage().resize_(nbytes)
+    return t
+
+
+def given_back(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s storage freed and given its size back (new memory, random values written)."""
+    size = t.untyped_storage().nbytes()
+    t.untyped_storage().resize_(0)
+    t.untyped_storage().resize_(size)
+    return t.copy_(ints(*t.shape, device=t.device, dtype=t.dtype))
 
 
 def overlapping(shape, strides, device):
@@ -233,6 +262,12 @@ CASES: list = [
                       ShapeError, "A must be a torch.Tensor, but got list."),
                  id="shape-A-a-list"),
     Case("shape-B-a-numpy-array", lambda d: Problem(ints(M, K, device=d), np.ones((K, N), np.float32), tensors={"bias": 1.0, "D": out(device=d)}),
+         ShapeError, "B must be a torch.Tensor, but got ndarray."),
+    Case("shape-A-a-list-via-torch-ops-grad", lambda d: Problem([[1.0] * K] * M, ints(K, N, device=d), tensors={"bias": ints(N, device=d)},
+                                                                via="torch-ops-grad"),
+         ShapeError, "A must be a torch.Tensor, but got list."),
+    Case("shape-B-a-numpy-array-via-torch-ops-grad", lambda d: Problem(ints(M, K, device=d), np.ones((K, N), np.float32),
+                                                                       tensors={"bias": ints(N, device=d)}, via="torch-ops-grad"),
          ShapeError, "B must be a torch.Tensor, but got ndarray."),
     Case("shape-A-sparse", lambda d: Problem(ints(M, K).to_sparse(), ints(K, N), tensors={"bias": 1.0, "D": out()}),
          ShapeError, "A has layout torch.sparse_coo; epifuse needs dense (strided) tensors."),
@@ -400,10 +435,9 @@ CASES: list = [
     Case("operand-named-like-an-option", lambda d: Problem(*ab(d), "def epi(accum, accumulate):\n    D = accum + accumulate\n    return D\n",
                                                            {"D": out(device=d)}),
          EpilogueSyntaxError, "The name 'accumulate' cannot be an operand or output"),
-    pytest.param(Case("operand-named-A-via-gemm", lambda d: Problem(*ab(d), "def epi(accum, A):\n    D = accum + A\n    return D\n",
-                                                                    {"A": 2.0}, via="gemm",
-                                                                    check=lambda p, o: torch.equal(o["D"].double().cpu(), accum_of(p) + 2))),
-                 id="operand-named-A-via-gemm"),
+    Case("operand-named-A-via-gemm", lambda d: Problem(*ab(d), "def epi(accum, A):\n    D = accum + A\n    return D\n",
+                                                       {"A": 2.0}, via="gemm"),
+         EpilogueSyntaxError, "The name 'A' cannot be an operand or output: it clashes with the gemm option 'A'"),
 
     # reduction destinations
     Case("reduction-destination-wrong-length", lambda d: Problem(*ab(d), red("sum"), {"r": out(M + 1, device=d)}),
@@ -450,7 +484,138 @@ CASES: list = [
     Case("non-leaf-output-requires-grad", lambda d: bias_problem(d, D=out(device=d).requires_grad_() * 1.0),
          EpilogueArgumentError, "Output D requires grad"),
     Case("output-requires-grad-detached-is-fine", lambda d: bias_problem(d, D=out(device=d).requires_grad_().detach())),
+
+    # torch's lazy sign bits: the memory holds the values without the sign
+    Case("view-bit-neg-A", lambda d: Problem(neg(ints(M, K, device=d)), ints(K, N, device=d), tensors={"bias": 1.0, "D": out(device=d)}),
+         ShapeError, "A has torch's negative bit set"),
+    Case("view-bit-neg-B", lambda d: Problem(ints(M, K, device=d), neg(ints(K, N, device=d)), tensors={"bias": 1.0, "D": out(device=d)}),
+         ShapeError, "B has torch's negative bit set"),
+    Case("view-bit-conj-imag-A", lambda d: Problem(conj_imag(M, K, device=d), ints(K, N, device=d), tensors={"bias": 1.0, "D": out(device=d)}),
+         ShapeError, "A has torch's negative bit set"),
+    Case("view-bit-neg-operand", lambda d: bias_problem(d, bias=neg(ints(N, device=d))),
+         ShapeError, "Operand bias has torch's negative bit set"),
+    Case("view-bit-conj-imag-operand", lambda d: bias_problem(d, bias=conj_imag(M, N, device=d)),
+         ShapeError, "Operand bias has torch's negative bit set"),
+    Case("view-bit-neg-one-element-operand", lambda d: bias_problem(d, bias=neg(ints(1, device=d))),
+         ShapeError, "Operand bias has torch's negative bit set"),
+    Case("view-bit-neg-output", lambda d: bias_problem(d, D=neg(out(device=d))),
+         ShapeError, "Output D has torch's negative bit set"),
+    Case("view-bit-conj-imag-output", lambda d: bias_problem(d, D=conj_imag(M, N, device=d)),
+         ShapeError, "Output D has torch's negative bit set"),
+    Case("view-bit-neg-reduction-output", lambda d: Problem(*ab(d), red("sum"), {"r": neg(out(M, device=d))}),
+         ShapeError, "Output r has torch's negative bit set"),
+    Case("view-bit-neg-operand-via-gemm", lambda d: Problem(*ab(d), tensors={"bias": neg(ints(N, device=d))}, via="gemm"),
+         ShapeError, "Operand bias has torch's negative bit set"),
+    Case("view-bit-neg-A-via-gemm", lambda d: Problem(neg(ints(M, K, device=d)), ints(K, N, device=d), tensors={"bias": 1.0}, via="gemm"),
+         ShapeError, "A has torch's negative bit set"),
+    Case("view-bit-neg-output-via-gemm", lambda d: Problem(*ab(d), tensors={"bias": 1.0, "D": neg(out(device=d))}, via="gemm"),
+         ShapeError, "Output D has torch's negative bit set"),
+    Case("view-bit-resolved-is-fine", lambda d: (lambda A, B: Problem(neg(A).resolve_neg(), B, tensors={"bias": ints(N, device=d), "D": out(device=d)},
+                                                                      check=expect_tensor("D", lambda p: -(A.double().cpu() @ B.double().cpu()) + p.tensors["bias"].double().cpu())))(*ab(d))),
+
+    # storage freed or shrunk under a view: nothing to read or write there
+    Case("storage-freed-A", lambda d: Problem(freed(ints(M, K, device=d)), ints(K, N, device=d), tensors={"bias": 1.0, "D": out(device=d)}),
+         ShapeError, "A's storage holds 0 bytes but the tensor reaches"),
+    Case("storage-freed-B", lambda d: Problem(ints(M, K, device=d), freed(ints(K, N, device=d)), tensors={"bias": 1.0, "D": out(device=d)}),
+         ShapeError, "B's storage holds 0 bytes"),
+    Case("storage-freed-operand", lambda d: bias_problem(d, bias=freed(ints(N, device=d))),
+         ShapeError, "Operand bias's storage holds 0 bytes"),
+    Case("storage-freed-one-element-operand", lambda d: bias_problem(d, bias=freed(ints(1, device=d))),
+         ShapeError, "Operand bias's storage holds 0 bytes"),
+    Case("storage-freed-output", lambda d: bias_problem(d, D=freed(out(device=d))),
+         ShapeError, "Output D's storage holds 0 bytes"),
+    Case("storage-freed-reduction-output", lambda d: Problem(*ab(d), red("max"), {"r": freed(out(M, device=d))}),
+         ShapeError, "Output r's storage holds 0 bytes"),
+    Case("storage-shrunk-under-a-view", lambda d: bias_problem(d, bias=shrunk(ints(2, N, device=d)[1], 4 * N)),
+         ShapeError, f"Operand bias's storage holds {4 * N} bytes but the tensor reaches {8 * N}"),
+    Case("storage-freed-A-via-gemm", lambda d: Problem(freed(ints(M, K, device=d)), ints(K, N, device=d), tensors={"bias": 1.0}, via="gemm"),
+         ShapeError, "A's storage holds 0 bytes"),
+    Case("storage-freed-output-via-gemm", lambda d: Problem(*ab(d), tensors={"bias": 1.0, "D": freed(out(device=d))}, via="gemm"),
+         ShapeError, "Output D's storage holds 0 bytes"),
+    Case("storage-freed-and-given-back-is-fine", lambda d: bias_problem(d, bias=given_back(ints(N, device=d)))),
+
+    # `out` is the epilogue's D: checked whatever the epilogue returns
+    Case("out-not-a-tensor-epilogue-without-D", lambda d: Problem(*ab(d), red("sum"), {"r": out(M, device=d)}, gemm_options={"out": "not a tensor"}),
+         EpilogueArgumentError, "`out` must be a torch.Tensor, but got str."),
+    Case("out-tensor-epilogue-without-D", lambda d: Problem(*ab(d), red("sum"), {"r": out(M, device=d)}, gemm_options={"out": out(device=d)}),
+         EpilogueArgumentError, "`out` is the epilogue's output D, but this epilogue returns r and no D"),
+    Case("out-not-a-tensor-epilogue-with-D", lambda d: bias_problem(d, gemm_options={"out": [[0.0] * N] * M}),
+         EpilogueArgumentError, "`out` must be a torch.Tensor, but got list."),
+    Case("out-not-a-tensor-without-epilogue", lambda d: Problem(*ab(d), None, {}, gemm_options={"out": 3.0}),
+         EpilogueArgumentError, "`out` must be a torch.Tensor, but got float."),
+
+    # reduction destinations in torch's broadcasting forms: keepdim less its leading ones
+    Case("reduction-batched-column-into-M-by-1", lambda d: Problem(*ab(d, batch=True), red("sum", "dim=(0, 2)"), {"r": out(M, 1, device=d)},
+                                                                   check=expect_tensor("r", lambda p: accum_of(p).sum((0, 2)).reshape(M, 1)))),
+    Case("reduction-batched-column-max-into-M-by-1", lambda d: Problem(*ab(d, batch=True), red("max", "dim=(0, 2)"), {"r": out(M, 1, device=d)},
+                                                                       check=expect_tensor("r", lambda p: accum_of(p).amax((0, 2)).reshape(M, 1)))),
+    Case("reduction-batched-column-amax-into-strided-M-by-1", lambda d: Problem(
+        *ab(d, batch=True), red("amax", "dim=(0, 2)"), {"r": out(M, 3, device=d)[:, 1:2]},
+        check=expect_tensor("r", lambda p: accum_of(p).abs().amax((0, 2)).reshape(M, 1)))),
+    Case("reduction-batched-column-mean-into-fp16-M-by-1", lambda d: Problem(
+        *ab(d, batch=True), red("mean", "dim=(0, 2)"), {"r": out(M, 1, device=d, dtype=torch.float16)},
+        {"deterministic": True})),
+    Case("reduction-batched-row-into-1-by-N", lambda d: Problem(*ab(d, batch=True), red("sum", "dim=(0, 1)"), {"r": out(1, N, device=d)},
+                                                                check=expect_tensor("r", lambda p: accum_of(p).sum((0, 1)).reshape(1, N)))),
+    Case("reduction-batched-column-into-1-by-M", lambda d: Problem(*ab(d, batch=True), red("sum", "dim=(0, 2)"), {"r": out(1, M, device=d)}),
+         ShapeError, "Output r has shape (1, 8) but sum(dim=(0, 2)) over accum (2, 8, 12) gives (8,): expected (8,), (1, 8, 1) or (8, 1)."),
 ]
+
+
+# Tensors no kernel can read or write as they are, each refused with the ShapeError that names it
+UNUSABLE = {
+    "sparse-coo": (lambda t: t.to_sparse(), " has layout torch.sparse_coo"),
+    "sparse-csr": (lambda t: t.to_sparse_csr(), " has layout torch.sparse_csr"),
+    "mkldnn": (lambda t: t.cpu().to_mkldnn(), " has layout torch._mkldnn"),   # CPU only; checked before devices
+    "nested": (lambda t: torch.nested.nested_tensor([t, t]), " is a nested tensor"),
+    "nested-jagged": (lambda t: torch.nested.nested_tensor([t, t], layout=torch.jagged), " is a nested tensor"),
+    "neg-bit": (neg, " has torch's negative bit set"),
+    "conj-imag": (lambda t: conj_imag(*t.shape, device=t.device), " has torch's negative bit set"),
+    "conj-bit": (lambda t: torch.complex(t, ints(*t.shape, device=t.device)).conj(), " has torch's conjugate bit set"),
+    "storage-freed": (freed, "'s storage holds 0 bytes but the tensor reaches"),
+}
+TWO_REDUCTIONS = "def epi(accum):\n    r = sum(accum, dim=1)\n    q = sum(accum, dim=0)\n    return r, q\n"
+# where the tensor goes: (the problem with `make` applied to that tensor, its label in errors)
+PLACES = {
+    "A": (lambda d, f: Problem(f(ints(M, K, device=d)), ints(K, N, device=d), tensors={"bias": 1.0, "D": out(device=d)}), "A"),
+    "B": (lambda d, f: Problem(ints(M, K, device=d), f(ints(K, N, device=d)), tensors={"bias": 1.0, "D": out(device=d)}), "B"),
+    "operand": (lambda d, f: Problem(ints(M, K, device=d), ints(K, N, device=d), tensors={"bias": f(ints(M, N, device=d)), "D": out(device=d)}),
+                "Operand bias"),
+    "output": (lambda d, f: Problem(ints(M, K, device=d), ints(K, N, device=d), tensors={"bias": ints(N, device=d), "D": f(out(device=d))}),
+               "Output D"),
+    "reduction-output": (lambda d, f: Problem(ints(M, K, device=d), ints(K, N, device=d), TWO_REDUCTIONS,
+                                              {"r": f(out(M, 1, device=d)), "q": out(N, device=d)}), "Output r"),
+}
+# how it is called: GemmArguments; epifuse.gemm and torch_ops.gemm without and with inputs that
+# require grad (the custom ops' autograd path); a FusedGemm call and its arguments()
+VIAS = ("args", "gemm", "gemm-grad", "torch-ops", "torch-ops-grad", "fused", "fused-args")
+
+
+def _unusable_tensor_cases() -> list:
+    """Every kind of tensor in UNUSABLE in every place, through every entry point: the ShapeError
+    that names the tensor and what is wrong with it, before autograd, torch's dispatch or a
+    kernel reads it (not torch's error from deep inside, nor a sign silently dropped)."""
+    cases = []
+    for kind, (make, phrase) in UNUSABLE.items():
+        for place, (build, label) in PLACES.items():
+            for via in VIAS:
+                def problem(d, build=build, make=make, via=via):
+                    p = build(d, make)
+                    p.via = via
+                    return p
+                expect, words = ShapeError, label + phrase
+                if kind == "conj-bit" and place == "operand" and not via.startswith("torch-ops") and via != "gemm-grad":
+                    # a conjugate bit is on a complex tensor, and EpilogueArguments checks an
+                    # operand's dtype first (the custom ops check the bit first)
+                    expect, words = EpilogueArgumentError, "Operand bias has dtype torch.complex64"
+                if kind == "nested-jagged" and via in ("gemm", "fused") and place not in ("A", "B"):
+                    # epifuse.gemm's call-signature check (runtime/callsite) names a keyword alone
+                    words = label.split()[-1] + phrase
+                cases.append(Case(f"unusable-{kind}-{place}-via-{via}", problem, expect, words))
+    return cases
+
+
+CASES += _unusable_tensor_cases()
 
 
 def _params():
@@ -466,16 +631,40 @@ def test_the_matrix_is_large_enough():
 # ---- running a case -----------------------------------------------------------------------------
 
 def _tensors_of(p: Problem) -> list[torch.Tensor]:
+    """The tensors a case can compare before and after: memory that holds them, strided."""
     values = [p.A, p.B, *p.tensors.values(), *p.gemm_options.values()]
     return [v for v in values if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.layout == torch.strided
-            and not v.is_quantized]
+            and not v.is_nested and not v.is_quantized and v.untyped_storage().nbytes() > 0]
+
+
+def _requiring_grad(p: Problem) -> None:
+    """A, B and the tensor operands that autograd can track, made leaves that require grad."""
+    def track(t):
+        usable = (type(t) is torch.Tensor and t.layout == torch.strided and t.is_floating_point() and t.is_leaf
+                  and not (t.is_neg() or t.is_conj()) and t.untyped_storage().nbytes() > 0)
+        return t.requires_grad_() if usable else t
+    p.A, p.B = track(p.A), track(p.B)
+    outputs = {n for n, _ in parse(p.source or "def e(accum):\n    D = accum\n    return D\n").outputs}
+    p.tensors = {n: v if n in outputs or not isinstance(v, torch.Tensor) else track(v) for n, v in p.tensors.items()}
+
+
+def _fused_gemm(source: str | None) -> type:
+    return type("Fused", (FusedGemm,), {"epilogue": source or "def e(accum):\n    D = accum\n    return D\n"})
 
 
 def _execute(p: Problem):
     """Everything a user would do with the problem: build the arguments and run every kernel."""
-    if p.via == "gemm":
+    if p.via.endswith("-grad"):
+        _requiring_grad(p)
+    if p.via in ("gemm", "gemm-grad"):
         result = epifuse.gemm(p.A, p.B, p.source, **p.options, **p.tensors)
         return None, result
+    if p.via in ("torch-ops", "torch-ops-grad"):
+        return None, torch_ops.gemm(p.A, p.B, p.source, **p.options, **p.tensors)
+    if p.via == "fused":
+        return None, _fused_gemm(p.source)(**p.options)(p.A, p.B, **p.tensors)
+    if p.via == "fused-args":
+        return _fused_gemm(p.source)(**p.options).arguments(p.A, p.B, **p.tensors), None
     epi = None if p.source is None else EpilogueArguments(p.source, **p.options, **p.tensors)
     args = GemmArguments(p.A, p.B, epilogue=epi, **p.gemm_options)
     return args, None
@@ -546,10 +735,13 @@ def test_bad_input(case: Case, device):
         return
     tensors = _tensors_of(problem)
     before = [t.clone() for t in tensors]
-    with pytest.raises(case.expect) as info:
+    # any exception, then its type: a wrong one is reported without the frames it came through,
+    # whose arguments pytest would print (torch crashes printing a tensor whose storage is freed)
+    with pytest.raises(Exception) as info:
         args, _ = _execute(problem)
         for kernel in epifuse.get_kernels(args):
             kernel.run(args)
+    assert isinstance(info.value, case.expect), f"{type(info.value).__name__}: {info.value}"
     assert isinstance(info.value, EpilogueError)
     assert case.phrase in str(info.value), str(info.value)
     for t, b in zip(tensors, before):
@@ -581,6 +773,26 @@ def test_fused_linear_rejects_inputs_it_cannot_take(x, expect, phrase):
     with pytest.raises(expect) as info:
         FusedLinear(16, 8)(x)
     assert phrase in str(info.value)
+
+
+def _fused_linear_inputs():
+    x = integer_tensor(4, 16, dtype=torch.float32)
+    jagged = torch.nested.nested_tensor([integer_tensor(2, 16, dtype=torch.float32),
+                                         integer_tensor(3, 16, dtype=torch.float32)], layout=torch.jagged)
+    freed = integer_tensor(4, 16, dtype=torch.float32)
+    freed.untyped_storage().resize_(0)
+    return {"sparse": (x.to_sparse(), "sparse"), "jagged-nested": (jagged, "nested"),
+            "neg-bit": (torch._neg_view(x), "negative bit"), "freed": (freed, "storage holds 0 bytes")}
+
+
+@pytest.mark.parametrize("kind", ["sparse", "jagged-nested", "neg-bit", "freed"])
+def test_fused_linear_names_x_for_a_layout_no_kernel_reads(kind):
+    """A layout no kernel reads is refused as x's, before the layer reshapes it (where torch
+    would raise its own error, or resolve a sign bit that another path drops)."""
+    x, phrase = _fused_linear_inputs()[kind]
+    with pytest.raises(ShapeError, match=phrase) as info:
+        FusedLinear(16, 8)(x)
+    assert str(info.value).startswith(("x ", "x's ")), str(info.value)
 
 
 def test_fused_linear_runs_on_meta_tensors():
@@ -646,3 +858,99 @@ def test_drawing_takes_a_graph(tmp_path):
         with pytest.raises(EpilogueArgumentError, match="Drawing takes a Graph"):
             debug.draw(wrong, tmp_path / "g.dot")
     assert "digraph" in debug.draw(args.graph, tmp_path / "g.dot").read_text()
+
+
+# ---- planning from stand-ins: fake and meta tensors ----------------------------------------------
+
+STAND_IN_SRC = ("def epi(accum, bias, C):\n    D = accum + bias + C\n    r = sum(D, dim=1)\n    m = max(D, dim=0)\n"
+                "    return D, r, m\n")
+
+
+def _stand_in_problem(device):
+    """Real tensors of every role, some of them views at offsets into one storage."""
+    S = ints(M * N + N + 1, device=device)
+    return {"A": ints(M, K, device=device), "B": ints(N, K, device=device).t(), "bias": ints(N, device=device),
+            "C": S[1:1 + M * N].view(M, N), "D": out(device=device), "r": out(M, device=device),
+            "m": S[1 + M * N:]}
+
+
+def _args_of(t: dict) -> GemmArguments:
+    return GemmArguments(t["A"], t["B"], epilogue=EpilogueArguments(
+        STAND_IN_SRC, bias=t["bias"], C=t["C"], D=t["D"], r=t["r"], m=t["m"]))
+
+
+def _fake_mode(unsafe_data_ptr: bool):
+    import torch._functorch.config as functorch_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with functorch_config.patch(fake_tensor_allow_unsafe_data_ptr_access=unsafe_data_ptr):
+        return FakeTensorMode()
+
+
+@pytest.mark.parametrize("unsafe_data_ptr", [True, False], ids=["data-ptr-allowed", "data-ptr-refused"])
+def test_kernels_are_planned_from_fake_tensors_and_run_on_real_ones(unsafe_data_ptr, device):
+    """GemmArguments, kernel_statuses, get_kernels and compile take fake tensors (every fake
+    address reads 0, or reading one raises); the kernels they offer are those the real tensors
+    get, and each runs on GemmArguments of real tensors with the same metadata, exactly."""
+    real = _stand_in_problem(device)
+    mode = _fake_mode(unsafe_data_ptr)
+    fake = {name: mode.from_tensor(t) for name, t in real.items()}
+    planned = _args_of(fake)
+    statuses = epifuse.kernel_statuses(planned)
+    real_args = _args_of(real)
+    assert [(repr(k), s) for k, s in statuses] == [(repr(k), s) for k, s in epifuse.kernel_statuses(real_args)]
+    kernels = epifuse.get_kernels(planned)
+    for kernel in kernels:
+        kernel.compile(planned)
+    expected = reference_outputs(real_args)
+    for kernel in kernels:
+        for dest in real_args.outputs.values():
+            _poison(dest)
+        kernel.run(real_args)
+        for name, want in expected.items():
+            assert _same(real_args.outputs[name], want.float()), (kernel, name)
+    for kernel in kernels:
+        if kernel.name != "reference":   # torch ops, which take fake tensors as torch does
+            with pytest.raises(ShapeError, match="fake or meta tensors, which have no memory"):
+                kernel.run(planned)
+
+
+@pytest.mark.parametrize("stand_in", ["fake", "meta"])
+def test_stand_ins_alias_only_where_their_storage_is_shared(stand_in, device):
+    """Stand-ins have no addresses: an output overlaps an input where both are views of one
+    storage whose spans meet, as the real tensors would, and nowhere else."""
+    mode = _fake_mode(False)
+    make = (lambda t: mode.from_tensor(t)) if stand_in == "fake" else (lambda t: t.to("meta"))
+    S = make(ints(2 * M, N, device=device))
+    A = make(ints(M, K, device=device))
+    B = make(ints(K, N, device=device))
+    apart = GemmArguments(A, B, epilogue=EpilogueArguments(BIAS, bias=S[:M], D=S[M:]))
+    kernels = epifuse.get_kernels(apart)
+    assert kernels[-1].name == "reference"
+    for kernel in kernels:
+        kernel.compile(apart)
+    with pytest.raises(ShapeError, match="Output D partly overlaps operand bias"):
+        GemmArguments(A, B, epilogue=EpilogueArguments(BIAS, bias=S[:M], D=S[M - 1:2 * M - 1]))
+    W = make(ints(M, N + K, device=device))
+    with pytest.raises(ShapeError, match="Output D overlaps the GEMM input A"):
+        GemmArguments(W[:, :K], B, epilogue=EpilogueArguments(BIAS, bias=1.0, D=W[:, K - 1:K - 1 + N]))
+
+
+def test_a_kernel_run_on_arguments_it_was_not_offered_for_asks_first(device):
+    """A kernel offered for one problem and run on another it does not support (A 4 bytes off a
+    16-byte boundary, which TMA refuses) raises UnsupportedError with the reason, output
+    untouched; the kernels offered for that problem run it exactly."""
+    from epifuse.errors import UnsupportedError
+    A = ints(M, K + 1, device=device)
+    offered = epifuse.get_kernels(GemmArguments(A[:, :K], ints(K, N, device=device), out=out(device=device)))
+    tma = [k for k in offered if k.name == "triton_persistent"]
+    assert tma, offered
+    D = out(device=device)
+    args = GemmArguments(A.reshape(-1)[1:1 + M * K].view(M, K), ints(K, N, device=device), out=D)
+    assert not tma[0].supports(args)
+    with pytest.raises(UnsupportedError, match="not 16-byte aligned"):
+        tma[0].run(args)
+    assert bool((D == 7).all())
+    for kernel in epifuse.get_kernels(args):
+        D.fill_(float("nan"))
+        kernel.run(args)
+        assert torch.equal(D.double().cpu(), accum_of(Problem(args.A, args.B))), kernel

@@ -1,6 +1,10 @@
 """Repeated epifuse.gemm calls reuse the first call's launch (epifuse.callsite): each later call
 must still compute with its own tensors and numbers, allocate fresh outputs, and leave every
 case the kept launch cannot take (aliasing, reductions, empty tensors) to the full path."""
+import contextlib
+import functools
+import types
+
 import pytest
 import torch
 
@@ -213,3 +217,163 @@ def test_a_layout_the_chosen_kernel_cannot_take_chooses_again(device):
         D, F = epifuse.gemm(A, B, SRC, bias=bias, alpha=2.0)
         expected_D, expected_F = _expected(A, B, bias, 2.0)
         assert torch.equal(D.double(), expected_D) and torch.equal(F.double(), expected_F)
+
+
+# ---- calls at once, redefined epilogues, tensors the checks refuse --------------------------------
+
+THREADED = ("def epi(accum, bias):\n    D = accum + bias\n    r = sum(D, dim=1)\n    m = max(D, dim=0)\n"
+            "    return D, r, m\n")
+
+
+def _threaded_calls(device, threads: int, calls: int, stream_of=lambda worker: None) -> list:
+    """`threads` workers each make `calls` epifuse.gemm calls of one signature (an fp16 sum,
+    which folds through an fp32 work buffer, and a max, through per-program partials), with
+    inputs of their own, all started at once; the errors of the calls that came out wrong."""
+    import threading
+    B = integer_tensor(16, 24, dtype=torch.float16, device=device)
+    start, errors = threading.Barrier(threads), []
+
+    def worker(index):
+        stream = stream_of(index)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            start.wait()
+            for call in range(calls):
+                A = integer_tensor(40, 16, dtype=torch.float16, device=device)
+                bias = integer_tensor(24, dtype=torch.float32, device=device)
+                r = torch.full((40,), float("nan"), dtype=torch.float16, device=device)
+                D, r, m = epifuse.gemm(A, B, THREADED, bias=bias, r=r, out_dtype=torch.float32)
+                if stream is not None:
+                    stream.synchronize()
+                expected = A.double() @ B.double() + bias.double()
+                for name, got, want in (("D", D, expected), ("r", r, expected.sum(1).half()),
+                                        ("m", m, expected.amax(0))):
+                    if not torch.equal(got.double(), want.double()):
+                        errors.append((index, call, name))
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return errors
+
+
+def test_threads_sharing_a_kept_launch_get_their_own_reductions(device, monkeypatch):
+    """Eight threads calling with one signature at once, a reduction among the outputs: each
+    call folds its own reductions (a kept launch's work buffers were shared by its calls, so one
+    call zeroed them while another's kernel still added into them), every result exact."""
+    import threading
+    served, lock, call = [0], threading.Lock(), callsite.Site.call
+
+    def counted(site, *args):
+        with lock:
+            served[0] += 1
+        return call(site, *args)
+    monkeypatch.setattr(callsite.Site, "call", counted)
+    epifuse.gemm(integer_tensor(40, 16, dtype=torch.float16, device=device),
+                 integer_tensor(16, 24, dtype=torch.float16, device=device), THREADED,
+                 bias=integer_tensor(24, dtype=torch.float32, device=device),
+                 r=torch.empty(40, dtype=torch.float16, device=device),
+                 out_dtype=torch.float32)  # the site every thread's call is served from
+    assert _threaded_calls(device, threads=8, calls=3) == []
+    assert served[0] == 24
+
+
+def _times_two(accum, bias):
+    D = accum * 2.0 + bias
+    return D
+
+
+def _plus_three(accum, bias):
+    D = accum + 3.0 - bias
+    return D
+
+
+def _decorated(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args)
+    return wrapper
+
+
+@_decorated
+def _wrapped_times_two(accum, bias):
+    D = accum * 2.0 + bias
+    return D
+
+
+@_decorated
+def _wrapped_plus_three(accum, bias):
+    D = accum + 3.0 - bias
+    return D
+
+
+def test_a_redefined_function_is_a_new_epilogue(device):
+    """Replacing a function's __code__ (IPython's autoreload, a notebook cell run again) changes
+    the epilogue: the call after it computes the new one, not the kept launch of the old."""
+    epi = types.FunctionType(_times_two.__code__, globals(), "epi")
+    B = integer_tensor(24, 36, dtype=torch.float16, device=device)
+    bias = integer_tensor(36, dtype=torch.float32, device=device)
+    for step, (code, expected) in enumerate([(None, lambda acc: acc * 2 + bias.double()),
+                                             (None, lambda acc: acc * 2 + bias.double()),
+                                             (_plus_three.__code__, lambda acc: acc + 3 - bias.double()),
+                                             (None, lambda acc: acc + 3 - bias.double()),
+                                             (_times_two.__code__, lambda acc: acc * 2 + bias.double())]):
+        if code is not None:
+            epi.__code__ = code
+        A = integer_tensor(40, 24, dtype=torch.float16, device=device)
+        D = epifuse.gemm(A, B, epi, bias=bias, out_dtype=torch.float32)
+        assert torch.equal(D.double(), expected(A.double() @ B.double())), step
+
+
+def test_functions_a_decorator_wrapped_are_told_apart(device):
+    """Two functions wrapped by one decorator share the wrapper's code: each is still its own
+    epilogue, read from the function it wraps (functools.wraps' __wrapped__)."""
+    B = integer_tensor(24, 36, dtype=torch.float16, device=device)
+    bias = integer_tensor(36, dtype=torch.float32, device=device)
+    for _ in range(2):
+        for epi, expected in ((_wrapped_times_two, lambda acc: acc * 2 + bias.double()),
+                              (_wrapped_plus_three, lambda acc: acc + 3 - bias.double())):
+            A = integer_tensor(40, 24, dtype=torch.float16, device=device)
+            D = epifuse.gemm(A, B, epi, bias=bias, out_dtype=torch.float32)
+            assert torch.equal(D.double(), expected(A.double() @ B.double())), epi.__name__
+
+
+def _negative(t):
+    return torch._neg_view(t)
+
+
+def _freed(t):
+    t.untyped_storage().resize_(0)
+    return t
+
+
+def _shrunk(t):
+    t.untyped_storage().resize_(t.untyped_storage().nbytes() // 2)
+    return t
+
+
+@pytest.mark.parametrize("place", ["A", "B", "bias", "D"])
+@pytest.mark.parametrize("change, phrase", [(_negative, "has torch's negative bit set"),
+                                            (_freed, "storage holds 0 bytes"),
+                                            (_shrunk, "storage holds")],
+                         ids=["negative-bit", "freed-storage", "shrunk-storage"])
+def test_a_kept_launch_does_not_take_tensors_the_checks_refuse(place, change, phrase, device):
+    """A call of a kept signature whose tensor has the same sizes, strides and dtype but a sign
+    bit or a storage that no longer holds it takes the full path, which refuses it: nothing
+    is read as if it held data, nothing written."""
+    src = "def epi(accum, bias):\n    D = accum * 2.0 + bias\n    return D\n"
+
+    def tensors():
+        return {"A": integer_tensor(40, 24, dtype=torch.float32, device=device),
+                "B": integer_tensor(24, 36, dtype=torch.float32, device=device),
+                "bias": integer_tensor(36, dtype=torch.float32, device=device),
+                "D": torch.full((40, 36), float("nan"), device=device)}
+    for _ in range(2):
+        t = tensors()
+        epifuse.gemm(t.pop("A"), t.pop("B"), src, **t)
+    hits = callsite.HITS[0]
+    t = tensors()
+    t[place] = change(t[place])
+    with pytest.raises(epifuse.errors.ShapeError, match=phrase):
+        epifuse.gemm(t.pop("A"), t.pop("B"), src, **t)
+    assert callsite.HITS[0] == hits

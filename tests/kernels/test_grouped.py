@@ -6,7 +6,9 @@ against the float64 reference of each group on its own.
 """
 import pytest
 import torch
+import torch._functorch.config as functorch_config
 from helpers import integer_tensor, reference_outputs, rel_error
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import epifuse
 from epifuse.errors import EpilogueArgumentError, EpilogueError, ShapeError
@@ -239,6 +241,78 @@ def test_sum_reduction_accumulates_into_what_is_there():
         assert torch.equal(p.outputs["s"], start + (p.A.double() @ p.B.double()).sum(dim=1).float())
 
 
+# ---- planning from stand-ins: fake and meta tensors ----------------------------------------------
+
+STAND_IN_SRC = ("def epi(accum, alpha, bias, C):\n    F = accum * alpha + bias + C\n    D = relu(F)\n"
+                "    r = sum(F, dim=1)\n    return D, F, r\n")
+
+
+def _stand_in_groups() -> list[dict]:
+    """Real tensors of every role per group: B transposed, and C and r views at offsets into one
+    storage, C 2 bytes past a 16-byte boundary in one group (which the kernel's source is
+    specialized on); an empty group among them."""
+    groups = []
+    for i, (M, N, K) in enumerate([(40, 24, 16), (0, 8, 40), (17, 50, 33), (1, 33, 64)]):
+        S = torch.full((M * N + M + 9,), float("nan"), dtype=torch.float16)
+        start = 1 if i == 2 else 8
+        groups.append(dict(A=ints(M, K), B=ints(N, K).t(), bias=ints(N, dtype=torch.float32),
+                           C=S[start:start + M * N].view(M, N).copy_(ints(M, N)),
+                           D=torch.full((M, N), float("nan"), dtype=torch.float16),
+                           F=torch.full((M, N), float("nan")), r=S[-M:] if M else S[:0]))
+    return groups
+
+
+def _grouped_of(groups: list[dict]) -> epifuse.GroupedGemmArguments:
+    return epifuse.GroupedGemmArguments([
+        epifuse.GemmArguments(g["A"], g["B"], precision="highest", epilogue=epifuse.EpilogueArguments(
+            STAND_IN_SRC, alpha=2.0, bias=g["bias"], C=g["C"], D=g["D"], F=g["F"], r=g["r"]))
+        for g in groups])
+
+
+def _stand_in_maker(kind: str):
+    if kind == "meta":
+        return lambda t: t.to("meta")
+    with functorch_config.patch(fake_tensor_allow_unsafe_data_ptr_access=kind == "fake-data-ptr-allowed"):
+        mode = FakeTensorMode()
+    return mode.from_tensor
+
+
+@pytest.mark.parametrize("kind", ["fake", "fake-data-ptr-allowed", "meta"])
+def test_kernels_are_planned_from_stand_ins_and_run_on_real_groups(kind):
+    """GroupedGemmArguments, kernel_statuses, get_kernels and compile take fake tensors (whose
+    addresses read 0, or raise) and meta tensors, as for one GEMM; the kernels offered for fake
+    tensors are those offered for the real ones, compiled from the same source (specialized on
+    the real tensors' alignment), and each runs exactly on real groups of the same metadata.
+    Meta tensors name no device Triton runs on: they get the reference kernel, as one GEMM does."""
+    real = _stand_in_groups()
+    make = _stand_in_maker(kind)
+    planned = _grouped_of([{name: make(t) for name, t in g.items()} for g in real])
+    real_args = _grouped_of(real)
+    statuses = epifuse.kernel_statuses(planned)
+    kernels = epifuse.get_kernels(planned)
+    if kind == "meta":
+        assert "tensors on meta are not supported" in statuses[0][1].reason
+        assert [k.name for k in kernels] == ["reference_grouped"]
+    else:
+        assert [(repr(k), s) for k, s in statuses] == [(repr(k), s) for k, s in epifuse.kernel_statuses(real_args)]
+        assert kernels[0].name == "triton_grouped"
+    for kernel in kernels:
+        kernel.compile(planned)
+    expected = [reference_outputs(p) for p in real_args]
+    for kernel in kernels:
+        for p in real_args:
+            for dest in p.outputs.values():
+                dest.fill_(float("nan"))
+        kernel.run(real_args)
+        for i, (p, ref) in enumerate(zip(real_args, expected)):
+            for name, want in ref.items():
+                assert torch.equal(p.outputs[name], want.to(p.outputs[name].dtype)), (kernel, i, name)
+    for kernel in kernels[:-1]:
+        assert kernel.plan(planned).kernel is kernel.plan(real_args).kernel, kernel
+        with pytest.raises(ShapeError, match="fake or meta tensors, which have no memory"):
+            kernel.run(planned)
+
+
 # ---- what GroupedGemmArguments refuses ---------------------------------------------------------
 
 def test_refuses_an_empty_list_and_other_things():
@@ -255,13 +329,13 @@ def test_refuses_different_epilogues():
                              "    D = relu(F)\n    return D, F\n",
                     alpha=2.0, bias=ints(8, dtype=torch.float32),
                     D=torch.empty(8, 8, dtype=torch.float16), F=torch.empty(8, 8))
-    with pytest.raises(EpilogueArgumentError, match="Group 1's epilogue computes something different"):
+    with pytest.raises(EpilogueArgumentError, match=r"Group 1's epilogue computes `F = accum \* alpha - bias` where group 0's computes `F = accum \* alpha \+ bias`"):
         epifuse.GroupedGemmArguments([bias_relu_aux(8, 8, 8), other])
     renamed = problem(8, 8, 8, "def epi(accum, beta, bias):\n    F = accum * beta + bias\n"
                                "    D = relu(F)\n    return D, F\n",
                       beta=2.0, bias=ints(8, dtype=torch.float32),
                       D=torch.empty(8, 8, dtype=torch.float16), F=torch.empty(8, 8))
-    with pytest.raises(EpilogueArgumentError, match=r"Group 2's epilogue has operands \(beta, bias\)"):
+    with pytest.raises(EpilogueArgumentError, match=r"Group 2's epilogue takes the operands \(beta, bias\) but group 0's takes \(alpha, bias\)"):
         epifuse.GroupedGemmArguments([bias_relu_aux(8, 8, 8), bias_relu_aux(9, 9, 9), renamed])
 
 
@@ -272,7 +346,7 @@ def test_refuses_different_numbers_and_number_versus_tensor():
         epifuse.GroupedGemmArguments([bias_relu_aux(8, 8, 8), differs])
     tensor = problem(8, 8, 8, BIAS_RELU_AUX, alpha=torch.tensor(2.0), bias=ints(8, dtype=torch.float32),
                      D=torch.empty(8, 8, dtype=torch.float16), F=torch.empty(8, 8))
-    with pytest.raises(EpilogueArgumentError, match="alpha is a Python number in group 0 but a tensor in group 1"):
+    with pytest.raises(EpilogueArgumentError, match="Group 1: operand alpha is a tensor but group 0's is a Python number"):
         epifuse.GroupedGemmArguments([bias_relu_aux(8, 8, 8), tensor])
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import epifuse
 from epifuse.backends.triton.launch import described_launcher
+from epifuse.errors import ShapeError
 from epifuse.backends.triton.gluon_api import Described as _Described
 from helpers import integer_tensor, reference_outputs
 from test_gluon import AUX, _args, _check, _gpu_kernel, _problem
@@ -114,3 +116,111 @@ def test_launches_encode_each_descriptor_once_per_tensor(monkeypatch):
     kernel.run(args3)
     torch.cuda.synchronize()
     _check(args3, reference_outputs(args3))
+
+
+# ---- arguments whose tensors changed after they were checked ------------------------------------
+
+RESIZE_SRC = "def epi(accum, bias):\n    D = accum + bias\n    r = sum(D, dim=1)\n    return D, r\n"
+
+
+def _resize_problem(device):
+    A = integer_tensor(40, 24, dtype=torch.float32, device=device)
+    B = integer_tensor(24, 36, dtype=torch.float32, device=device)
+    bias = integer_tensor(36, dtype=torch.float32, device=device)
+    D, r = torch.empty(40, 36, device=device), torch.empty(40, device=device)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(RESIZE_SRC, bias=bias, D=D, r=r))
+    return args
+
+
+def _expected(args):
+    D = args.A.double() @ args.B.double() + args.operands["bias"].double()
+    return {"D": D, "r": D.sum(1)}
+
+
+def _resize(args, name, shape):
+    tensor = {"A": args.A, "B": args.B, "bias": args.operands["bias"], **args.outputs}[name]
+    tensor.resize_(shape)
+
+
+@pytest.mark.parametrize("name, shape", [("A", (20, 24)), ("A", (40, 12)), ("B", (24, 18)), ("bias", (5,)),
+                                         ("D", (20, 36)), ("D", (40, 40)), ("r", (10,))])
+def test_a_resized_tensor_is_refused_by_a_reused_run(name, shape, device):
+    """kernel.run on arguments whose tensor was resized since they were built raises, with every
+    output as it was, for every kernel (each already ran once on the arguments)."""
+    args = _resize_problem(device)
+    kernels = epifuse.get_kernels(args)
+    for kernel in kernels:
+        kernel.run(args)
+    _resize(args, name, shape)
+    for kernel in kernels:
+        for dest in args.outputs.values():
+            dest.fill_(7.0)
+        with pytest.raises(ShapeError, match=f"has shape {tuple(shape)}".replace("(", r"\(").replace(")", r"\)")):
+            kernel.run(args)
+        assert all(bool((dest == 7.0).all()) for dest in args.outputs.values()), kernel
+
+
+def test_a_tensor_in_new_memory_is_checked_again_and_read_there(device):
+    """A tensor whose storage was freed (refused, no output touched) and given its size back (new
+    memory, new values): the next run checks it again and computes with what it holds now."""
+    args = _resize_problem(device)
+    kernels = epifuse.get_kernels(args)
+    for kernel in kernels:
+        kernel.run(args)
+    for t in (args.A, args.outputs["D"]):
+        size = t.untyped_storage().nbytes()
+        t.untyped_storage().resize_(0)
+        for kernel in kernels:
+            args.outputs["r"].fill_(7.0)
+            with pytest.raises(ShapeError, match="storage holds 0 bytes"):
+                kernel.run(args)
+            assert bool((args.outputs["r"] == 7.0).all()), kernel
+        t.untyped_storage().resize_(size)
+        t.copy_(integer_tensor(*t.shape, dtype=t.dtype, device=device))
+        for kernel in kernels:
+            for dest in args.outputs.values():
+                dest.fill_(float("nan"))
+            kernel.run(args)
+            expected = _expected(args)
+            assert all(torch.equal(args.outputs[n].double(), expected[n]) for n in expected), kernel
+
+
+def test_a_tensor_moved_onto_another_is_refused(device):
+    """An output set_ onto memory that another tensor of the arguments holds, or onto memory of
+    another 16-byte alignment, since the arguments were checked: refused when run."""
+    args = _resize_problem(device)
+    kernels = epifuse.get_kernels(args)
+    for kernel in kernels:
+        kernel.run(args)
+    D, A = args.outputs["D"], args.A
+    spare = torch.empty(40 * 36 + 1, device=device)
+    D.set_(spare.untyped_storage(), 1, D.shape, D.stride())   # 4 bytes past the allocation's start
+    for kernel in kernels:
+        with pytest.raises(ShapeError, match="16-byte alignment"):
+            kernel.run(args)
+    big = torch.empty(40 * 36 + 40 * 24, device=device)
+    big[:40 * 24].copy_(A.reshape(-1))
+    A.set_(big.untyped_storage(), 0, A.shape, A.stride())
+    D.set_(big.untyped_storage(), 40 * 20, D.shape, D.stride())   # overlaps A's last rows
+    for kernel in kernels:
+        with pytest.raises(ShapeError, match="Output D overlaps the GEMM input A"):
+            kernel.run(args)
+
+
+@pytest.mark.parametrize("name", ["A", "bias", "D"])
+def test_a_tensor_given_another_dtype_is_refused(name, device):
+    """`.data =` a tensor of another dtype with the same element size (and so maybe the same
+    address and strides): the kernel was compiled for the old dtype and would read or write the
+    new one's bits as the old one's. Refused when run, with every output as it was."""
+    args = _resize_problem(device)
+    kernels = epifuse.get_kernels(args)
+    for kernel in kernels:
+        kernel.run(args)
+    tensor = {"A": args.A, "bias": args.operands["bias"], "D": args.outputs["D"]}[name]
+    tensor.data = tensor.data.view(torch.int32)
+    for kernel in kernels:
+        for dest in args.outputs.values():
+            dest.fill_(7)
+        with pytest.raises(ShapeError, match="is torch.int32 on"):
+            kernel.run(args)
+        assert all(bool((dest == 7).all()) for dest in args.outputs.values()), kernel

@@ -176,6 +176,48 @@ def test_out_and_D_must_agree():
         GemmArguments(A, B, out=out(), epilogue=epi)
 
 
+RED_ROWS = src("r = sum(accum, dim=1)", "return r")
+
+
+@pytest.mark.parametrize("value", ["not a tensor", 3.0, [[0.0] * N] * M])
+@pytest.mark.parametrize("source", [RED_ROWS, ALPHA, None], ids=["without-D", "with-D", "no-epilogue"])
+def test_out_must_be_a_tensor_whatever_the_epilogue_returns(value, source):
+    A, B = AB()
+    epi = None if source is None else EpilogueArguments(
+        source, **({"r": torch.empty(M)} if source is RED_ROWS else {"alpha": 1.0, "D": out()}))
+    with raises(f"`out` must be a torch.Tensor, but got {type(value).__name__}."):
+        GemmArguments(A, B, out=value, epilogue=epi)
+
+
+def test_out_needs_an_epilogue_that_returns_D():
+    """`out` is the epilogue's D: with an epilogue that returns none, nothing would write it."""
+    A, B = AB()
+    epi = EpilogueArguments(RED_ROWS, r=torch.empty(M))
+    with raises("`out` is the epilogue's output D, but this epilogue returns r and no D"):
+        GemmArguments(A, B, out=out(), epilogue=epi)
+    assert GemmArguments(A, B, out=None, epilogue=epi).reductions == {"r": "sum"}
+
+
+def test_arguments_tell_a_tensor_changed_since_they_were_checked():
+    """current() is the cheap test (sizes, strides, addresses); check_current() names a resize,
+    and checks a tensor in new memory again and takes it."""
+    A, B = AB()
+    D = out()
+    args = gemm_args(BIAS, A, B, bias=torch.randn(N), D=D)
+    assert args.current() and args.check_current() is False
+    size = A.untyped_storage().nbytes()
+    A.untyped_storage().resize_(0)
+    assert not args.current()
+    with raises("A's storage holds 0 bytes"):
+        args.check_current()
+    A.untyped_storage().resize_(size)   # new memory (at the old address, maybe)
+    args.check_current()
+    assert args.current()
+    D.resize_(M - 1, N)
+    with raises(f"Output D has shape ({M - 1}, {N}) and strides ({N}, 1) now, but ({M}, {N})"):
+        args.check_current()
+
+
 def test_an_operand_cannot_be_returned():
     with raises("Output 'C' is also an input of the epilogue."):
         gemm_args(src("D = accum", "return C", params="accum, C"), C=out())
@@ -267,3 +309,81 @@ def test_errors_leave_outputs_untouched():
     with pytest.raises(EpilogueError):
         epifuse.gemm(*AB(), BIAS, bias=torch.zeros(3), D=D)
     assert torch.equal(D, torch.full((M, N), 7.0))
+
+
+# ---- groups that differ from group 0 ------------------------------------------------------------
+
+GROUP_SRC = "def epi(accum, alpha, bias):\n    F = accum * alpha + bias\n    D = relu(F)\n    return D, F\n"
+
+
+def _group(dtype=torch.float16, b_dtype=None, source=GROUP_SRC, alpha=2.0, bias=None, D_dtype=torch.float16,
+           device="cpu", options=None, gemm_options=None, tensors=None):
+    """One 2-D GEMM of a grouped problem: integer-valued A, B and bias; `tensors` replaces the
+    epilogue's keywords (operands and outputs) for an epilogue of other names."""
+    A = torch.randint(-3, 4, (M, K)).to(dtype).to(device)
+    B = torch.randint(-3, 4, (K, N)).to(b_dtype or dtype).to(device)
+    bias = torch.randint(-3, 4, (N,)).float().to(device) if bias is None else bias
+    tensors = tensors or dict(alpha=alpha, bias=bias, D=torch.empty(M, N, dtype=D_dtype, device=device),
+                              F=torch.empty(M, N, device=device))
+    return GemmArguments(A, B, epilogue=EpilogueArguments(source, **(options or {}), **tensors), **(gemm_options or {}))
+
+
+GROUP_DIFFERENCES = {
+    "device": (lambda: _group(device="meta"), "Group 2 is on meta but group 0 is on cpu"),
+    "A-dtype": (lambda: _group(dtype=torch.float32, b_dtype=torch.float16),
+                "Group 2: A is torch.float32 but group 0's A is torch.float16"),
+    "B-dtype": (lambda: _group(b_dtype=torch.float32), "Group 2: B is torch.float32 but group 0's B is torch.float16"),
+    "accumulator-type": (lambda: _group(gemm_options={"accumulator_type": torch.float16}),
+                         "Group 2 has accumulator_type=torch.float16 but group 0 has torch.float32"),
+    "precision": (lambda: _group(gemm_options={"precision": "highest"}),
+                  "Group 2 has precision='highest' but group 0 has 'default'"),
+    "accumulate": (lambda: _group(options={"accumulate": True}), "Group 2 has accumulate=True but group 0 has False"),
+    "deterministic": (lambda: _group(options={"deterministic": True}),
+                      "Group 2 has deterministic=True but group 0 has False"),
+    "compute-dtype-given": (lambda: _group(options={"compute_dtype": torch.float64}),
+                            ("Group 2 computes in torch.float64 (compute_dtype=torch.float64 is given) but group 0 in "
+                             "torch.float32 (the default: none of A, B and its tensor operands is float64)")),
+    "compute-dtype-from-a-float64-operand": (
+        lambda: _group(bias=torch.randint(-3, 4, (N,)).double()),
+        ("Group 2 computes in torch.float64 (the default, as its operand bias is torch.float64) but group 0 in "
+         "torch.float32 (the default: none of A, B and its tensor operands is float64)")),
+    "operand-dtype": (lambda: _group(bias=torch.randint(-3, 4, (N,)).half()),
+                      "Group 2: operand bias is torch.float16 but group 0's is torch.float32"),
+    "output-dtype": (lambda: _group(D_dtype=torch.float32), "Group 2: output D is torch.float32 but group 0's is torch.float16"),
+    "operand-names": (lambda: _group(source=GROUP_SRC.replace("alpha", "beta"), tensors=dict(
+                          beta=2.0, bias=torch.randint(-3, 4, (N,)).float(), D=torch.empty(M, N, dtype=torch.float16),
+                          F=torch.empty(M, N))),
+                      "Group 2's epilogue takes the operands (beta, bias) but group 0's takes (alpha, bias)"),
+    "output-names": (lambda: _group(source=GROUP_SRC.replace("F", "G"), tensors=dict(
+                         alpha=2.0, bias=torch.randint(-3, 4, (N,)).float(), D=torch.empty(M, N, dtype=torch.float16),
+                         G=torch.empty(M, N))),
+                     "Group 2's epilogue returns (D, G) but group 0's returns (D, F)"),
+    "epilogue-computation": (lambda: _group(source=GROUP_SRC.replace("+ bias", "- bias")),
+                             ("Group 2's epilogue computes `F = accum * alpha - bias` where group 0's computes "
+                              "`F = accum * alpha + bias`")),
+    "epilogue-extra-statement": (lambda: _group(source=GROUP_SRC.replace("D = relu(F)", "G = F * 2.0\n    D = relu(G)")),
+                                 "Group 2's epilogue computes `G = F * 2.0` where group 0's computes `D = relu(F)`"),
+    "epilogue-output-order": (lambda: _group(source=GROUP_SRC.replace("return D, F", "return F, D")),
+                              "Group 2's epilogue returns (F, D) but group 0's returns (D, F)"),
+    "operand-kind": (lambda: _group(alpha=torch.tensor(2.0)),
+                     "Group 2: operand alpha is a tensor but group 0's is a Python number"),
+    "number-value": (lambda: _group(alpha=3.0), "Group 2: operand alpha = 3.0 but group 0 has alpha = 2.0"),
+}
+
+
+@pytest.mark.parametrize("difference", GROUP_DIFFERENCES)
+def test_a_group_that_differs_from_group_0_is_named_with_both_values(difference):
+    """Each attribute one launch shares, differing in group 2 only: the error names that
+    attribute, and group 2's and group 0's values of it."""
+    build, phrase = GROUP_DIFFERENCES[difference]
+    with raises(phrase):
+        epifuse.GroupedGemmArguments([_group(), _group(), build()])
+
+
+@pytest.mark.parametrize("difference", ["operand-roles", "layouts"])
+def test_groups_may_differ_in_roles_and_layouts(difference):
+    """What the groups' table holds per group (strides, so an operand's broadcast and each
+    tensor's layout) may differ from group 0's."""
+    other = _group(bias=torch.randint(-3, 4, (M, N)).float()) if difference == "operand-roles" else \
+        _group(bias=torch.randint(-3, 4, (2 * N,)).float()[::2])
+    assert len(epifuse.GroupedGemmArguments([_group(), other])) == 2

@@ -19,6 +19,7 @@ from epifuse.arguments import bound_graph
 from epifuse.binding import bind
 from epifuse.frontend import parse
 from epifuse.ir import AXES, Operand
+from epifuse.nn import FusedLinear
 from epifuse.ops import OPS
 from epifuse.passes import canonical_hash, optimize
 from epifuse.reference import evaluate
@@ -449,3 +450,98 @@ def test_inputs_without_grad_take_the_plain_path(monkeypatch):
     D2 = epifuse.gemm(A.detach(), B.detach(), src, alpha=2.0)
     assert not calls and D.grad_fn is None and D2.grad_fn is None
     assert torch.allclose(D, D2)
+
+
+# ---- second derivatives (create_graph=True) -----------------------------------------------------
+
+SECOND_ORDER = {
+    "tanh": ("def epi(accum):\n    D = tanh(accum)\n    return D\n", {}),
+    "relu_aux": (("def epi(accum, alpha, C, bias):\n    F = accum * alpha + C * 2.0 + bias\n"
+                  "    D = relu(F)\n    r = sum(D * F, dim=1)\n    return D, F, r\n"),
+                 {"alpha": 0.75, "C": (M, N), "bias": (N,)}),
+    "bias_operand": ("def epi(accum, bias):\n    D = sigmoid(accum * bias) + bias * bias\n    return D\n",
+                     {"bias": (N,)}),
+    "reductions": (("def epi(accum, b):\n    D = exp(accum * 0.5) * b\n    m = amax(D, dim=1)\n"
+                    "    s = mean(D * D, dim=0)\n    return m, s\n"), {"b": (M, 1)}),
+}
+
+
+def _second_order(fn, inputs):
+    """The first gradients (taken with create_graph=True) of a fixed weighting of every output,
+    then the gradients, w.r.t. `inputs`, of their squared norm."""
+    outs = fn()
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    loss = sum((o * w).sum() for o, w in zip(outs, _weights(outs)))
+    firsts = torch.autograd.grad(loss, inputs, create_graph=True, allow_unused=True)
+    again = sum((g * g).sum() for g in firsts if g is not None and g.requires_grad)
+    seconds = torch.autograd.grad(again, inputs, allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g.detach() for x, g in (*zip(inputs, firsts),
+                                                                           *zip(inputs, seconds)))
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["saved_accum", "recompute"])
+@pytest.mark.parametrize("name", sorted(SECOND_ORDER))
+def test_second_derivatives_match_torch(name, recompute):
+    """Differentiating the backward (create_graph=True) gives torch's second derivatives: the
+    saved accum's own gradient reaches A and B (it was dropped, a wrong number)."""
+    src, shapes = SECOND_ORDER[name]
+    A, B = _leaf(M, K), _leaf(K, N)
+    operands = {k: _leaf(*v) if isinstance(v, tuple) else v for k, v in shapes.items()}
+    leaves = [A, B] + [v for v in operands.values() if isinstance(v, torch.Tensor)]
+    ours = _second_order(lambda: torch_ops.gemm(A, B, src, recompute=recompute, **operands), leaves)
+    theirs = _second_order(lambda: _torch_reference(src, A, B, operands), leaves)
+    for x, a, b in zip(leaves + leaves, ours, theirs, strict=True):   # first, then second order
+        assert a.shape == x.shape and a.dtype == x.dtype
+        assert float(b.abs().max()) > 0, "the second derivative must not vanish for this check"
+        assert torch.allclose(a, b, atol=1e-10, rtol=1e-8), (name, rel_error(a, b))
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["saved_accum", "recompute"])
+def test_gradgradcheck_with_operands_and_reductions(recompute):
+    src = ("def epi(accum, C, bias):\n    x = accum * C + bias\n    D = tanh(x)\n"
+           "    r = sum(sigmoid(x) * x, dim=1)\n    s = mean(D * C, dim=0)\n    return D, r, s\n")
+    inputs = (_leaf(M, K), _leaf(K, N), _leaf(M, N), _leaf(N))
+    assert torch.autograd.gradgradcheck(
+        lambda A, B, C, bias: torch_ops.gemm(A, B, src, C=C, bias=bias, recompute=recompute), inputs)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((L, M, K), (K, N)), ((M, K), (L, K, N))])
+def test_gradgradcheck_batched(a_shape, b_shape):
+    src = "def epi(accum, bias):\n    D = gelu(accum + bias)\n    return D\n"
+    inputs = (_leaf(*a_shape), _leaf(*b_shape), _leaf(L, 1, N))
+    assert torch.autograd.gradgradcheck(lambda A, B, bias: epifuse.gemm(A, B, src, bias=bias), inputs)
+
+
+def test_second_derivatives_through_the_fused_kernels():
+    """float32 on the fused kernels (Triton's interpreter on CPU): the backward of the backward
+    runs like any epilogue and matches torch's float64 second derivatives."""
+    src, _ = SECOND_ORDER["tanh"]
+    A64, B64 = _leaf(M, K, scale=0.5), _leaf(K, N)
+    A, B = (t.detach().float().requires_grad_() for t in (A64, B64))
+    ours = _second_order(lambda: epifuse.gemm(A, B, src, precision="highest"), (A, B))
+    theirs = _second_order(lambda: _torch_reference(src, A64, B64, {}), (A64, B64))
+    assert len(ours) == len(theirs) == 4
+    for a, b in zip(ours, theirs):
+        assert a.dtype == torch.float32 and rel_error(a, b) < 1e-5, rel_error(a, b)
+
+
+# ---- float64 inputs compute in float64 by default ------------------------------------------------
+
+def test_float64_gradcheck_and_gradgradcheck_with_defaults():
+    """No compute_dtype given: float64 inputs compute in float64, so torch's own checks pass
+    with their default tolerances (float32 epilogue math made gradcheck fail)."""
+    src = "def epi(accum, bias):\n    D = tanh(accum + bias)\n    r = sum(D * D, dim=1)\n    return D, r\n"
+    inputs = (_leaf(M, K), _leaf(K, N), _leaf(N))
+    def fn(A, B, bias):
+        return epifuse.gemm(A, B, src, bias=bias)
+
+    D, r = fn(*inputs)
+    assert D.dtype == F64 and r.dtype == F64
+    expected = torch.tanh(inputs[0] @ inputs[1] + inputs[2])
+    assert torch.allclose(D, expected, rtol=1e-13, atol=0)
+    assert torch.autograd.gradcheck(fn, inputs)
+    assert torch.autograd.gradgradcheck(fn, inputs)
+    layer = FusedLinear(K, N, epilogue="tanh", dtype=F64)
+    x = _leaf(M, K)
+    assert torch.autograd.gradcheck(layer, (x,))
+    assert torch.autograd.gradgradcheck(layer, (x,))

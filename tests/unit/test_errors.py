@@ -553,3 +553,25 @@ def test_a_function_epilogue_body_is_never_called():
     with pytest.raises(EpilogueError):
         parse(epi)
     assert calls == []
+
+
+def test_a_forged_op_key_names_what_the_parser_would_refuse():
+    """torch.ops.epifuse.gemm reads its epilogue from the key; a key whose program returns one
+    name twice is refused with the parser's reason, not run into a tensor nothing wrote."""
+    import base64
+    import hashlib
+    import json
+    import zlib
+
+    from epifuse import torch_ops
+    from epifuse.errors import EpilogueArgumentError
+    epi = src("D = relu(accum)", "F = D * 2.0", "return D, F")
+    tag, save, _, body = torch_ops.entry(torch_ops.register_epilogue(epi)).key.split(":")
+    program = json.loads(zlib.decompress(base64.urlsafe_b64decode(body)))
+    program[4][1] = program[4][0]
+    text = json.dumps(program)
+    key = (f"{tag}:{save}:{hashlib.sha256(text.encode()).hexdigest()[:32]}:"
+           f"{base64.urlsafe_b64encode(zlib.compress(text.encode())).decode()}")
+    A, B = torch.randn(M, K), torch.randn(K, N)
+    with pytest.raises(EpilogueArgumentError, match="cannot read \\(the output 'D' is returned twice\\)"):
+        torch.ops.epifuse.gemm(key, A, B, [], [], "", "", torch.float32, False, "default")

@@ -4,7 +4,8 @@ import torch
 
 from epifuse import ops
 from epifuse.errors import ShapeError
-from epifuse.shapes import accum_shape_of, classify_operand, output_strides, overlaps, self_overlaps
+from epifuse.shapes import (accum_shape_of, check_tensor, classify_operand, is_stand_in, misalignment, output_strides,
+                            overlaps, self_overlaps)
 
 CPU = torch.device("cpu")
 
@@ -65,3 +66,58 @@ def test_overlap_between_tensors():
     base = torch.ones(10, 8)
     assert overlaps(base[:5], base[4:]) and not overlaps(base[:5], base[5:])
     assert not overlaps(base, torch.ones(10, 8))
+
+
+def test_reduction_outputs_take_keepdim_forms_less_leading_ones():
+    """A (L, M, N) accum reduced over dims 0 and 2 gives (M,); (1, M, 1) keeps the dims and
+    (M, 1) is that less its leading one, as torch broadcasting reads it: each names M's stride."""
+    base = torch.empty(6, 3)
+    for dest, stride in ((torch.empty(6), 1), (torch.empty(1, 6, 1), 1), (torch.empty(6, 1), 1), (base[:, 1:2], 3)):
+        assert output_strides("r", dest, (4, 6, 8), CPU, ("L", "N"), ops.sum) == {"M": stride}, dest.shape
+    assert output_strides("r", torch.empty(1, 8), (4, 6, 8), CPU, ("L", "M"), ops.sum) == {"N": 1}
+    with pytest.raises(ShapeError, match=r"expected \(6,\), \(1, 6, 1\) or \(6, 1\)\."):
+        output_strides("r", torch.empty(1, 6), (4, 6, 8), CPU, ("L", "N"), ops.sum)
+    with pytest.raises(ShapeError, match=r"expected \(4, 6\) or \(4, 6, 1\)\."):
+        output_strides("r", torch.empty(6, 1), (4, 6, 8), CPU, ("N",), ops.sum)
+
+
+@pytest.mark.parametrize("make, phrase", [
+    (lambda: torch._neg_view(torch.ones(6, 8)), "x has torch's negative bit set"),
+    (lambda: torch.complex(torch.ones(6, 8), torch.ones(6, 8)).conj().imag, "x has torch's negative bit set"),
+    (lambda: torch.ones(6, 8).to_sparse(), "x has layout torch.sparse_coo"),
+    (lambda: torch.ones(6, 8).to_mkldnn(), "x has layout torch._mkldnn"),
+    (lambda: torch.nested.nested_tensor([torch.ones(6, 8)]), "x is a nested tensor"),
+    (lambda: torch.nested.nested_tensor([torch.ones(6, 8)], layout=torch.jagged), "x is a nested tensor"),
+])
+def test_tensors_kernels_cannot_read_as_they_are(make, phrase):
+    with pytest.raises(ShapeError, match=phrase):
+        check_tensor("x", make())
+
+
+def test_a_storage_that_does_not_hold_the_view_is_refused():
+    freed = torch.ones(6, 8)
+    freed.untyped_storage().resize_(0)
+    with pytest.raises(ShapeError, match="x's storage holds 0 bytes but the tensor reaches 192"):
+        check_tensor("x", freed)
+    view = torch.ones(4, 8)[2:]             # reaches the storage's end
+    view.untyped_storage().resize_(96)      # three rows of four
+    with pytest.raises(ShapeError, match="holds 96 bytes but the tensor reaches 128"):
+        check_tensor("x", view)
+    check_tensor("x", torch.ones(4, 8)[1:, ::2])
+    empty = torch.ones(0, 8)
+    empty.untyped_storage().resize_(0)
+    check_tensor("x", empty)
+
+
+def test_stand_ins_have_the_alignment_and_overlaps_of_their_metadata():
+    """Meta and fake tensors have no addresses: they are aligned as a real tensor of their
+    storage offset from an aligned allocation, and overlap only views of their own storage."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    fake = FakeTensorMode()
+    for make in (lambda t: t.to("meta"), fake.from_tensor):
+        base = make(torch.ones(10, 8))
+        assert is_stand_in(base) and misalignment(base) == 0
+        assert misalignment(base[0, 1:]) == 4 and misalignment(base[0, 4:]) == 0
+        assert overlaps(base[:5], base[4:]) and not overlaps(base[:5], base[5:])
+        assert not overlaps(base, make(torch.ones(10, 8)))
+    assert not is_stand_in(torch.ones(2)) and misalignment(torch.ones(8)[1:]) == 4

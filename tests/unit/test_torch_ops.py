@@ -8,10 +8,13 @@ import math
 import pytest
 import torch
 from torch import nn
+import torch._functorch.config as functorch_config
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import epifuse
 from epifuse import printing, torch_ops
+from epifuse.errors import ShapeError
+from epifuse.epilogues import LinearCombination
 from epifuse.nn import ACTIVATIONS, FusedLinear, activation_source, fuse_linear_activations
 from epifuse.ops import gelu, relu, sum  # noqa: A004  (names the epilogues below use)
 
@@ -136,6 +139,175 @@ def test_unreadable_keys_are_clear_errors():
                                    False, "default")
 
 
+# ---- a key passes the parser's checks: a forged one is refused, never run ----------------------
+
+_FORGED_SOURCE = ("def e(accum, alpha, C, bias):\n    F = accum * alpha + C * 2.0 + bias\n"
+                  "    D = leaky_relu(F, 0.2)\n    r = sum(D, dim=1)\n    return D, F, r\n")
+
+
+def _key_parts(epilogue):
+    """(tag, save flag, the program as JSON) of `epilogue`'s key."""
+    import base64
+    import json
+    import zlib
+    tag, save, _, body = torch_ops.entry(torch_ops.register_epilogue(epilogue)).key.split(":")
+    return tag, save, json.loads(zlib.decompress(base64.urlsafe_b64decode(body)).decode())
+
+
+def _signed(tag, save, text):
+    """A key for the JSON `text` with a valid digest: what a forger can always make."""
+    import base64
+    import hashlib
+    import zlib
+    body = base64.urlsafe_b64encode(zlib.compress(text.encode(), 9)).decode()
+    return f"{tag}:{save}:{hashlib.sha256(text.encode()).hexdigest()[:32]}:{body}"
+
+
+def _name(value):
+    return ["name", value, [], [], None]
+
+
+def _const(value):
+    return ["const", value, [], [], None]
+
+
+def _nested(depth):
+    """JSON text of `depth` nested neg() calls around accum (built as text: json.dumps recurses)."""
+    return '["call","neg",[' * depth + '["name","accum",[],[],null]' + '],[],null]' * depth
+
+
+# Each edit makes the program something the parser never returns (statements: F, D, r).
+FORGERIES = {
+    "an output returned twice": lambda p: p[4].append(p[4][0]),
+    "no output": lambda p: p.__setitem__(4, []),
+    "an output never assigned": lambda p: p[4][0].__setitem__(0, "zz"),
+    "a name never assigned": lambda p: p[3][0].__setitem__(1, _name("zz")),
+    "a name read before it is assigned": lambda p: p[3][0].__setitem__(1, _name("D")),
+    "a variable assigned twice": lambda p: p[3][2].__setitem__(0, "F"),
+    "a parameter assigned": lambda p: p[3][2].__setitem__(0, "C"),
+    "no accum parameter": lambda p: p[1].__setitem__(0, "acc"),
+    "a parameter listed twice": lambda p: p[1].__setitem__(2, "alpha"),
+    "a parameter named as an option": lambda p: p[1].__setitem__(1, "accumulate"),
+    "an output named as an option": lambda p: (p[3].append(["deterministic", _name("F"), None]),
+                                               p[4].append(["deterministic", None])),
+    "a dunder parameter": lambda p: p[1].__setitem__(1, "__alpha"),
+    "a non-ASCII variable": lambda p: p[3][2].__setitem__(0, "\u0435"),
+    "a function name Python refuses": lambda p: p.__setitem__(0, "class"),
+    "parameters without their places": lambda p: p[2].pop(),
+    "an int literal": lambda p: p[3][0].__setitem__(1, _const(2)),
+    "an int literal too large for a float": lambda p: p[3][0].__setitem__(1, _const(10 ** 400)),
+    "a bool literal": lambda p: p[3][0].__setitem__(1, _const(True)),
+    "an int parameter": lambda p: p[3][1][1][3].__setitem__(0, ["negative_slope", 1]),
+    "an int parameter too large for a float": lambda p: p[3][1][1][3].__setitem__(0, ["negative_slope", 10 ** 400]),
+    "a parameter given twice": lambda p: p[3][1][1][3].append(["negative_slope", {"f": (0.5).hex()}]),
+    "clamp without a bound": lambda p: p[3][1].__setitem__(1, ["call", "clamp", [_name("F")], [], None]),
+    "a dim that is not a tuple": lambda p: p[3][2][1][3].__setitem__(0, ["dim", 1]),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_forged_keys_are_refused_as_the_parser_refuses(forgery):
+    """A key is read in another process, maybe from disk: its program passes the parser's
+    checks or the op refuses it with an EpilogueError (an output returned twice came back as a
+    tensor nothing wrote; other forgeries raised KeyError, TypeError or OverflowError)."""
+    import json
+    tag, save, program = _key_parts(_FORGED_SOURCE)
+    t = _tensors(grad=False)
+    def call(key):
+        return torch.ops.epifuse.gemm(key, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", "", F64,
+                                      False, "default")
+
+    # control: the same program re-dumped (another spacing) is read and runs
+    expected = epifuse.gemm(t["A"], t["B"], _FORGED_SOURCE, alpha=3.0, C=t["C"], bias=t["bias"])
+    for got, want in zip(call(_signed(tag, save, json.dumps(program))), expected, strict=True):
+        assert torch.equal(got, want)
+    FORGERIES[forgery](program)
+    with pytest.raises(epifuse.EpilogueError, match="cannot read"):
+        call(_signed(tag, save, json.dumps(program)))
+
+
+def test_forged_keys_nested_too_deep_or_too_long_are_refused():
+    import json
+    tag, save, program = _key_parts(_FORGED_SOURCE)
+    program[3][0][1] = "NESTED"
+    text = json.dumps(program)
+    t = _tensors(grad=False)
+    for key in (_signed(tag, save, text.replace('"NESTED"', _nested(1200))),
+                _signed(tag, save, json.dumps(_key_parts(_FORGED_SOURCE)[2]) + " " * (1 << 26))):
+        with pytest.raises(epifuse.EpilogueError, match="cannot read"):
+            torch.ops.epifuse.gemm(key, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", "", F64,
+                                   False, "default")
+    shallow = _signed(tag, save, text.replace('"NESTED"', _nested(50)))
+    assert torch_ops.read_key(shallow)[0].statements[0].expr.value == "neg"
+
+
+_POOL = [0, 1, -1, 2, 10 ** 30, 10 ** 400, True, False, None, "", "accum", "alpha", "C", "bias", "F",
+         "D", "r", "zz", "__x", "accumulate", "sum", "clamp", "neg", "add", "where", "name", "const",
+         "call", [], [1], {"f": "0x1p0"}, {"f": "inf"}, {"t": [1]}, {"t": []}, {"t": [5]}, {"t": [0, 0]},
+         _name("accum"), _name("F"), _const({"f": "0x1p-1"}), ["dim", {"t": [0]}], ["approximate", "tanh"]]
+
+
+def _positions(x, path=()):
+    yield path
+    if isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from _positions(v, path + (i,))
+
+
+def test_mutated_keys_are_refused_or_mean_what_the_parser_reads():
+    """Random edits of a key's program: each is refused with an EpilogueError, or the program
+    is one the parser accepts (printed back to source) and the op computes what that source
+    computes, or fails as it fails."""
+    import copy
+    import json
+    import random
+    rng = random.Random(int(torch.randint(0, 2 ** 31, ())))
+    t = _tensors(grad=False)
+    epilogues = [_FORGED_SOURCE,
+                 ("def e(accum, alpha, C, bias):\n    F = clamp(accum, min=-1.0) + gelu(C, approximate='tanh')\n"
+                  "    D = where(F > bias, F.half(), alpha)\n    r = amax(D, dim=(0, 1))\n    return D, r\n")]
+    ran = 0
+    for epilogue in epilogues:
+        tag, _, original = _key_parts(epilogue)
+        for _ in range(400):
+            program = copy.deepcopy(original)
+            for _ in range(rng.choice((1, 1, 2))):
+                path = rng.choice([q for q in _positions(program) if q])
+                parent = program
+                for i in path[:-1]:
+                    parent = parent[i]
+                value = copy.deepcopy(rng.choice(_POOL))
+                action = rng.random()
+                if action < 0.1:
+                    del parent[path[-1]]
+                elif action < 0.2:
+                    parent.insert(path[-1], value)
+                else:
+                    parent[path[-1]] = value
+            saves = rng.choice("01")
+            key = _signed(tag, saves, json.dumps(program))
+            try:
+                read, _ = torch_ops.read_key(key)
+            except epifuse.EpilogueError:
+                continue
+            source = printing.program_source(read)
+            try:
+                want = epifuse.gemm(t["A"], t["B"], source, alpha=3.0, C=t["C"], bias=t["bias"])
+            except Exception as exc:   # noqa: BLE001 - the key must fail as its source does
+                with pytest.raises(type(exc)):
+                    torch.ops.epifuse.gemm(key, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", "",
+                                           F64, False, "default")
+                continue
+            got = torch.ops.epifuse.gemm(key, t["A"], t["B"], [t["C"], t["bias"]], [3.0], "ntt", "", F64,
+                                         False, "default")
+            want = (want if isinstance(want, tuple) else (want,)) + (
+                (t["A"] @ t["B"],) if saves == "1" else ())   # the saved accum, an extra output
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a.nan_to_num(), b.nan_to_num()), source
+            ran += 1
+    assert ran  # some edits keep a program (a literal changed, an op swapped)
+
+
 _REPLAY = """
 import sys, torch
 import epifuse.torch_ops
@@ -146,9 +318,19 @@ torch.save(outs, sys.argv[2])
 """
 
 
-def test_recorded_op_calls_replay_in_a_fresh_process(tmp_path):
+# A function name Python accepts and ASCII does not spell (a Cyrillic е, CJK, an accent), and
+# a docstring beyond ASCII: the key carries them to the next process.
+NON_ASCII_EPILOGUE = ("def \u0435pi_\u878d\u5408_\u00e9(accum, alpha, C, bias):\n"
+                      "    \"\"\"Fus\u00e9e \u2713\"\"\"\n"
+                      "    F = (accum * alpha) + (C * 2.0) + bias\n    D = relu(F)\n    r = sum(D, dim=1)\n"
+                      "    return D, F, r\n")
+
+
+@pytest.mark.parametrize("epilogue", [relu_aux_loss, NON_ASCII_EPILOGUE], ids=["ascii", "non_ascii_name"])
+def test_recorded_op_calls_replay_in_a_fresh_process(tmp_path, epilogue):
     """What torch.compile's on-disk caches do: a graph recorded in one process calls the ops,
-    backward epilogues included, in another that never registered them."""
+    backward epilogues included, in another that never registered them. Every name the parser
+    accepts reads back from the key (a non-ASCII function name did not)."""
     import subprocess
     import sys
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -167,7 +349,7 @@ def test_recorded_op_calls_replay_in_a_fresh_process(tmp_path):
     t = _tensors()
     inputs = [t[k] for k in ("A", "B", "C", "bias")]
     with Record() as record:
-        D, F, r = epifuse.gemm(*inputs[:2], relu_aux_loss, alpha=0.5, C=t["C"], bias=t["bias"],
+        D, F, r = epifuse.gemm(*inputs[:2], epilogue, alpha=0.5, C=t["C"], bias=t["bias"],
                                compute_dtype=F64)
         ((D * F).sum() + r.square().sum()).backward()
     assert len(record.calls) >= 2          # the forward and at least one backward epilogue
@@ -253,6 +435,62 @@ def test_fake_tensor_fused_linear(monkeypatch):
         assert layer.weight.grad.shape == (32, 16) and layer.bias.grad.shape == (32,)
 
 
+# ---- the tensor checks on stand-ins --------------------------------------------------------------
+
+STAND_IN_SRC = "def e(accum, bias):\n    D = accum + bias\n    r = sum(D, dim=1)\n    return D, r\n"
+
+
+def _stand_ins(kind: str):
+    """A function making a stand-in of a real tensor: a fake tensor of a mode that refuses to read
+    addresses (as torch.compile's do), or a meta tensor."""
+    if kind == "meta":
+        return lambda t: t.to("meta")
+    with functorch_config.patch(fake_tensor_allow_unsafe_data_ptr_access=False):
+        mode = FakeTensorMode()
+    return mode.from_tensor
+
+
+@pytest.mark.parametrize("kind", ["fake", "meta"])
+def test_stand_ins_pass_the_tensor_checks_and_their_view_bits_do_not(kind, monkeypatch):
+    """torch_ops.gemm checks every tensor before autograd and the ops' dispatch see it: stand-ins
+    (no storage behind them, views at offsets) pass, with and without autograd and with given
+    outputs, and get the outputs' shapes without a kernel; a negative bit on one is refused."""
+    monkeypatch.setattr(torch_ops, "choose_kernel", lambda args: pytest.fail("a kernel ran"))
+    make = _stand_ins(kind)
+    S = torch.randint(-3, 4, (3 * M * N,)).float()
+    A = make(torch.randint(-3, 4, (M, K)).float().requires_grad_())
+    B, bias = make(torch.randint(-3, 4, (K, N)).float()), make(S[1:1 + N])
+    D, r = make(S[N + 3:N + 3 + M * N].view(M, N)), make(S[-M:])
+    got = torch_ops.gemm(A, B, STAND_IN_SRC, bias=bias)
+    assert [(tuple(o.shape), o.requires_grad) for o in got] == [((M, N), True), ((M,), True)]
+    with torch.no_grad():
+        torch_ops.gemm(A, B, STAND_IN_SRC, bias=bias, D=D, r=r)
+    with pytest.raises(ShapeError, match="A has torch's negative bit set"):
+        torch_ops.gemm(torch._neg_view(make(torch.randn(M, K))), B, STAND_IN_SRC, bias=bias)
+    with torch.no_grad(), pytest.raises(ShapeError, match="Output D has torch's negative bit set"):
+        torch_ops.gemm(A, B, STAND_IN_SRC, bias=bias, D=torch._neg_view(make(torch.randn(M, N))), r=r)
+
+
+@pytest.mark.parametrize("place", ["A", "bias"])
+def test_compiled_calls_check_real_tensors_when_they_run(place):
+    """Under torch.compile the checks do not fire on the fake tensors it traces with (the graph is
+    one op), and the compiled call checks the real tensors it runs on: a freed storage is the
+    ShapeError that names it, a plain tensor of the same metadata the right answer."""
+    torch._dynamo.reset()
+    fn = torch.compile(lambda A, B, bias: torch_ops.gemm(A, B, STAND_IN_SRC, bias=bias),
+                       fullgraph=True, backend="aot_eager")
+    t = {"A": torch.randint(-3, 4, (M, K)).float().requires_grad_(), "B": torch.randint(-3, 4, (K, N)).float(),
+         "bias": torch.randint(-3, 4, (N,)).float()}
+    D, r = fn(**t)
+    expected = t["A"].double() @ t["B"].double() + t["bias"].double()
+    assert torch.equal(D.double(), expected) and torch.equal(r.double(), expected.sum(1))
+    bad = dict(t, **{place: t[place].detach().clone()})
+    bad[place].untyped_storage().resize_(0)
+    label = "A" if place == "A" else "Operand bias"
+    with pytest.raises(ShapeError, match=f"{label}'s storage holds 0 bytes"):
+        fn(**bad)
+
+
 # ---- torch.compile -----------------------------------------------------------------------------
 
 def test_compile_traces_one_graph_with_the_custom_op():
@@ -300,6 +538,65 @@ def test_reduction_outputs_have_one_dtype_with_and_without_autograd(compute_dtyp
     expected = (A.double() @ B.double()).sum(dim=1)  # integer values: exact in either dtype
     assert plain.dtype == with_grad.dtype == compute_dtype
     assert torch.equal(plain.double(), expected) and torch.equal(with_grad.detach().double(), expected)
+
+
+class _ReluBiasTimesC(epifuse.FusedGemm):
+    def epilogue(self, accum, C, bias):
+        D = relu(accum + bias) * C
+        r = sum(D, dim=1)
+        return D, r
+
+
+def test_float64_inputs_compute_in_float64_at_every_entry_point():
+    """No compute_dtype given: the epilogue computes in the promoted dtype of the inputs, so
+    float64 inputs (or a float64 operand) get float64 math and float64 reductions at every
+    entry point (epifuse.gemm computed them in float32, a relative error of 1e-7)."""
+    A, B, C = (torch.randn(*s, dtype=F64) for s in ((M, K), (K, N), (M, N)))
+    bias = torch.randn(N, dtype=F64)
+    src = _ReluBiasTimesC.source
+    D64 = torch.relu(A @ B + bias) * C
+    expected = {"D": D64, "r": D64.sum(dim=1)}
+
+    def check(outs, what, tile_dtype=F64):
+        D, r = (t.detach() for t in outs)
+        assert D.dtype == tile_dtype and r.dtype == F64, (what, D.dtype, r.dtype)
+        tol = 1e-12 if tile_dtype == F64 else 1e-6   # a float32 tile is rounded when stored
+        assert torch.allclose(D.double(), expected["D"], rtol=tol, atol=tol), what
+        assert torch.allclose(r, expected["r"], rtol=1e-12, atol=1e-12), what
+
+    check(epifuse.gemm(A, B, src, C=C, bias=bias), "epifuse.gemm")
+    check(epifuse.gemm(A.clone().requires_grad_(), B, src, C=C, bias=bias), "epifuse.gemm with autograd")
+    check(torch_ops.gemm(A, B, src, C=C, bias=bias), "torch_ops.gemm")
+    D, r = torch.empty(M, N, dtype=F64), torch.empty(M, dtype=F64)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, C=C, bias=bias, D=D, r=r))
+    assert args.compute_dtype == F64
+    epifuse.get_kernels(args)[0].run(args)
+    check((D, r), "EpilogueArguments/GemmArguments")
+    op = _ReluBiasTimesC()
+    check(op(A, B, C=C, bias=bias), "FusedGemm")
+    args = op.arguments(A, B, C=C, bias=bias)
+    assert args.compute_dtype == F64 and args.outputs["r"].dtype == F64
+    named = LinearCombination()
+    assert torch.allclose(named(A, B, alpha=0.5, beta=2.0, C=C), 0.5 * (A @ B) + 2.0 * C, rtol=1e-12, atol=1e-12)
+    assert named.arguments(A, B, alpha=0.5, beta=2.0, C=C).compute_dtype == F64
+    layer = FusedLinear(K, N, epilogue=src, bias=False, dtype=F64)
+    x = A.clone().requires_grad_()
+    D = torch.relu(x.detach() @ layer.weight.detach().T + bias) * C
+    got = layer(x, C=C, bias=bias)
+    assert got[1].dtype == F64 and torch.allclose(got[1].detach(), D.sum(dim=1), rtol=1e-12, atol=1e-12)
+
+    # float32 GEMM inputs with a float64 operand promote to float64 too; an explicit
+    # compute_dtype is kept
+    A32, B32 = A.float(), B.float()
+    expected = {"D": torch.relu(A32.double() @ B32.double() + bias) * C}
+    expected["r"] = expected["D"].sum(dim=1)
+    check(epifuse.gemm(A32, B32, src, C=C, bias=bias), "float64 operand", tile_dtype=torch.float32)
+    check(epifuse.gemm(A32.requires_grad_(), B32, src, C=C, bias=bias), "float64 operand, autograd",
+          tile_dtype=torch.float32)
+    _, r32 = epifuse.gemm(A, B, src, C=C, bias=bias, compute_dtype=torch.float32)
+    assert r32.dtype == torch.float32
+    _, r32 = epifuse.gemm(A.float(), B.float(), src, C=C.float(), bias=bias.float())
+    assert r32.dtype == torch.float32
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -693,3 +990,33 @@ def test_backward_on_gpu_matches_torch(dtype, recompute):
     for a, b in zip(ours, theirs):
         err = float((a.double() - b).norm() / b.norm())
         assert err < tol, err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recompute", [False, True])
+def test_second_derivatives_on_gpu_match_torch(recompute):
+    """create_graph=True on the GPU kernels: the backward's own backward (saved accum included)
+    gives torch's float64 second derivatives, to fp32 accuracy."""
+    M_, N_, K_ = 300, 264, 200
+    A = (torch.randn(M_, K_, device="cuda") / K_ ** 0.5).requires_grad_()
+    B = torch.randn(K_, N_, device="cuda").requires_grad_()
+    bias = torch.randn(N_, device="cuda", requires_grad=True)
+    src = "def e(accum, bias):\n    D = tanh(accum + bias)\n    r = sum(D * D, dim=1)\n    return D, r\n"
+
+    def second(fn, leaves):
+        D, r = fn(*leaves)
+        firsts = torch.autograd.grad(D.sum() + r.sum(), leaves, create_graph=True)
+        return torch.autograd.grad(sum((g.double() ** 2).sum() for g in firsts), leaves)
+
+    ours = second(lambda a, b, c: torch_ops.gemm(a, b, src, bias=c, recompute=recompute, precision="highest"),
+                  (A, B, bias))
+    leaves = [t.detach().double().requires_grad_() for t in (A, B, bias)]
+
+    def reference(a, b, c):
+        D = torch.tanh(a @ b + c)
+        return D, (D * D).sum(dim=1)
+
+    theirs = second(reference, leaves)
+    for a, b in zip(ours, theirs):
+        err = float((a.double() - b).norm() / b.norm())
+        assert err < 1e-4, err

@@ -2,8 +2,9 @@
 
 A kernel answers `supports(args)` with a `Status` (ok, and a reason either way) before any
 compilation, `compile(args)` prepares it ahead of time, and `run(args)` writes every output of
-the epilogue. `run` validates nothing that `supports` already checked; `epifuse.get_kernels`
-only hands out kernels whose status is ok.
+the epilogue. `epifuse.get_kernels` only hands out kernels whose status is ok and notes them on
+the arguments (remember_supported); a kernel run on arguments it was not handed out for asks
+`supports` first.
 """
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ def supported(reason: str) -> Status:
 
 def unsupported(reason: str) -> Status:
     return Status(False, reason)
+
+
+def remember_supported(args, kernels) -> None:
+    """Note on `args` the kernels found to support them (on this machine's GPU), so that
+    running one of them asks nothing again."""
+    args.__dict__.setdefault("_supported", set()).update(kernels)
+
+
+def supported_before(args, kernel) -> bool:
+    """Whether `kernel` was found to support `args` (remember_supported)."""
+    return kernel in args.__dict__.get("_supported", ())
 
 
 class Kernel:

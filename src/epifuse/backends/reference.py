@@ -27,6 +27,7 @@ class ReferenceKernel(Kernel):
         check_arguments(self, args)
         if verify:
             return verification.run(self, args)
+        args.check_current()
         dtype = torch.float64 if args.compute_dtype == torch.float64 else torch.float32
         accum = reference_accum(args.A, args.B, dtype, args.accumulator_type).reshape(args.accum_shape)
         write_results(args, evaluate(args.graph, accum, args.operands, dtype))
@@ -48,6 +49,7 @@ class GroupedReference(Kernel):
         check_arguments(self, grouped, grouped=True)
         if verify:
             return verification.run_grouped(self, grouped)
+        grouped.check_current()
         for problem in grouped.problems:
             self._single.run(problem)
 

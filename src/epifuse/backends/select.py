@@ -16,6 +16,7 @@ import torch
 from ..arguments import GemmArguments, GroupedGemmArguments
 from ..errors import EpilogueArgumentError, UnsupportedError
 from ..runtime import tune
+from .base import remember_supported
 from .reference import GroupedReference, ReferenceKernel
 from .triton import configs
 from .triton import device as target
@@ -40,7 +41,10 @@ def kernel_statuses(args, cc: int | None = None) -> list:
         kernels, reference = grouped_candidates(args), GroupedReference()
     else:
         kernels, reference = candidates(args), ReferenceKernel()
-    return [*((k, k.supports(args, cc)) for k in kernels), (reference, reference.supports(args))]
+    statuses = [*((k, k.supports(args, cc)) for k in kernels), (reference, reference.supports(args))]
+    if cc is None:  # asked for this machine's GPU
+        remember_supported(args, (k for k, status in statuses if status.ok))
+    return statuses
 
 
 def get_kernels(args, cc: int | None = None) -> list:
@@ -101,7 +105,9 @@ def choose_kernel(args: GemmArguments):
         kernel = _CHOSEN.get(key)
         if kernel is not None:
             _CHOSEN.move_to_end(key)
-            return kernel
+    if kernel is not None:  # chosen for arguments of this signature, which decides support
+        remember_supported(args, (kernel,))
+        return kernel
     kernels = get_kernels(args)
     if not kernels:
         raise UnsupportedError("No kernel supports these arguments.")

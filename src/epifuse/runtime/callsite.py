@@ -2,21 +2,32 @@
 but allocating its outputs and launching.
 
 A signature is everything the checks, the kernel choice and Triton's specialization of the
-launch read: the epilogue object, every tensor's shape, strides, dtype, device and 16-byte
-alignment, every number's type and value, and the options. The first call of a signature
+launch read: the epilogue (a function by the code the parser reads, so a redefined function,
+whose `__code__` changed, is a new signature), every tensor's shape, strides, dtype, device and
+16-byte alignment, every number's type and value, and the options. The first call of a signature
 runs the full path (checks, tuning, compile); if every tensor its launch took is one the caller
 passed, epifuse allocated or the kernel owns, the launch's argument list is kept with the
 positions of the caller's tensors, and with the plan's reduction steps (initialize the atomic
 reductions, sums and amax, that the kernel does not zero itself before the launch; fold the
 partials into the destinations after it). A later call with the same signature copies the
 list, puts its own tensors in those positions, and runs the steps and the launch. Tensors that
-share storage (an in-place update, an output aliasing an input) and empty tensors always take
-the full path, which checks them. Buffers the plan owns (`plan.owned`: split-K's workspace
-and counters, reduction work buffers, in-kernel zeroing's words) stay with the site and are shared by its calls, which is why the signature includes
-the current CUDA stream: calls on one stream run one after another.
+share storage (an in-place update, an output aliasing an input), empty tensors, and tensors the
+checks refuse (a sign bit, a storage too small for the view, other layouts) always take the full
+path, which checks them.
+
+Calls of one site may run at once, from threads, on streams, or into a CUDA graph. Each call
+gets reduction work buffers of its own (the fp32 buffers and per-program partials its before-
+and after-steps prepare and fold): one shared buffer would be zeroed by one call while another
+call's kernel still adds into it. The other buffers the plan owns (split-K's workspace and
+counters, in-kernel zeroing's words) are used by the kernel alone and left as each launch
+found them, so launches one after another may share them: the signature includes the current
+CUDA stream, on which launches run in order (the interpreter runs one at a time), and a call
+on a stream that is capturing a CUDA graph takes the full path, so nothing a graph holds is
+shared with later calls.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import OrderedDict
 
@@ -33,49 +44,93 @@ PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _NUMBER_TYPES = (int, float)
 
 
+_UNREADABLE = object()
+
+
+def epilogue_identity(epilogue):
+    """What the parser reads of an epilogue: a string or Program as it is; a function by the code
+    of what `inspect` unwraps it to (its source), not by the function object, whose `__code__`
+    IPython's autoreload and a notebook's re-run replace, and not by a decorator's wrapper,
+    whose code every function it wraps shares."""
+    if epilogue is None or isinstance(epilogue, str):
+        return epilogue
+    source = epilogue
+    if hasattr(epilogue, "__wrapped__"):
+        try:
+            source = inspect.unwrap(epilogue)
+        except ValueError:   # a __wrapped__ cycle: the full path names it
+            return _UNREADABLE
+    code = getattr(source, "__code__", None)
+    return epilogue if code is None else code
+
+
 def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
     """The call's signature, or None when it must take the full path: an unhashable epilogue,
     anything but plain tensors and numbers (bools, tensor subclasses), an empty tensor, tensors
-    sharing storage, or a tensor that requires grad while grad is enabled (that call goes
-    through epifuse.torch_ops). Keyword order is part of it."""
+    sharing storage, a tensor the checks refuse (a negative bit, a storage that does not hold
+    the view, sparse and other layouts), a tensor that requires grad while grad is enabled
+    (that call goes through epifuse.torch_ops), or a stream capturing a CUDA graph. Keyword
+    order is part of it."""
+    identity = epilogue_identity(epilogue)
     try:
-        hash(epilogue)
+        hash(identity)
     except TypeError:
+        return None
+    if identity is _UNREADABLE:
         return None
     if type(A) not in PLAIN_TENSOR_TYPES:
         return None
-    parts = [epilogue, options]
+    parts = [identity, options]
     if A.is_cuda:   # kernel-owned buffers (split-K's workspace) are kept per site: one stream each
+        if torch._C._cuda_isCurrentStreamCapturing():
+            return None
         parts.append(torch._C._cuda_getCurrentRawStream(A.device.index))
     grad = torch.is_grad_enabled()
     storages = set()
-    for name, t in (("A", A), ("B", B), *tensors.items()):
-        kind = type(t)
-        if kind in PLAIN_TENSOR_TYPES:
-            requires_grad = t.requires_grad
-            if (grad and requires_grad) or t.numel() == 0:
+    try:
+        for name, t in (("A", A), ("B", B), *tensors.items()):
+            kind = type(t)
+            if kind in PLAIN_TENSOR_TYPES:
+                requires_grad = t.requires_grad
+                numel = t.numel()
+                if (grad and requires_grad) or numel == 0 or t.is_neg():
+                    return None
+                storage = t.untyped_storage()   # sparse, mkldnn and nested tensors raise here or below
+                base = storage.data_ptr()
+                if base in storages:
+                    return None
+                storages.add(base)
+                address, shape, strides = t.data_ptr(), t.shape, t.stride()
+                reach = numel
+                if not t.is_contiguous():   # how many elements apart its first and last lie, plus one
+                    reach = 1
+                    for size, stride in zip(shape, strides):
+                        reach += (size - 1) * stride
+                if address - base + reach * t.itemsize > storage.nbytes():
+                    return None   # freed or shrunk storage: the full path says so
+                parts.append((name, shape, strides, t.dtype, t.device, address % 16 == 0, requires_grad))
+            elif kind in _NUMBER_TYPES:
+                parts.append((name, kind, t))
+            else:
                 return None
-            storage = t.untyped_storage().data_ptr()
-            if storage in storages:
-                return None
-            storages.add(storage)
-            parts.append((name, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0, requires_grad))
-        elif kind in _NUMBER_TYPES:
-            parts.append((name, kind, t))
-        else:
-            return None
+    except (RuntimeError, NotImplementedError):   # a layout without storage or strides: the full path names it
+        return None
     return tuple(parts)
 
 
 class Site:
-    """A kept launch: its argument list, where each tensor goes, and what to allocate."""
+    """A kept launch: its argument list, where each tensor goes, what to allocate, and the
+    reduction work buffers each call gets (name, position in the list, shape, strides, dtype)."""
 
-    __slots__ = ("values", "positions", "launch_with", "allocate", "returns", "device", "before", "after")
+    __slots__ = ("values", "positions", "launch_with", "allocate", "returns", "device", "before", "after",
+                 "work")
 
-    def __init__(self, values, positions, launch_with, allocate, returns, device, before=None, after=None):
+    def __init__(self, values, positions, launch_with, allocate, returns, device, before=None, after=None,
+                 work=()):
         self.values, self.positions, self.launch_with = values, positions, launch_with
         self.allocate, self.returns, self.device = allocate, returns, device
         self.before, self.after = before, after  # the reductions' steps, given the outputs
+        self.work = work
 
     def call(self, A, B, tensors: dict):
         current = dict(tensors)
@@ -85,11 +140,16 @@ class Site:
         values = list(self.values)
         for index, name in self.positions:
             values[index] = current[name]
+        buffers = None
+        if self.work:
+            buffers = {}
+            for name, index, shape, strides, dtype in self.work:
+                buffers[name] = values[index] = torch.empty_strided(shape, strides, dtype=dtype, device=self.device)
         if self.before is not None:
-            self.before(current)
+            self.before(current, buffers)
         self.launch_with(values)
         if self.after is not None:
-            self.after(current)
+            self.after(current, buffers)
         HITS[0] += 1
         outputs = tuple(current[name] for name in self.returns)
         return outputs[0] if len(outputs) == 1 else outputs
@@ -120,7 +180,13 @@ def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
     allocate = tuple((name, tuple(args.outputs[name].shape), args.outputs[name].dtype)
                      for name in allocated)
     steps = (None, None) if plan.simple else (plan.before, plan.after)
-    site = Site(list(plan.values), tuple(positions), plan.launch_with, allocate, returns, args.A.device, *steps)
+    index = {id(v): i for i, v in enumerate(plan.values) if isinstance(v, torch.Tensor)}
+    if any(id(buffer) not in index for _, buffer in plan.finish):
+        return  # a work buffer the launch does not take as it is: keep the full path
+    work = tuple((y.name, index[id(buffer)], tuple(buffer.shape), buffer.stride(), buffer.dtype)
+                 for y, buffer in plan.finish)
+    site = Site(list(plan.values), tuple(positions), plan.launch_with, allocate, returns, args.A.device, *steps,
+                work=work)
     with _LOCK:
         _SITES[key] = site
         while len(_SITES) > MAX_SITES:

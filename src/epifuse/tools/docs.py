@@ -42,7 +42,8 @@ Every op epifuse knows. Inside an epilogue an op is parsed, never called, and ma
 `op(x)`, `torch.op(x)`, `F.op(x)`, `torch.nn.functional.op(x)`, `epifuse.ops.op(x)` or
 `x.op()`, by its name or any name in the *also* column. Called on torch tensors,
 `epifuse.ops.op` runs the op's torch reference, so an epilogue function is its own eager
-version. Epilogue math runs in fp32 (`compute_dtype=`); NaN and Inf follow torch.
+version. Epilogue math runs in fp32, or in float64 when A, B or a tensor operand is float64
+(`compute_dtype=` may change it); NaN and Inf follow torch.
 
 Columns: *arguments* are the tensor inputs, then compile-time parameters (literals) with their
 defaults; *cost* is per element: plain flops + special-function ops (exp, log, ...); *Triton*

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 import triton
 
-from ...shapes import accumulator_types
+from ...shapes import accumulator_types, misalignment
 from ..base import Status, unsupported
 from . import configs
 from . import device as target
@@ -222,7 +222,7 @@ def tma_check(args, config, cc) -> Status | None:
     b_kmajor = B.stride(-1) != 1  # the same test the kernel's B_KMAJOR makes
     leading += [B.stride(-1) if b_kmajor else B.stride(-2), *([B.stride(0)] if B.dim() == 3 else [])]
     for t, label in ((A, "A"), (B, "B")):
-        if t.data_ptr() % 16:
+        if misalignment(t):
             return unsupported(f"{label} is not 16-byte aligned (TMA needs aligned base pointers)")
     if any((s * size) % 16 for s in leading):
         return unsupported("a leading stride of A or B is not a multiple of 16 bytes (TMA needs it)")

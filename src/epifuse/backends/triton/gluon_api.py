@@ -13,6 +13,7 @@ import functools
 
 import torch
 
+from ...shapes import misalignment
 from .layout import OperandParams
 from .rules import TL_TYPES
 
@@ -104,7 +105,7 @@ def tma_mode(t: torch.Tensor, strides: dict, batched: bool) -> int:
     """2 or 3 (a (M, N) or (L, M, N) descriptor) when TMA can move `t`, else 0 (pointers)."""
     size = t.element_size()
     leading = [strides["M"]] + ([strides["L"]] if batched else [])
-    if strides.get("N") != 1 or t.data_ptr() % 16 or any((s * size) % 16 for s in leading):
+    if strides.get("N") != 1 or misalignment(t) or any((s * size) % 16 for s in leading):
         return 0
     return 3 if batched else 2
 

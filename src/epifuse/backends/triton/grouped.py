@@ -8,7 +8,8 @@ bisects the tile starts to find its group, turns the addresses into typed pointe
 the tiled kernel's main loop and epilogue unchanged. Reductions work as in the tiled kernel,
 each group with its own destinations and work buffers. The source is specialized on what
 holds for a column in every group (a stride of 0 or 1, 16-byte alignment), as Triton
-specializes kernel arguments.
+specializes kernel arguments. Groups of fake or meta tensors plan and compile (their pointer
+columns hold the alignment their real tensors will have) but never run.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ...shapes import is_stand_in, misalignment
 from ..base import Status, unsupported
 from . import configs
 from . import plan as plans
@@ -89,21 +91,29 @@ def _pointee(problem, layout: Layout, buffers: dict) -> dict[str, str]:
     return types
 
 
+def _address(t: torch.Tensor) -> int:
+    """A pointer column's value: `t`'s address. A stand-in (fake, meta tensor) has none, and a
+    table of stand-ins is never launched (run refuses them): its column holds how many bytes
+    past a 16-byte boundary the real tensor of its metadata lies (shapes.misalignment), which
+    is all the hints read, so the source compiled from stand-ins is the one real tensors get."""
+    return misalignment(t) if is_stand_in(t) else t.data_ptr()
+
+
 def _row(problem, layout: Layout, roles: dict, buffers: dict, tile_start: int) -> dict[str, int]:
     """One group's table fields by column name. An operand is read along its widest role's
     axes, with stride 0 along those it does not vary along in this group."""
     a, b = problem.a_strides, problem.b_strides
     fields = dict(tile_start=tile_start, M=problem.M, N=problem.N, K=problem.K,
-                  a_ptr=problem.A.data_ptr(), stride_am=a[1], stride_ak=a[2],
-                  b_ptr=problem.B.data_ptr(), stride_bk=b[1], stride_bn=b[2])
+                  a_ptr=_address(problem.A), stride_am=a[1], stride_ak=a[2],
+                  b_ptr=_address(problem.B), stride_bk=b[1], stride_bn=b[2])
     for o in layout.operands:
         if o.kind == "tensor":
-            fields[f"{o.prefix}_ptr"] = problem.operands[o.name].data_ptr()
+            fields[f"{o.prefix}_ptr"] = _address(problem.operands[o.name])
             for axis in roles[o.name].axes:
                 fields[f"{o.prefix}_s{axis.lower()}"] = problem.strides[o.name].get(axis, 0)
     for y in layout.outputs:
         tensor, strides = buffers[y.name]
-        fields[f"{y.prefix}_ptr"] = tensor.data_ptr()
+        fields[f"{y.prefix}_ptr"] = _address(tensor)
         fields.update({f"{y.prefix}_s{axis.lower()}": strides[axis] for axis in y.axes})
     return fields
 

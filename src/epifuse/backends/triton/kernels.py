@@ -1,10 +1,19 @@
 """TritonKernel: a kernel family with a config, as epifuse.get_kernels hands it out.
 
 `supports(args)` asks the checks every Triton kernel makes and the family's own; `run(args)`
-builds a launch plan once per arguments object (plan.py), compiles it (a config that needs
-more shared memory than the GPU has falls back to the next smaller one, before any output is
-touched), prepares the reductions, launches, and finishes them. A repeated `run` on the same
-arguments launches the kept plan directly: no checks, no Triton argument binding.
+builds a launch plan once per arguments object (plan.py), asks `supports` once where
+`get_kernels` did not offer this kernel for these arguments, compiles the plan (a config that
+needs more shared memory than the GPU has falls back to the next smaller one, before any output
+is touched), prepares the reductions, launches, and finishes them. A repeated `run` on the same
+arguments launches the kept plan directly, with no Triton argument binding, once it has seen
+that every tensor still has the sizes, strides and address the arguments were checked with
+(`GemmArguments.current`): a tensor resized since is refused, one whose memory moved is checked
+again and planned anew. What that does not see, writes into a tensor's memory through another
+view, say, is the caller's to keep apart, as with any kernel.
+
+`compile(args)` also takes arguments of fake or meta tensors (planning stand-ins): Triton
+specializes the launch on their dtypes and on the alignment their storage offsets give, and
+the real tensors' run finds the compiled kernel. `run` refuses stand-ins.
 """
 from __future__ import annotations
 
@@ -15,9 +24,11 @@ import torch
 import triton
 
 from ... import verify as verification
-from ...arguments import check_arguments
+from ...arguments import check_arguments, check_real
+from ...errors import UnsupportedError
 from ...runtime import compiled as compiled_index
-from ..base import Kernel, Status, supported
+from ...shapes import is_stand_in, misalignment
+from ..base import Kernel, Status, supported, supported_before
 from . import configs
 from . import device as target
 from . import plan as plans
@@ -127,18 +138,36 @@ class TritonKernel(Kernel):
             run_verified = verification.run_grouped if self.family.grouped else verification.run
             return run_verified(self, args)
         plan = getattr(args, "_plans", {}).get(self)
-        if plan is not None and plan.fast is not None and plan.simple:
+        if plan is not None and plan.fast is not None and plan.simple and args.current():
             plan.fast()  # the common repeated call: nothing but the launch
             return
         check_arguments(self, args, grouped=self.family.grouped)
+        check_real(args)
+        if args.check_current():  # a tensor's memory moved: its plan held the old addresses
+            args.__dict__.pop("_plans", None)
+            plan = None
         with target.on_device(_device(args)):
-            plan = self._loaded(args, plan or self.plan(args))
+            plan = plan or self.plan(args)
+            if not plan.checked:
+                self._check_supported(args)
+                plan.checked = True
+            plan = self._loaded(args, plan)
             for p in plan.problems:
                 p.before(p.args.outputs)
             if not plan.empty:
                 self._launch(args, plan)
             for p in plan.problems:
                 p.after(p.args.outputs)
+
+    def _check_supported(self, args) -> None:
+        """An UnsupportedError where `args` is not what this kernel was offered for (a kernel
+        chosen for other arguments, or for fake tensors whose real ones differ)."""
+        if supported_before(args, self):
+            return
+        status = self.supports(args)
+        if not status:
+            raise UnsupportedError(f"{self!r} does not support these arguments: {status.reason}.",
+                                   hint="Run a kernel that epifuse.get_kernels(args) returns for them.")
 
     def _loaded(self, args, plan: plans.Plan) -> plans.Plan:
         """`plan`, or the plan of a smaller config, whose kernel is compiled and loaded: a config
@@ -147,7 +176,10 @@ class TritonKernel(Kernel):
         if plan.loaded or plan.empty or target.uses_interpreter(_device(args)):
             return plan
         while True:
-            compiled = compiled_index.warmup(plan.kernel, plan.jit_values(plan.values), plan.grid, plan.meta)
+            values = plan.values
+            if getattr(args, "stand_in", False):  # fake or meta tensors: specialized on what they say
+                values = [_Address(v) if isinstance(v, torch.Tensor) and is_stand_in(v) else v for v in values]
+            compiled = compiled_index.warmup(plan.kernel, plan.jit_values(values), plan.grid, plan.meta)
             try:
                 getattr(compiled, "_init_handles", lambda: None)()  # where Triton checks resources
             except triton.runtime.errors.OutOfResources:
@@ -190,6 +222,24 @@ class TritonKernel(Kernel):
             plan.launch_with = plans.interpreted_launcher(plan)
         else:
             plan.fast = direct_launcher(plan, compiled, device.index or 0, before)
+
+
+class _Address:
+    """What Triton's specialization reads of a tensor argument, for a stand-in with no memory:
+    its dtype and an address of the alignment the real tensor of its metadata has."""
+
+    def __init__(self, t: torch.Tensor):
+        self.dtype, self.shape, self._strides = t.dtype, tuple(t.shape), t.stride()
+        self._address = (1 << 20) + misalignment(t)
+
+    def data_ptr(self) -> int:
+        return self._address
+
+    def stride(self, dim: int | None = None):
+        return self._strides if dim is None else self._strides[dim]
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
 
 
 def _device(args) -> torch.device:

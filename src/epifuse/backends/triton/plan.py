@@ -46,24 +46,27 @@ class Problem:
     def __init__(self, args, buffers: dict, finish: list, prepare: list):
         self.args, self.buffers, self.finish, self.prepare = args, buffers, finish, prepare
 
-    def before(self, outputs) -> None:
+    def before(self, outputs, work: dict | None = None) -> None:
         """Initialize the atomic reductions the kernel does not zero (`outputs`: name ->
-        tensor, the arguments' own or a kept launch's new ones)."""
+        tensor, the arguments' own or a kept launch's new ones; `work`: name -> the work
+        buffer a kept launch's call has of its own, in place of the plan's)."""
         args = self.args
         for y, own in self.prepare:
             dest = outputs[y.name]
-            prepare_reduction(y, dest if own is None else own, dest, args.accumulate, args.reduced_count(y.name))
+            buffer = dest if own is None else own if work is None else work[y.name]
+            prepare_reduction(y, buffer, dest, args.accumulate, args.reduced_count(y.name))
 
-    def after(self, outputs) -> None:
-        """Write the partials or fp32 buffers to their destinations."""
+    def after(self, outputs, work: dict | None = None) -> None:
+        """Write the partials or fp32 buffers (the plan's, or `work`'s) to their destinations."""
         args = self.args
-        for y, work in self.finish:
-            finish_reduction(y, work, outputs[y.name], args.accumulate, args.reduced_count(y.name))
+        for y, buffer in self.finish:
+            buffer = buffer if work is None else work[y.name]
+            finish_reduction(y, buffer, outputs[y.name], args.accumulate, args.reduced_count(y.name))
 
 
 class Plan:
     __slots__ = ("kernel", "layout", "problems", "values", "meta", "grid", "empty", "fast", "simple",
-                 "launch_with", "loaded", "owned", "convert", "sync")
+                 "launch_with", "loaded", "checked", "owned", "convert", "sync")
 
     def __init__(self, kernel, layout: Layout, problems: list, values: list, meta: dict, grid: tuple,
                  empty: bool, convert=None, sync=None, owned=()):
@@ -73,6 +76,7 @@ class Plan:
         self.fast = None            # launch with `values`, skipping Triton's binding (CUDA)
         self.launch_with = None     # launch with other values of the same specialization
         self.loaded = False         # compiled and loaded on the GPU (kernels.TritonKernel._loaded)
+        self.checked = False        # its kernel supports its arguments (asked before its first run)
         # values -> the kernel's arguments, given whether Triton's JIT will bind them (the Gluon
         # kernels turn tensors into TMA descriptors); None: the values themselves
         self.convert = convert
@@ -88,11 +92,11 @@ class Plan:
         """The (output, work buffer) pairs written after the launch (one GEMM's plan)."""
         return self.problems[0].finish
 
-    def before(self, outputs) -> None:
-        self.problems[0].before(outputs)
+    def before(self, outputs, work: dict | None = None) -> None:
+        self.problems[0].before(outputs, work)
 
-    def after(self, outputs) -> None:
-        self.problems[0].after(outputs)
+    def after(self, outputs, work: dict | None = None) -> None:
+        self.problems[0].after(outputs, work)
 
     def jit_values(self, values) -> list:
         return values if self.convert is None else self.convert(values, True)
