@@ -334,7 +334,7 @@ def check_integer_product_ties(out_dtype, device, K=128, M=64, N=48):
     the ties to even: the 1.5 * 2**23 trick, contracted into fma(accum + C, s, 1.5 * 2**23) on a
     GPU, rounded the product before its own rounding, ties away from zero."""
     A = _ints(M, K, dtype=torch.int8, device=device, low=-20, high=21)
-    B = _ints(K, N, dtype=torch.int8, device=device, low=-20, high=21)
+    B = _ints(N, K, dtype=torch.int8, device=device, low=-20, high=21).t()  # K-major: Gluon takes it
     accum = A.cpu().long() @ B.cpu().long()
     span = min(torch.iinfo(out_dtype).max + 1, 2 ** 15)  # |t * s| up to about the largest value
     ran = set()

@@ -1006,7 +1006,7 @@ def test_second_derivatives_on_gpu_match_torch(recompute):
     def second(fn, leaves):
         D, r = fn(*leaves)
         firsts = torch.autograd.grad(D.sum() + r.sum(), leaves, create_graph=True)
-        return torch.autograd.grad(sum((g.double() ** 2).sum() for g in firsts), leaves)
+        return torch.autograd.grad(torch.stack([(g.double() ** 2).sum() for g in firsts]).sum(), leaves)
 
     ours = second(lambda a, b, c: torch_ops.gemm(a, b, src, bias=c, recompute=recompute, precision="highest"),
                   (A, B, bias))

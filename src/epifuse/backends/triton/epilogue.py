@@ -118,14 +118,15 @@ def _load_operand(var: str, o: OperandParams, style: str) -> list[str]:
 
 def _as_full_tile(expr: str, node: Node, style: str) -> str:
     """`expr` broadcast to the (BLOCK_M, EPI_N) piece by adding -0.0, the addition that changes
-    no value (+0.0 would turn -0.0 into +0.0)."""
+    no value (+0.0 would turn -0.0 into +0.0). The -0.0 is made as -1.0 * 0.0: Triton 3.6 makes
+    a full() of any zero +0.0."""
     if node.dtype == "bool":
         expr = f"{expr}.to(tl.float32)"
     if {"M", "N"} <= set(node.axes):
         return expr
     if style == "gluon":  # Gluon makes tensors only with an explicit layout
-        return f"({expr} + gl.full((BLOCK_M, EPI_N), -0.0, gl.float32, acc_layout))"
-    return f"({expr} + tl.full((BLOCK_M, EPI_N), -0.0, tl.float32))"
+        return f"({expr} + gl.full((BLOCK_M, EPI_N), -1.0, gl.float32, acc_layout) * 0.0)"
+    return f"({expr} + tl.full((BLOCK_M, EPI_N), -1.0, tl.float32) * 0.0)"
 
 
 def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]:

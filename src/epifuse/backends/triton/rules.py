@@ -44,7 +44,7 @@ def _f(value: float) -> str:
     """A float literal in Triton source, rounded to fp32 so Triton types it as fp32."""
     value = float(value)
     if math.isnan(value):
-        return "_NAN"
+        return "(_INF - _INF)"
     if math.isinf(value):
         return "_INF" if value > 0 else "(-_INF)"
     value32 = struct.unpack("<f", struct.pack("<f", value))[0] if abs(value) < 3.4028235e38 else value
@@ -52,6 +52,9 @@ def _f(value: float) -> str:
         return "_INF" if value > 0 else "(-_INF)"
     if value32 != 0.0 and abs(value32) < 1.1754943508222875e-38:
         value32 = math.copysign(0.0, value32)  # fp32 subnormal literals would be typed as fp64 by Triton
+    if value32 == 0.0 and math.copysign(1.0, value32) < 0:
+        # -0.0 from its bits: Triton (3.6 and before) makes a constant that equals 0 +0.0
+        return "tl.cast(-2147483648, tl.float32, bitcast=True)"
     return repr(value32)
 
 
@@ -386,7 +389,7 @@ def _pow(a, b):
     negative = tl.where(a < 0, True, tl.where(a == 0, tl.div_rn(1.0, a) < 0, False))
     r = tl.where(tl.where(negative, b_odd, False), -r, r)
     nan_case = tl.where(a < 0, tl.where(a > -_INF, b_int == 0, False), False)
-    r = tl.where(nan_case, _NAN, r)
+    r = tl.where(nan_case, _INF - _INF, r)
     one = tl.where(b == 0, True, tl.where(a == 1.0, True, tl.where(a == -1.0, tl.abs(b) == _INF, False)))
     return tl.where(one, 1.0, r)
 ''', "cuda": '''
@@ -436,7 +439,7 @@ def _round_e4m3(x):
 @triton.jit
 def _round_e4m3(x):
     # what rounds past 448 (|x| > 464), and inf, is NaN
-    return tl.where(tl.abs(x) > 464.0, _NAN, x.to(tl.float8e4nv).to(tl.float32))
+    return tl.where(tl.abs(x) > 464.0, _INF - _INF, x.to(tl.float8e4nv).to(tl.float32))
 '''},
     "_round_e5m2": {"any": '''
 @triton.jit
