@@ -40,9 +40,9 @@ def is_stand_in(t: torch.Tensor) -> bool:
     """Whether `t` is a planning stand-in without memory: a meta or fake tensor (FakeTensor,
     and functional wrappers of one). Kernels are chosen and compiled from its metadata; it
     is never read or written."""
-    if t.device.type == "meta":
-        return True
-    return type(t) not in _PLAIN and is_fake(t)
+    if type(t) in _PLAIN:
+        return t.is_meta
+    return t.is_meta or is_fake(t)
 
 
 def misalignment(t: torch.Tensor) -> int:

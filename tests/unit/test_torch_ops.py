@@ -917,10 +917,12 @@ def test_compile_inductor_on_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mlp_training_loss_curve_matches_pytorch(dtype):
+def test_mlp_training_loss_curve_matches_pytorch(dtype, monkeypatch):
     """A few hundred SGD steps: the FusedLinear model follows the plain model's loss curve."""
     torch.manual_seed(0)
-    torch.backends.cuda.matmul.allow_tf32 = True   # epifuse's default precision for fp32 is tf32
+    # epifuse's default precision for fp32 is tf32; set for this test only (a later test in the
+    # same process would otherwise get tf32 torch matmuls)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     plain = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.SiLU(),
                           nn.Linear(256, 10)).cuda()
     fused = fuse_linear_activations(plain)
