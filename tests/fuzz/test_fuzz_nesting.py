@@ -83,6 +83,8 @@ def test_random_nesting_past_the_limit_is_refused_by_it():
     from epifuse.frontend import parse
     rng = random.Random(int(torch.randint(0, 2**31 - 1, ()).item()))
     for layer in LAYERS:
+        if layer == "*{}, x":   # nested, its stars run together into '**', not valid Python
+            continue
         text = "x"
         for _ in range(min(rng.randint(600, 3000), 95_000 // (len(layer) - 2))):
             text = layer.format(text)
