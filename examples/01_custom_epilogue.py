@@ -48,4 +48,8 @@ torch.testing.assert_close(Aux.float(), Aux_ref, rtol=2e-3, atol=2e-3)
 # Or in one call, with the outputs allocated and a tuned kernel picked:
 D2, Aux2 = epifuse.gemm(A, B, my_epilogue, C=C, alpha=alpha, beta=beta, extra_scalar=extra_scalar)
 torch.testing.assert_close(D2.float(), D_ref, rtol=2e-3, atol=2e-3)
-print(f"{kernels[0]!r} matches torch")
+
+# Which kernel ran: a fused one, or the unfused reference kernel and why (on a CPU, unless
+# TRITON_INTERPRET=1 is set); without a kernel, the one epifuse.gemm runs for such arguments.
+print("kernels[0] matches torch:", epifuse.debug.which_kernel(args, kernels[0]))
+print("epifuse.gemm matches torch:", epifuse.debug.which_kernel(args))

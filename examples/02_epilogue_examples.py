@@ -4,6 +4,7 @@ returning the accumulator, an epilogue given as a string, and what fails (and ho
 import torch
 
 from epifuse import EpilogueArguments, EpilogueError, GemmArguments, get_kernels
+from epifuse.debug import which_kernel
 from epifuse.ops import relu
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -38,6 +39,7 @@ kernels[0].run(args)
 D_ref, F_ref = relu_aux_store(accum_ref, alpha, C.float())
 check(D, D_ref)
 check(F, F_ref)
+print("relu_aux_store matches torch:", which_kernel(args, kernels[0]))   # fused, or the reference
 
 
 # -- Keyword functions and returning the accumulator -------------------------------------------
@@ -55,12 +57,14 @@ accum = torch.empty((L, M, N), device=device, dtype=torch.float32)
 epi_args = EpilogueArguments(relu_scale_return_acc, alpha=alpha, beta=beta, C=C, scale=scale,
                              D=D, F=F, accum=accum)
 args = GemmArguments(A=A, B=B, out=D, accumulator_type=torch.float32, epilogue=epi_args)
-get_kernels(args)[0].run(args)
+kernel = get_kernels(args)[0]
+kernel.run(args)
 
 D_ref, F_ref, accum_ref2 = relu_scale_return_acc(accum_ref, alpha, beta, C.float(), scale)
 check(D, D_ref)
 check(F, F_ref)
 check(accum, accum_ref2)
+print("relu_scale_return_acc matches torch:", which_kernel(args, kernel))
 
 
 # -- A string holding the function -------------------------------------------------------------
@@ -71,11 +75,13 @@ D = torch.empty((L, M, N), device=device, dtype=torch.float16)
 F = torch.empty((L, M, N), device=device, dtype=torch.float16)
 epi_args = EpilogueArguments(epi_str, alpha=alpha, beta=beta, C=C, D=D, F=F)
 args = GemmArguments(A=A, B=B, out=D, accumulator_type=torch.float32, epilogue=epi_args)
-get_kernels(args)[0].run(args)
+kernel = get_kernels(args)[0]
+kernel.run(args)
 
 F_ref = accum_ref * alpha + C.float() * beta
 check(D, torch.relu(F_ref))
 check(F, F_ref)
+print("the string epilogue matches torch:", which_kernel(args, kernel))
 
 
 # -- What fails, and how ----------------------------------------------------------------------
@@ -123,6 +129,8 @@ def only_aux(accum, alpha, beta, C):
 F = torch.empty((L, M, N), device=device, dtype=torch.float16)
 args = GemmArguments(A=A, B=B, accumulator_type=torch.float32,
                      epilogue=EpilogueArguments(only_aux, alpha=alpha, beta=beta, C=C, F=F))
-get_kernels(args)[0].run(args)
+kernel = get_kernels(args)[0]
+kernel.run(args)
 check(F, accum_ref * alpha + C.float() * beta)
+print("only_aux matches torch:", which_kernel(args, kernel))
 print("all notebook examples match torch")

@@ -38,6 +38,8 @@ check(D, torch.relu(2.0 * accum + 0.5 * C.double()))
 args = relu_epi.arguments(A, B, alpha=2.0, beta=0.5, C=C)     # GemmArguments, D allocated
 epifuse.get_kernels(args)[0].run(args)
 check(args.outputs["D"], torch.relu(2.0 * accum + 0.5 * C.double()))
+# Which kernel epifuse.gemm runs for them: a fused one, or the unfused reference and why.
+print("LinearCombinationRelu matches torch:", epifuse.debug.which_kernel(args))
 
 # Scale types: which of alpha, beta and C take part.
 check(LinearCombination(ScaleType.NO_BETA_SCALING)(A, B, alpha=3.0, C=C), 3.0 * accum + C.double())

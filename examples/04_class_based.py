@@ -56,4 +56,5 @@ torch.testing.assert_close(row_sum, D_ref.sum(-1), rtol=1e-4, atol=1e-3)
 args = op.arguments(A, B, C=C, X=X, alpha=1.5, beta=0.5, x_factor=2.0)
 for kernel, status in epifuse.kernel_statuses(args):
     print(f"{kernel!r}: {status}")
-print("class-based epilogues match torch")
+# ... and which kernel epifuse.gemm runs (op(...) above): a fused one, or the unfused reference.
+print("class-based epilogues match torch:", epifuse.debug.which_kernel(args))

@@ -36,6 +36,7 @@ args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
 kernel = epifuse.get_kernels(args)[0]
 report = debug.run(kernel, args, verify=True)
 print(report)
+print("verified:", debug.which_kernel(args, kernel))   # a fused kernel, or the reference and why
 
 # Every value the epilogue computes, on one tile (the kernel's tile size unless given).
 t = debug.trace(args, tile=(1, 0), tile_shape=(16, 16))

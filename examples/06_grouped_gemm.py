@@ -41,4 +41,4 @@ for p in grouped:
                            p.operands["scale"].double())
     torch.testing.assert_close(p.outputs["F"].double(), F, rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(p.outputs["D"].double(), D, rtol=2e-3, atol=2e-3)
-print("every expert matches torch")
+print("every expert matches torch:", epifuse.debug.which_kernel(grouped, kernel))

@@ -6,7 +6,9 @@
 Every module of src/epifuse has a layer (LAYERS below, bottom first). A module may import
 modules of its own layer or below, never above; the imports form no circle; and an import
 inside a function is kept for an optional or slow dependency only, each listed in LOCAL with
-why. Nothing is run: the imports are read from the source (ast).
+why. A module that loads names on first use (a module __getattr__) is listed in LAZY, and its
+table of those names agrees with its `if TYPE_CHECKING:` imports, which the drawing shows.
+Nothing is run: the imports are read from the source (ast).
 """
 from __future__ import annotations
 
@@ -35,11 +37,23 @@ LAYERS = [
     ("built on the facade: nn.FusedLinear, class-based and named epilogues, the demo",
      ["nn", "fused", "epilogues", "demo"]),
     ("tools: trace, draw, problems, profiler output, the ops reference", ["tools."]),
-    ("entry points", ["debug", "cli", "__main__", "__init__"]),
+    ("entry points", ["debug", "cli", "commands", "__main__", "__init__"]),
 ]
 
-# Function-local imports of the package's own modules, with why (none today).
-LOCAL: dict[tuple[str, str], str] = {}
+# Function-local imports of the package's own modules, with why.
+LOCAL: dict[tuple[str, str], str] = {
+    ("cli", "commands"): "the commands load once the arguments parse: `epifuse --help` and a "
+                         "mistyped option load neither torch nor Triton",
+}
+
+# Modules that load names on first use through a module __getattr__ (PEP 562) and importlib,
+# which the import statements do not show: module -> (the tuple of submodules, the dict of
+# module -> names) it loads. Its `if TYPE_CHECKING:` block imports exactly these, for type
+# checkers and for the drawing; --check fails when the two differ, or when another module
+# defines a module __getattr__.
+LAZY: dict[str, tuple[str, str]] = {
+    "__init__": ("_SUBMODULES", "_NAMES"),   # `import epifuse` loads neither torch nor Triton
+}
 
 
 def modules() -> dict[str, Path]:
@@ -94,6 +108,33 @@ def imports(module: str, path: Path, known: set[str]) -> list[tuple[str, bool]]:
             walk(child, inner)
     walk(tree, False)
     return found
+
+
+def lazy_problems(module: str, path: Path) -> list[str]:
+    """A module __getattr__ only in a LAZY module, whose table names what its TYPE_CHECKING
+    block imports: (module, name) pairs, a submodule as (itself, itself)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    getattr_defined = any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
+    if module not in LAZY:
+        return [f"{module} defines a module __getattr__ (names loaded on first use), which LAZY "
+                "does not list"] if getattr_defined else []
+    submodules_name, names_name = LAZY[module]
+    values = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+              for target in node.targets if isinstance(target, ast.Name)}
+    if not getattr_defined or submodules_name not in values or names_name not in values:
+        return [f"{module} is in LAZY but has no module __getattr__, {submodules_name} or {names_name}"]
+    table = {(m, m) for m in ast.literal_eval(values[submodules_name])}
+    table |= {(m, name) for m, names in ast.literal_eval(values[names_name]).items() for name in names}
+    imported = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom) and statement.level == 1:
+                    imported |= {(statement.module or alias.name, alias.name) for alias in statement.names}
+    if table != imported:
+        differ = sorted(table ^ imported)
+        return [f"{module}'s names loaded on first use and its TYPE_CHECKING imports differ: {differ}"]
+    return []
 
 
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -151,6 +192,7 @@ def render() -> tuple[str, list[str]]:
     problems += [f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)}), a layer above it" for a, b in upward]
     problems += [f"{a} imports {b} inside a function, which LOCAL does not list" for a, b in local
                  if (a, b) not in LOCAL]
+    problems += [problem for module, path in found.items() for problem in lazy_problems(module, path)]
     lines = ["# The package's structure", "",
              "<!-- Written by `python docs/design/structure.py` from the imports of src/epifuse; do not edit.",
              "     `--check` (run by the tests) fails when this page is stale or a rule below is broken. -->", "",
@@ -173,6 +215,10 @@ def render() -> tuple[str, list[str]]:
     if local:
         lines += ["", "Function-local imports:", ""]
         lines += [f"- `{a}` imports `{b}`: {LOCAL.get((a, b), 'NOT LISTED')}" for a, b in local]
+    if LAZY:
+        lines += ["", "Loaded on first use (a module `__getattr__`; the imports above are its `if TYPE_CHECKING:` "
+                  "block, which names the same):", ""]
+        lines += [f"- `{m}`" for m in sorted(LAZY)]
     return "\n".join(lines) + "\n", problems
 
 

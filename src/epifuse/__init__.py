@@ -9,12 +9,44 @@
 tensor([[0., 0.],
         [0., 0.]])
 """
-from . import debug, epilogues, nn, ops, torch_ops
-from .api import EpilogueArguments, GemmArguments, GroupedGemmArguments, gemm, get_kernels, kernel_statuses
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from .errors import EpilogueError, InternalError
-from .fused import FusedGemm
 from .version import __version__
+
+if TYPE_CHECKING:   # the names below as type checkers see them; at run time each loads on first use
+    from . import debug, epilogues, nn, ops, torch_ops
+    from .api import EpilogueArguments, GemmArguments, GroupedGemmArguments, gemm, get_kernels, kernel_statuses
+    from .fused import FusedGemm
+
+# What loads on first use (a module __getattr__, PEP 562), so that `import epifuse` loads neither
+# torch nor Triton: the submodules, and names by the module that defines them. The block above
+# imports the same; docs/design/structure.py checks that the two agree.
+_SUBMODULES = ("debug", "epilogues", "nn", "ops", "torch_ops")
+_NAMES = {"api": ("EpilogueArguments", "GemmArguments", "GroupedGemmArguments", "gemm", "get_kernels",
+                  "kernel_statuses"),
+          "fused": ("FusedGemm",)}
+_HOME = {**{name: module for module, names in _NAMES.items() for name in names},
+         **{module: module for module in _SUBMODULES}}
 
 __all__ = ["EpilogueArguments", "GemmArguments", "GroupedGemmArguments", "get_kernels", "kernel_statuses",
            "gemm", "EpilogueError", "InternalError", "FusedGemm", "ops", "nn", "torch_ops", "epilogues",
            "debug", "__version__"]
+
+
+def __getattr__(name: str):
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = importlib.import_module(f"{__name__}.{module}")
+    if name != module:
+        value = getattr(value, name)
+    globals()[name] = value   # later lookups find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

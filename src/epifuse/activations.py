@@ -2,7 +2,8 @@
 
 An `Activation` is a unary registry op with its parameters, a user's one-argument function
 (parsed, never run, and inlined), or none. `ACTIVATIONS` names the activations by torch's
-names, as `FusedLinear(epilogue="gelu")` takes them; CUTLASS's functor names (Relu(),
+names, as `FusedLinear(epilogue="gelu")` and every epilogue argument (`epifuse.gemm(A, B,
+"gelu")`, `EpilogueArguments("gelu", D=D)`) take them; CUTLASS's functor names (Relu(),
 LeakyRelu(0.1), Clamp(0, 6)) build the same kind of Activation for the named epilogues;
 `of_module` reads a torch activation module (nn.GELU(approximate="tanh")) as one.
 
@@ -19,7 +20,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from .errors import EpilogueArgumentError, EpilogueSyntaxError, Location
+from .errors import EpilogueArgumentError, EpilogueSyntaxError, Location, did_you_mean
 from .frontend import Program, check_nesting, clean_source, names_used, parse_source, read_source
 from .ops import OPS, OpDef, lookup
 from .printing import param_literal, statement_source
@@ -265,6 +266,26 @@ _MODULES_WITH_PARAMS = {nn.LeakyReLU: ("leaky_relu", "negative_slope"), nn.ELU: 
                         nn.Softplus: ("softplus", "beta", "threshold")}
 
 
+def is_activation_name(epilogue) -> bool:
+    """Whether an epilogue argument is a bare name ("gelu"): a string that is one identifier,
+    which the entry points read as an ACTIVATIONS name. Source code never is one (an epilogue
+    string holds a `def`), so it stays source code."""
+    return isinstance(epilogue, str) and epilogue.strip().isidentifier()
+
+
+def named_activation(name: str) -> Activation:
+    """The ACTIVATIONS entry `name` names; an EpilogueArgumentError listing them otherwise."""
+    name = name.strip()
+    activation = ACTIVATIONS.get(name)
+    if activation is None:
+        close = did_you_mean(name, ACTIVATIONS)
+        raise EpilogueArgumentError(
+            f"Unknown activation {name!r}",
+            hint=(close + " " if close else "") + f"The activations are: {', '.join(ACTIVATIONS)}; "
+                 "or pass an epilogue function, or a string holding one `def`.")
+    return activation
+
+
 def of_module(module: nn.Module) -> Activation | None:
     """The Activation a torch activation module computes, or None if it is none epifuse has
     (or its parameters are NaN, which no epilogue literal spells)."""
@@ -293,4 +314,5 @@ def activation_source(activation: Activation | str, bias: bool, name: str = "fus
 
 
 __all__ = ["Activation", "ParsedActivation", "parse_activation", "as_activation", "of_module",
-           "activation_source", "ACTIVATIONS", "CUTLASS_NAMES", *CUTLASS_NAMES]
+           "activation_source", "is_activation_name", "named_activation", "ACTIVATIONS", "CUTLASS_NAMES",
+           *CUTLASS_NAMES]

@@ -17,11 +17,11 @@ from typing import Callable
 import torch
 
 from . import torch_ops
-from .arguments import (IDENTITY_EPILOGUE, EpilogueArguments, GemmArguments, GroupedGemmArguments,
-                        allocate_outputs, check_out_dtype)
+from .arguments import (EpilogueArguments, GemmArguments, GroupedGemmArguments, allocate_outputs,
+                        check_out_dtype, epilogue_program)
 from .backends.select import choose_kernel, get_kernels, kernel_statuses
 from .errors import ShapeError
-from .frontend import Program, parse
+from .frontend import Program
 from .runtime import callsite
 
 
@@ -31,12 +31,14 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
          precision: str = "default", **tensors):
     """`A @ B` with the epilogue fused; allocates any output not passed; returns the outputs.
 
-    One output comes back as a tensor, several as a tuple in return order. Tile outputs are
-    allocated in `out_dtype` (default: A's dtype; float32 for integer inputs), reduction
-    outputs in float32 (float64 when `compute_dtype` is float64). The epilogue math runs in
-    `compute_dtype`, float32 or float64, by default the promoted dtype of A, B and the tensor
-    operands (float64 inputs compute in float64). `precision="highest"` makes float32 inputs
-    multiply in full fp32 rather than tf32.
+    The epilogue is a function, a string holding one `def`, or an activation's name, those
+    FusedLinear takes ("gelu" is `D = gelu(accum)`); None stores accum. One output comes back
+    as a tensor, several as a tuple in return order; a reduction over every dim is 0-d, as
+    torch.sum's is. Tile outputs are allocated in `out_dtype` (default: A's dtype; float32 for
+    integer inputs), reduction outputs in float32 (float64 when `compute_dtype` is float64).
+    The epilogue math runs in `compute_dtype`, float32 or float64, by default the promoted
+    dtype of A, B and the tensor operands (float64 inputs compute in float64).
+    `precision="highest"` makes float32 inputs multiply in full fp32 rather than tf32.
 
     >>> import torch, epifuse
     >>> from epifuse.ops import relu
@@ -61,8 +63,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
         return torch_ops.gemm(A, B, epilogue, out_dtype=out_dtype, accumulate=accumulate,
                        deterministic=deterministic, compute_dtype=compute_dtype,
                        precision=precision, **tensors)
-    program = epilogue if isinstance(epilogue, Program) else parse(
-        epilogue if epilogue is not None else IDENTITY_EPILOGUE)
+    program = epilogue_program(epilogue)
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise ShapeError("A and B must be torch tensors.")
     missing = [name for name, _ in program.outputs if name not in tensors]

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from .activations import activation_source, is_activation_name, named_activation
 from .binding import bind
 from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
 from .frontend import Program, parse
@@ -35,6 +36,21 @@ from .shapes import (accum_shape_of, accumulator_types, address, check_tensor, c
 _CHOICE_ENVIRONMENT = ("TRITON_INTERPRET", "EPIFUSE_TUNE")
 
 IDENTITY_EPILOGUE = "def identity(accum):\n    D = accum\n    return D\n"
+
+
+def epilogue_program(epilogue: Callable | str | Program | None) -> Program:
+    """The Program of an epilogue as every entry point takes one: a Program as it is; None the
+    identity (`D = accum`); a bare activation name, any of activations.ACTIVATIONS ("gelu",
+    "relu_squared"), `D = act(accum)`, as FusedLinear(epilogue=...) without a bias; a function
+    or a string holding one `def`, parsed (never run)."""
+    if isinstance(epilogue, Program):
+        return epilogue
+    if epilogue is None:
+        return parse(IDENTITY_EPILOGUE)
+    if is_activation_name(epilogue):
+        name = epilogue.strip()
+        return parse(activation_source(named_activation(name), bias=False, name=name))
+    return parse(epilogue)
 
 
 def check_keywords(program: Program, tensors: dict, required, allowed) -> None:
@@ -62,7 +78,8 @@ def check_keywords(program: Program, tensors: dict, required, allowed) -> None:
 class EpilogueArguments:
     """An epilogue and the tensors and numbers its names refer to.
 
-    Keyword arguments name every operand (the function's parameters other than accum) and
+    The epilogue is a function, a string holding one `def`, a parsed Program, or an
+    activation's name ("gelu": `D = gelu(accum)`; see epilogue_program). Keyword arguments name every operand (the function's parameters other than accum) and
     every output (each returned name). Options: `accumulate=True` folds reduction results into
     what the destinations hold; `deterministic=True` asks for run-to-run identical reductions;
     `compute_dtype` is the type the epilogue math runs in: torch.float32 or torch.float64; by
@@ -73,7 +90,7 @@ class EpilogueArguments:
     def __init__(self, epilogue: Callable | str | Program, /, *, accumulate: bool = False,
                  deterministic: bool = False, compute_dtype: torch.dtype | None = None,
                  **tensors: Any):
-        self.program = epilogue if isinstance(epilogue, Program) else parse(epilogue)
+        self.program = epilogue_program(epilogue)
         self.accumulate = flag("accumulate", accumulate)
         self.deterministic = flag("deterministic", deterministic)
         self.compute_dtype = compute_dtype
@@ -94,6 +111,13 @@ class EpilogueArguments:
             if isinstance(value, torch.Tensor) and (value.is_complex() or value.dtype == torch.bool):
                 raise EpilogueArgumentError(f"Operand {name} has dtype {value.dtype}; use a real "
                                             "floating-point or integer tensor.")
+
+    def __repr__(self) -> str:
+        program = self.program
+        values = ", ".join(f"{n}={_describe_value(v)}" for n, v in {**self.operands, **self.outputs}.items())
+        options = _options(self.compute_dtype, self.accumulate, self.deterministic)
+        return (f"EpilogueArguments({program.name}({', '.join(program.params)}) -> "
+                f"{', '.join(n for n, _ in program.outputs)}; {values}{options})")
 
 
 def _check_not_tracked_by_autograd(name: str, output: torch.Tensor) -> None:
@@ -188,7 +212,8 @@ class GemmArguments:
             roles.append(role)
             self.operands[name] = value
             self.strides[name] = strides
-        self.graph, self.key = bound_graph(epilogue.program, tuple(roles), self.rank)
+        self.roles = tuple(roles)
+        self.graph, self.key = bound_graph(epilogue.program, self.roles, self.rank)
         self.outputs = dict(epilogue.outputs)
         self.reductions = {}
         for out_ in self.graph.outputs:
@@ -208,6 +233,30 @@ class GemmArguments:
         # planning stand-ins (meta, fake tensors): kernels are chosen and compiled, never run
         self.stand_in = any(is_stand_in(t) for t in tensors)
         self._built = self._layouts()
+
+    def __repr__(self) -> str:
+        """What the call is, without tensor values: sizes, dtypes, the epilogue with each
+        operand's role and each output's kind, the options."""
+        sizes = (f"L={self.L}, " if self.rank == 3 else "") + f"M={self.M}, N={self.N}, K={self.K}"
+        roles = {role.name: role for role in self.roles}
+        operands = ", ".join(f"{n}: {_role_name(roles[n])} {_describe_value(v)}" for n, v in self.operands.items())
+        outputs = ", ".join(f"{n}: {self._output_kind(n)} {_describe_value(t)}" for n, t in self.outputs.items())
+        device = "" if self.stand_in or self.A.device.type == "cpu" else f", device={self.A.device}"
+        return (f"GemmArguments({sizes}, A={_describe_value(self.A)}, B={_describe_value(self.B)}, "
+                f"epilogue={self.epilogue.program.name}({operands}) -> {outputs}, "
+                f"accumulator={_dtype(self.accumulator_type)}, compute={_dtype(self.compute_dtype)}, "
+                f"precision={self.precision!r}{device}"
+                f"{_options(None, self.accumulate, self.deterministic)}{_stand_in_note(self.stand_in)})")
+
+    def _output_kind(self, name: str) -> str:
+        op = self.reduction_op(name)
+        if op is None:
+            return "tile"
+        axes = AXES[3 - self.rank:]
+        dims = [axes.index(a) for a in self.graph.output(name).node.params["dim"]]
+        over = "all dims" if len(dims) == self.rank else \
+            f"dim={dims[0]}" if len(dims) == 1 else f"dim={tuple(dims)}"
+        return f"{op.name} over {over}"
 
     # ---- the tensors since these arguments were built -------------------------------------------
     def _layouts(self) -> list:
@@ -382,9 +431,50 @@ class GroupedGemmArguments:
         return self.problems[index]
 
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{p.M}x{p.N}x{p.K}" for p in self.problems[:4])
-        more = f", ... ({len(self)} groups)" if len(self) > 4 else ""
-        return f"GroupedGemmArguments([{sizes}{more}])"
+        """The groups' sizes (M x N x K, the first few) and what they share, without tensor values."""
+        first = self.problems[0]
+        sizes = ", ".join(f"{p.M}x{p.N}x{p.K}" for p in self.problems[:4]) + (", ..." if len(self) > 4 else "")
+        program = first.epilogue.program
+        operands = ", ".join(f"{o.name}: {_role_name(o)}" for o in self.roles)
+        outputs = ", ".join(f"{n}: {first._output_kind(n)} {_dtype(t.dtype)}" for n, t in first.outputs.items())
+        return (f"GroupedGemmArguments({len(self)} groups [{sizes}] (M x N x K), A={_dtype(first.A.dtype)}, "
+                f"B={_dtype(first.B.dtype)}, epilogue={program.name}({operands}) -> {outputs}, "
+                f"accumulator={_dtype(self.accumulator_type)}, compute={_dtype(self.compute_dtype)}, "
+                f"precision={self.precision!r}{_options(None, self.accumulate, self.deterministic)}"
+                f"{_stand_in_note(self.stand_in)})")
+
+
+# ---- reprs: what a call is, never a tensor's values -------------------------------------------
+
+_ROLE_NAMES = {(): "scalar", ("N",): "row", ("M",): "column", ("M", "N"): "tile", ("L",): "per-batch scalar",
+               ("L", "N"): "per-batch row", ("L", "M"): "per-batch column", ("L", "M", "N"): "tile"}
+
+
+def _role_name(role: Operand) -> str:
+    return "number" if role.kind == "number" else _ROLE_NAMES[role.axes]
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _describe_value(value) -> str:
+    """A number as it is; a tensor by dtype and shape (and meta or fake), never its values."""
+    if not isinstance(value, torch.Tensor):
+        return repr(value)
+    kind = "" if not is_stand_in(value) else " meta" if value.is_meta else " fake"
+    return f"{_dtype(value.dtype)}[{', '.join(str(s) for s in value.shape)}]{kind}"
+
+
+def _options(compute_dtype, accumulate: bool, deterministic: bool) -> str:
+    """The options that differ from their defaults, as keywords."""
+    shown = [f"compute_dtype={_dtype(compute_dtype)}"] if compute_dtype is not None else []
+    shown += [f"{name}=True" for name, on in (("accumulate", accumulate), ("deterministic", deterministic)) if on]
+    return "".join(", " + s for s in shown)
+
+
+def _stand_in_note(stand_in: bool) -> str:
+    return ", stand-ins (fake or meta tensors: to plan and compile from, not to run on)" if stand_in else ""
 
 
 def _check_two_dimensional(i: int, p: GemmArguments) -> None:
@@ -575,9 +665,9 @@ def output_specs(graph: Graph, accum_shape, A: torch.Tensor, out_dtype: torch.dt
                  compute_dtype: torch.dtype | None = None) -> dict[str, tuple[tuple, torch.dtype]]:
     """(shape, dtype) of every output of `graph`, by name: a tile output has accum's shape and
     `out_dtype` (default A's dtype; float32 for integer inputs); a reduction keeps accum's
-    other dims ((1,) when none) in float32, or float64 when the epilogue computes in float64
-    (`compute_dtype`; None takes default_compute_dtype(A): callers that have the operands pass
-    the dtype GemmArguments decides for them)."""
+    other dims (0-d when it reduces them all, as torch.sum does) in float32, or float64 when the
+    epilogue computes in float64 (`compute_dtype`; None takes default_compute_dtype(A): callers
+    that have the operands pass the dtype GemmArguments decides for them)."""
     check_out_dtype(out_dtype)
     if compute_dtype is None:
         compute_dtype = default_compute_dtype(A)
@@ -585,7 +675,7 @@ def output_specs(graph: Graph, accum_shape, A: torch.Tensor, out_dtype: torch.dt
     specs = {}
     for o in graph.outputs:
         if o.node.op.is_reduction:
-            shape = tuple(s for a, s in zip(axes, accum_shape) if a not in o.node.dims) or (1,)
+            shape = tuple(s for a, s in zip(axes, accum_shape) if a not in o.node.dims)
             specs[o.name] = (shape, reduction_dtype(compute_dtype))
         else:
             dtype = out_dtype or (A.dtype if A.is_floating_point() else torch.float32)

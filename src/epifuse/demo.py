@@ -10,7 +10,10 @@ import os
 import torch
 from triton.testing import do_bench
 
-from .api import gemm
+from .api import EpilogueArguments, GemmArguments, gemm
+from .arguments import allocate_outputs
+from .backends.select import which_kernel
+from .frontend import parse
 from .ops import gelu, relu
 from .version import __version__
 
@@ -60,8 +63,14 @@ def _eager(fn, A, B, operands):
     return result if isinstance(result, tuple) else (result,)
 
 
+def _arguments(fn, A, B, operands) -> GemmArguments:
+    """The arguments `gemm(A, B, fn, **operands)` builds, to ask which kernel it ran."""
+    program = parse(fn)
+    return GemmArguments(A, B, epilogue=EpilogueArguments(program, **allocate_outputs(program, A, B, operands)))
+
+
 def run_demo(print_fn=print) -> bool:
-    """Run every example; returns True when all match torch."""
+    """Run every example; returns True when all match torch. Each says which kernel ran."""
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -86,6 +95,7 @@ def run_demo(print_fn=print) -> bool:
             line += "  " + _timing(lambda: gemm(A, B, fn, **operands),
                                    lambda: _eager(fn, A, B, operands))
         print_fn(line)
+        print_fn(f"       run by the {which_kernel(_arguments(fn, A, B, operands))}")
     print_fn("all examples match torch" if all_ok else "SOME EXAMPLES DO NOT MATCH")
     return all_ok
 

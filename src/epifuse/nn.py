@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from . import torch_ops
-from .activations import ACTIVATIONS, activation_source, of_module
-from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
+from .activations import ACTIVATIONS, activation_source, named_activation, of_module
+from .errors import EpilogueArgumentError, ShapeError, flag
 from .frontend import Expr, Program, Statement, parse, rename
 from .printing import FreshNames
 from .shapes import check_tensor
@@ -36,14 +36,10 @@ def _program(epilogue, bias: bool) -> tuple[Program, str | None, str]:
     """(program, the operand that receives the bias, a label for repr)."""
     if epilogue is None:
         epilogue = "identity"
-    if isinstance(epilogue, str) and epilogue in ACTIVATIONS:
-        return parse(activation_source(ACTIVATIONS[epilogue], bias, f"fused_linear_{epilogue}")), \
-            ("bias" if bias else None), epilogue
     if isinstance(epilogue, str) and not epilogue.lstrip().startswith("def"):
-        raise EpilogueArgumentError(f"Unknown activation {epilogue!r}",
-                                    hint=did_you_mean(epilogue, ACTIVATIONS) or
-                                    f"Use one of {', '.join(ACTIVATIONS)}, a function, or a "
-                                    "string holding one `def`.")
+        name = epilogue.strip()   # an activation's name: the one vocabulary of every entry point
+        return parse(activation_source(named_activation(name), bias, f"fused_linear_{name}")), \
+            ("bias" if bias else None), name
     program = parse(epilogue)
     label = program.name
     if not bias:

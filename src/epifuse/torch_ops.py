@@ -9,6 +9,10 @@ Two operators, generic over epilogues:
                       str kinds, Tensor(a!)[] outputs, ScalarType compute_dtype,
                       bool accumulate, bool deterministic, str precision) -> ()
 
+The operators exist once this module loads: `epifuse.gemm`, `epifuse.nn` and `import
+epifuse.torch_ops` load it, `import epifuse` alone does not (it loads nothing heavy), so a
+process that only loads a saved graph or program naming them imports epifuse.torch_ops first.
+
 `epilogue` is the epilogue's key (`Entry.key`): a header with a digest, then the Program as
 JSON (printing.dump_program), compressed and base64-encoded, so the ops read the same epilogue
 in any process. torch.compile bakes the argument into graphs it caches on disk (inductor's FX
@@ -61,12 +65,12 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .arguments import (IDENTITY_EPILOGUE, EpilogueArguments, GemmArguments, bound_graph, output_specs,
-                        check_keywords, default_compute_dtype, reduction_dtype)
+from .arguments import (EpilogueArguments, GemmArguments, bound_graph, check_keywords, default_compute_dtype,
+                        epilogue_program, output_specs, reduction_dtype)
 from .autodiff import derive, restrict
 from .backends.select import choose_kernel
 from .errors import EpilogueArgumentError, ShapeError
-from .frontend import IDENTIFIER, RESERVED_KEYWORDS, Expr, Program, Statement, parse
+from .frontend import IDENTIFIER, RESERVED_KEYWORDS, Expr, Program, Statement
 from .ir import AXES
 from .ops import dtype_from_name, dtype_name
 from .printing import FreshNames, dump_program, graph_source, load_program
@@ -118,8 +122,7 @@ def register_epilogue(epilogue: Callable | str | Program | None, save_accum: boo
     """
     if isinstance(epilogue, int):
         epilogue = _TABLE[epilogue].user
-    program = epilogue if isinstance(epilogue, Program) else parse(
-        epilogue if epilogue is not None else IDENTITY_EPILOGUE)
+    program = epilogue_program(epilogue)
     key = (program, save_accum)
     eid = _IDS.get(key)
     if eid is not None:
@@ -271,7 +274,16 @@ def _with_accum_output(program: Program) -> Program:
                                outputs=program.outputs + ((name, loc),))
 
 
-@torch.compiler.assume_constant_result
+def _constant_for_compile(fn):
+    """torch.compiler.assume_constant_result(fn) without importing torch._dynamo, which that
+    function does first (1-2 s, most of `import epifuse`): the decorator only sets this attribute,
+    which dynamo reads when it traces a call of fn. tests/unit/test_startup.py checks that the
+    two still agree."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_for_compile
 def _describe(epilogue, save_accum: bool) -> tuple:
     """(key, operand names, output names, visible count): a constant for torch.compile, which
     runs this once while tracing instead of tracing the parser."""

@@ -27,7 +27,7 @@ AXIS_CASES = [
     (3, "dim=2", [(L, M), (L, M, 1)]),
     (3, "dim=1", [(L, N), (L, 1, N)]),
     (3, "dim=(1, 2)", [(L,), (L, 1, 1)]),
-    (3, "", [(1,)]),
+    (3, "", [(), (1,)]),
     (3, "dim=0", [(M, N), (1, M, N)]),
     (3, "dim=(0, 2)", [(M,), (1, M, 1)]),
 ]
@@ -179,7 +179,47 @@ def test_bce_loss_without_D(bias_shape, device):
     loss = epifuse.gemm(A, B, bce_loss, bias=bias, C=C)
     acc = A.double() @ B.double()
     expected = bce_loss(acc, bias.double(), C.double())
-    assert loss.shape == (1,) and rel_error(loss, expected.reshape(1)) < 1e-5
+    assert loss.shape == () and rel_error(loss, expected) < 1e-5   # 0-d, as torch.sum
+
+
+class _SquaredLoss(epifuse.FusedGemm):
+    def epilogue(self, accum, C):
+        x = accum * C
+        s = sum(x * x)
+        return s
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_a_reduction_over_every_dim_comes_back_0d_as_torch_sum(rank, device):
+    """torch.sum(x) and torch.amax(x, dim=all) are 0-d; so are epifuse's, on every path that
+    allocates them: epifuse.gemm and its kept launch, the custom ops with autograd, FusedGemm.
+    Integer-valued inputs small enough that fp32 sums are exact."""
+    m, n, k, batch = 24, 20, 16, 2
+    shape_a, shape_b, shape_c = (((batch, m, k), (batch, k, n), (batch, m, n)) if rank == 3
+                                 else ((m, k), (k, n), (m, n)))
+    A = integer_tensor(*shape_a, device=device, dtype=torch.float32)
+    B = integer_tensor(*shape_b, low=-1, high=2, device=device, dtype=torch.float32)
+    C = integer_tensor(*shape_c, low=-1, high=2, device=device, dtype=torch.float32)
+    every = tuple(range(rank))
+    src = f"def loss(accum, C):\n    x = accum * C\n    s = sum(x * x)\n    t = amax(x, dim={every})\n    return s, t\n"
+    x = (A.double() @ B.double()) * C.double()
+    s_ref, t_ref = torch.sum(x * x), torch.amax(x.abs(), dim=every)
+    assert s_ref.shape == t_ref.shape == ()
+    for _ in range(2):   # the full path, then the kept launch (runtime.callsite)
+        s, t = epifuse.gemm(A, B, src, C=C)
+        assert s.shape == t.shape == () and s.dtype == t.dtype == torch.float32
+        assert torch.equal(s.double(), s_ref) and torch.equal(t.double(), t_ref)
+    # the custom ops (autograd): the forward's outputs and the gradient a 0-d loss sends back
+    A_grad = A.clone().requires_grad_()
+    s, t = epifuse.gemm(A_grad, B, src, C=C)
+    assert s.shape == t.shape == () and s.requires_grad
+    assert torch.equal(s.detach().double(), s_ref) and torch.equal(t.detach().double(), t_ref)
+    s.backward()
+    A64 = A.double().requires_grad_()
+    torch.sum(((A64 @ B.double()) * C.double()) ** 2).backward()
+    assert torch.equal(A_grad.grad.double(), A64.grad)
+    loss = _SquaredLoss()(A, B, C=C)
+    assert loss.shape == () and torch.equal(loss.double(), s_ref)
 
 
 def test_rms_norm_statistics(device):

@@ -134,3 +134,67 @@ def test_a_fused_linear_layer_takes_a_deeply_nested_epilogue():
     out.sum().backward()
     assert torch.equal(layer.bias.grad, torch.full((5,), 8.0, dtype=torch.float64))
     assert torch.equal(b.grad, torch.full((5,), 1600.0, dtype=torch.float64))
+
+
+# ---- an activation's name is an epilogue ----------------------------------------------------
+
+_TORCH_ACTIVATIONS = {
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+    "leaky_relu": torch.nn.functional.leaky_relu,
+    "relu_squared": lambda x: torch.relu(x) ** 2,
+    "identity": lambda x: x,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TORCH_ACTIVATIONS))
+def test_an_activation_name_is_an_epilogue_at_every_entry_point(name):
+    """`epifuse.gemm(A, B, "gelu")` is D = gelu(accum), the vocabulary of FusedLinear(epilogue=):
+    through the plain path, the custom ops (autograd), EpilogueArguments and get_kernels."""
+    A = integer_tensor(12, 8, dtype=torch.float32)
+    B = integer_tensor(8, 10, low=-1, high=2, dtype=torch.float32)
+    accum = A.double() @ B.double()   # exact: integer-valued inputs
+    expected = _TORCH_ACTIVATIONS[name](accum)
+    D = epifuse.gemm(A, B, name)
+    assert D.shape == (12, 10) and torch.allclose(D.double(), expected, rtol=1e-5, atol=1e-5)
+    A_grad = A.clone().requires_grad_()
+    D_grad = torch_ops.gemm(A_grad, B, name)
+    assert torch.allclose(D_grad.detach().double(), expected, rtol=1e-5, atol=1e-5)
+    D_grad.sum().backward()
+    A64 = A.double().requires_grad_()
+    _TORCH_ACTIVATIONS[name](A64 @ B.double()).sum().backward()
+    assert torch.allclose(A_grad.grad.double(), A64.grad, rtol=1e-4, atol=1e-4)
+    out = torch.empty(12, 10)
+    args = GemmArguments(A, B, out=out, epilogue=EpilogueArguments(name, D=out))
+    epifuse.get_kernels(args)[0].run(args)
+    assert torch.allclose(out.double(), expected, rtol=1e-5, atol=1e-5)
+    layer = FusedLinear(8, 10, bias=False, epilogue=name)
+    with torch.no_grad():
+        layer.weight.copy_(B.t())
+    assert torch.equal(layer(A).detach(), D)
+
+
+def test_an_unknown_activation_name_says_which_names_there_are():
+    A, B = integer_tensor(4, 3, dtype=torch.float32), integer_tensor(3, 5, dtype=torch.float32)
+    attempts = {
+        "epifuse.gemm": lambda: epifuse.gemm(A, B, "gleu"),
+        "epifuse.gemm with autograd": lambda: epifuse.gemm(A.clone().requires_grad_(), B, "gleu"),
+        "torch_ops.gemm": lambda: torch_ops.gemm(A, B, "gleu"),
+        "EpilogueArguments": lambda: EpilogueArguments("gleu", D=torch.empty(4, 5)),
+        "FusedLinear": lambda: FusedLinear(3, 5, epilogue="gleu"),
+    }
+    for label, attempt in attempts.items():
+        with pytest.raises(epifuse.errors.EpilogueArgumentError, match="Unknown activation 'gleu'") as info:
+            attempt()
+        assert "Did you mean: 'gelu'?" in info.value.hint, label
+        assert "relu_squared" in info.value.hint and "gelu_tanh" in info.value.hint, label
+
+
+def test_source_code_stays_source_code_whatever_its_function_is_called():
+    """Only a bare name is an activation's: a string holding a `def gelu` is its own epilogue."""
+    A, B = integer_tensor(4, 3, dtype=torch.float32), integer_tensor(3, 5, dtype=torch.float32)
+    D = epifuse.gemm(A, B, "def gelu(accum):\n    D = accum * 2.0\n    return D\n")
+    assert torch.equal(D.double(), 2 * (A.double() @ B.double()))
+    with pytest.raises(EpilogueSyntaxError, match="exactly one function definition"):
+        epifuse.gemm(A, B, "D = gelu(accum)")

@@ -387,3 +387,92 @@ def test_groups_may_differ_in_roles_and_layouts(difference):
     other = _group(bias=torch.randint(-3, 4, (M, N)).float()) if difference == "operand-roles" else \
         _group(bias=torch.randint(-3, 4, (2 * N,)).float()[::2])
     assert len(epifuse.GroupedGemmArguments([_group(), other])) == 2
+
+
+# ---- scalar reductions are 0-d ----------------------------------------------------------------
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_reduction_over_every_dim_is_allocated_0d_as_torch_sum(batched):
+    """output_specs and allocate_outputs give a reduction over every dim torch's 0-d shape (it was
+    (1,)); a reduction over some dims keeps the others, as torch does; the reference kernel
+    writes the 0-d destination; the custom ops' meta impl gives the same shapes."""
+    from epifuse.arguments import allocate_outputs
+    from epifuse.backends.reference import ReferenceKernel
+    from epifuse.frontend import parse
+    L = 3
+    A = torch.randint(-3, 4, ((L, 12, 8) if batched else (12, 8))).float()
+    B = torch.randint(-1, 2, ((L, 8, 10) if batched else (8, 10))).float()
+    every = (0, 1, 2) if batched else (0, 1)
+    source = ("def loss(accum):\n    s = sum(accum * accum)\n"
+              f"    t = amax(accum, dim={every})\n    r = mean(accum, dim={every[-2:]})\n    return s, t, r\n")
+    program = parse(source)
+    accum = A.double() @ B.double()
+    refs = {"s": torch.sum(accum * accum), "t": torch.amax(accum.abs(), dim=every),
+            "r": torch.mean(accum, dim=every[-2:])}
+    tensors = allocate_outputs(program, A, B, {})
+    assert {n: tuple(t.shape) for n, t in tensors.items()} == {n: tuple(r.shape) for n, r in refs.items()}
+    assert tensors["s"].shape == () and tensors["r"].shape == ((L,) if batched else ())
+    args = GemmArguments(A, B, epilogue=EpilogueArguments(program, **tensors))
+    ReferenceKernel().run(args)
+    for name, ref in refs.items():
+        assert torch.allclose(tensors[name].double(), ref, rtol=1e-6), name
+    planned = epifuse.torch_ops.gemm(A.to("meta"), B.to("meta"), source)
+    assert [tuple(t.shape) for t in planned] == [tuple(r.shape) for r in refs.values()]
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)])
+def test_a_scalar_reduction_still_takes_any_one_element_destination(shape):
+    A, B = torch.randint(-3, 4, (12, 8)).float(), torch.randint(-1, 2, (8, 10)).float()
+    s = torch.full(shape, float("nan"))
+    args = gemm_args("def loss(accum):\n    s = sum(accum)\n    return s\n", A, B, s=s)
+    epifuse.backends.reference.ReferenceKernel().run(args)
+    assert s.shape == shape and s.double().item() == (A.double() @ B.double()).sum().item()
+
+
+# ---- reprs ----------------------------------------------------------------------------------------
+
+_REPR_SOURCE = ("def relu_aux(accum, alpha, C, bias):\n    F = accum * alpha + C + bias\n    D = relu(F)\n"
+                "    r = sum(F, dim=1)\n    s = amax(F)\n    return D, F, r, s\n")
+
+
+def _repr_tensors(m, device="cpu", dtype=torch.float16):
+    """Tensors whose values (1234.5) a repr must not show."""
+    def full(*shape, dtype=torch.float32):
+        return torch.full(shape, 1234.5, device=device, dtype=dtype)
+    return dict(alpha=3.0, C=full(m, N), bias=full(N), D=full(m, N, dtype=dtype), F=full(m, N),
+                r=full(m), s=full())
+
+
+def test_arguments_reprs_say_what_the_call_is_without_tensor_values():
+    A, B = torch.randn(24, K, dtype=torch.float16), torch.randn(K, N, dtype=torch.float16)
+    epi = EpilogueArguments(_REPR_SOURCE, deterministic=True, **_repr_tensors(24))
+    text = repr(epi)
+    assert text.startswith("EpilogueArguments(relu_aux(accum, alpha, C, bias) -> D, F, r, s;"), text
+    assert "alpha=3.0" in text and f"C=float32[24, {N}]" in text and "s=float32[]" in text
+    assert "deterministic=True" in text and "1234" not in text and "tensor(" not in text
+    args = GemmArguments(A, B, epilogue=epi)
+    text = repr(args)
+    for part in (f"GemmArguments(M=24, N={N}, K={K}, A=float16[24, {K}], B=float16[{K}, {N}]",
+                 "epilogue=relu_aux(alpha: number 3.0", f"C: tile float32[24, {N}]", f"bias: row float32[{N}]",
+                 f"D: tile float16[24, {N}]", "r: sum over dim=1 float32[24]", "s: amax over all dims float32[]",
+                 "accumulator=float32", "compute=float32", "precision='default'", "deterministic=True"):
+        assert part in text, (part, text)
+    assert "1234" not in text and "tensor(" not in text and "L=" not in text and "stand-ins" not in text
+    A2 = torch.randn(16, K, dtype=torch.float16)
+    other = GemmArguments(A2, B, epilogue=EpilogueArguments(_REPR_SOURCE, deterministic=True, **_repr_tensors(16)))
+    text = repr(epifuse.GroupedGemmArguments([args, other]))
+    assert text.startswith(f"GroupedGemmArguments(2 groups [24x{N}x{K}, 16x{N}x{K}] (M x N x K), A=float16"), text
+    assert "epilogue=relu_aux(alpha: number, C: tile, bias: row)" in text and "r: sum over dim=1 float32" in text
+    assert "1234" not in text
+
+
+def test_arguments_reprs_tell_batches_and_stand_ins():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    A, B = torch.empty(2, 24, K, device="meta"), torch.empty(2, K, N, device="meta")
+    text = repr(GemmArguments(A, B, out=torch.empty(2, 24, N, device="meta"), precision="highest"))
+    assert text.startswith(f"GemmArguments(L=2, M=24, N={N}, K={K}, A=float32[2, 24, {K}] meta"), text
+    assert "epilogue=identity() -> D: tile" in text and "precision='highest'" in text and "stand-ins" in text
+    with FakeTensorMode():
+        A, B, D = torch.empty(24, K), torch.empty(K, N), torch.empty(24, N)
+        text = repr(GemmArguments(A, B, out=D))
+    assert f"A=float32[24, {K}] fake" in text and "stand-ins" in text

@@ -3,18 +3,23 @@
 Commands run in-process through `epifuse.cli.main` (fast); graphviz's `dot` and Nsight
 Compute's `ncu` are replaced by small fake executables on PATH where a test needs them.
 """
+import importlib
 import os
+import shutil
 import stat
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
-from epifuse import cli, debug
+from epifuse import cli, commands, debug
+from epifuse.tools import harness
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ROOT = Path(__file__).resolve().parents[2]
 EPI_FILE = '''\
 import torch
 import epifuse
@@ -92,6 +97,88 @@ def test_bench_passes_every_word_after_it_to_the_harness(monkeypatch, argv):
     monkeypatch.setattr(bench.run, "main", lambda rest: seen.append(rest) or 0)
     assert cli.main(argv) == 0
     assert seen == [argv[argv.index("bench") + 1:]]
+
+
+def _console_script(folder):
+    """A launcher like the `epifuse` script pip writes: run as a file from a folder outside the
+    checkout, so (unlike `python -m epifuse`) the current directory is not on sys.path."""
+    script = folder / "bin" / "epifuse"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("import sys\nfrom epifuse.cli import main\nsys.exit(main())\n")
+    return script
+
+
+def _installed_copy(folder):
+    """epifuse as a wheel installs it: the package alone in a site folder, no bench/ beside it."""
+    site = folder / "site"
+    shutil.copytree(ROOT / "src" / "epifuse", site / "epifuse", ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
+def _cpu_env(tmp_path, pythonpath, interpret=False):
+    env = dict(os.environ, PYTHONPATH=str(pythonpath), EPIFUSE_CACHE_DIR=str(tmp_path / "cache"),
+               EPIFUSE_TUNE="0", CUDA_VISIBLE_DEVICES="")
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+@pytest.mark.parametrize("install", ["editable", "wheel"])
+@pytest.mark.parametrize("where", [".", "examples"])
+def test_bench_runs_from_a_checkout(tmp_path, install, where):
+    """`epifuse bench` from the checkout's root (or a folder in it), as the README says, finds
+    bench/ whether epifuse is imported from the checkout's src/ or installed elsewhere; the dry
+    run is what runs on a CPU."""
+    site = ROOT / "src" if install == "editable" else _installed_copy(tmp_path)
+    result = subprocess.run([sys.executable, str(_console_script(tmp_path)), "bench", "--dry-run"],
+                            cwd=ROOT / where, env=_cpu_env(tmp_path, site), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "dry run ok: 8 workloads" in result.stdout
+
+
+def test_bench_outside_a_checkout_says_what_to_do(tmp_path):
+    """An installed epifuse run outside any checkout: one line saying where bench/ is and what
+    to run."""
+    result = subprocess.run([sys.executable, str(_console_script(tmp_path)), "bench", "--quick"],
+                            cwd=tmp_path, env=_cpu_env(tmp_path, _installed_copy(tmp_path)),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("epifuse bench: the benchmark harness (bench/) comes with epifuse's source")
+    assert f"neither {tmp_path.resolve()} nor a folder above it is a checkout" in result.stderr
+    assert "clone the repository and run `epifuse bench ...` (or `python -m bench ...`) from its root" \
+        in result.stderr
+
+
+@pytest.mark.parametrize("interpret", [True, False], ids=["TRITON_INTERPRET=1", "no-TRITON_INTERPRET"])
+def test_demo_says_which_kernel_ran(tmp_path, interpret):
+    """On a CPU the demo runs the generated kernels through Triton's interpreter (it sets
+    TRITON_INTERPRET=1 itself) and says so for every example, not only "matches torch"."""
+    result = subprocess.run([sys.executable, "-m", "epifuse", "demo"], cwd=tmp_path,
+                            env=_cpu_env(tmp_path, ROOT / "src", interpret), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    ran = [line.strip() for line in lines if "run by the" in line]
+    assert len(ran) == 4 == sum(line.lstrip().startswith("ok ") for line in lines), result.stdout
+    for line in ran:
+        assert line.startswith("run by the fused Triton kernel triton_"), line
+        assert line.endswith("(Triton's interpreter)"), line
+
+
+def test_harness_is_found_from_the_checkout_or_the_package(tmp_path, monkeypatch):
+    assert harness.find_checkout(ROOT) == ROOT
+    assert harness.find_checkout(ROOT / "src" / "epifuse" / "tools") == ROOT
+    assert harness.find_checkout(tmp_path) == ROOT        # the checkout epifuse is imported from
+    monkeypatch.setattr(harness, "PACKAGE_CHECKOUT", None)  # as in an installed wheel
+    assert harness.find_checkout(tmp_path) is None
+    assert harness.find_checkout(ROOT / "examples") == ROOT
+    with pytest.raises(harness.HarnessNotFound, match="clone the repository") as info:
+        harness.bench_main(tmp_path)
+    assert isinstance(info.value, OSError)   # the CLI's one-line errors
+    assert harness.bench_main(ROOT) is importlib.import_module("bench.run").main
 
 
 def test_top_level_help_lists_commands_but_not_the_internal_one(capsys):
@@ -203,16 +290,16 @@ def test_traceback_flag_raises(capsys):
 # ---- loading epilogues -------------------------------------------------------------------------------
 
 def test_load_from_files_modules_and_strings(epi_file):
-    program, _ = cli.load_epilogue(epi_file + ":relu_aux_store")
+    program, _ = commands.load_epilogue(epi_file + ":relu_aux_store")
     assert program.name == "relu_aux_store" and program.operands == ("alpha", "C")
     assert program.filename == epi_file and program.statements[0].loc.line == 11
-    program, _ = cli.load_epilogue(epi_file + ":BiasRelu")
+    program, _ = commands.load_epilogue(epi_file + ":BiasRelu")
     assert program.name == "BiasRelu" and program.operands == ("bias",)
-    program, roles = cli.load_epilogue("epifuse.epilogues:LinearCombinationSilu")
+    program, roles = commands.load_epilogue("epifuse.epilogues:LinearCombinationSilu")
     assert program.name == "linear_combination_silu" and roles["alpha"] == "number"
-    program, _ = cli.load_epilogue("epifuse.demo:relu_aux_store")
+    program, _ = commands.load_epilogue("epifuse.demo:relu_aux_store")
     assert program.outputs[0][0] == "D"
-    program, _ = cli.load_epilogue("def e(accum):\n    D = accum\n    return D\n")
+    program, _ = commands.load_epilogue("def e(accum):\n    D = accum\n    return D\n")
     assert program.name == "e"
 
 
@@ -463,8 +550,8 @@ def test_show_on_deeply_nested_files_in_a_small_stack(tmp_path):
 def test_a_module_that_does_not_compile_is_a_command_error(tmp_path, monkeypatch):
     (tmp_path / "deep_epilogue_module.py").write_text(DEEP_FILES["unary-minus"] + _EPILOGUE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(cli.CommandError, match="cannot import module 'deep_epilogue_module': it does not compile"):
-        cli.load_epilogue("deep_epilogue_module:epi")
+    with pytest.raises(commands.CommandError, match="cannot import module 'deep_epilogue_module': it does not compile"):
+        commands.load_epilogue("deep_epilogue_module:epi")
 
 
 def test_ordinary_code_beside_the_epilogue_still_loads(capsys, tmp_path):

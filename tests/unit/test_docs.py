@@ -79,6 +79,36 @@ def test_example_runs(script, tmp_path):
     result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    # each says which kernel ran, here a generated one (the interpreter's, or the GPU's)
+    ran = re.findall(r"^.*: (fused (?:Triton|Gluon) kernel|reference kernel) .*$", result.stdout, flags=re.M)
+    assert ran and set(ran) <= {"fused Triton kernel", "fused Gluon kernel"}, result.stdout[-2000:]
+
+
+KERNEL_LINES = {
+    True: r"fused Triton kernel triton_\w+ \d+x\d+x\d+ .*\(Triton's interpreter\)",
+    False: re.escape("reference kernel (torch matmul, then the epilogue in torch ops; not fused), since "
+                     "CPU tensors run Triton kernels only under its interpreter: set TRITON_INTERPRET=1 "
+                     "(slow; for testing)"),
+}
+
+
+@pytest.mark.parametrize("interpret", [True, False], ids=["TRITON_INTERPRET=1", "no-TRITON_INTERPRET"])
+def test_example_says_which_kernel_ran(tmp_path, interpret):
+    """On a CPU, 01_custom_epilogue.py runs the fused kernel through Triton's interpreter with
+    TRITON_INTERPRET=1 and the unfused reference kernel without it, and says which (with how to
+    get the fused one), rather than only "matches torch" either way."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), EPIFUSE_CACHE_DIR=str(tmp_path / "cache"),
+               EPIFUSE_TUNE="0", CUDA_VISIBLE_DEVICES="")
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "01_custom_epilogue.py")], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    lines = [line for line in result.stdout.splitlines() if "matches torch" in line]
+    assert [line.split(":")[0] for line in lines] == ["kernels[0] matches torch", "epifuse.gemm matches torch"]
+    for line in lines:
+        assert re.fullmatch(r"[^:]+ matches torch: " + KERNEL_LINES[interpret], line), line
 
 
 def _modules_with_examples() -> list[str]:

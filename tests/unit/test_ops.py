@@ -5,6 +5,7 @@ UNSUPPORTED with a reason. Random inputs test accuracy; special values (NaN, +-I
 huge and tiny numbers) test that the formulas keep torch's results.
 """
 import math
+import pydoc
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch
 import epifuse
 from epifuse.backends.triton.epilogue import COMBINE_HELPERS
 from epifuse.backends.triton.rules import TRITON, UNSUPPORTED, missing_rules
-from epifuse.ops import OPS, reductions as all_reductions
+from epifuse.ops import OPS, OpDef, reductions as all_reductions
 from helpers import integer_tensor, reference_outputs, rel_error
 from op_cases import ELEMENTWISE, JUMPS, expression, source_for
 
@@ -37,6 +38,24 @@ def test_every_reduction_has_what_the_backends_fold_it_with():
         assert torch.equal(folded, op(x, dim=(1,))), op
         doubled = op.reduction.merge(folded, folded)
         assert torch.equal(doubled, folded * 2 if op.reduction.combine == "add" else folded), op
+
+
+def test_help_on_an_op_says_what_it_computes():
+    """help(epifuse.ops.gelu) shows gelu's own doc, written from its registry entry (what it
+    computes, its arguments, its torch reference, its derivative), not OpDef's class doc."""
+    text = pydoc.render_doc(epifuse.ops.gelu, renderer=pydoc.plaintext)
+    for part in ("gelu(x, approximate='none')", OPS["gelu"].doc, "torch.nn.functional.gelu",
+                 "approximate: a literal (default 'none')", "Derivative: yes"):
+        assert part in text, part
+    assert "canonical name" not in text   # OpDef's own docstring
+    assert "canonical name" in OpDef.__doc__ and "canonical name" in pydoc.render_doc(OpDef)
+    summed = pydoc.render_doc(epifuse.ops.sum, renderer=pydoc.plaintext)
+    assert "torch.sum(x, dim, keepdim)" in summed and "0-d" in summed
+    lt = pydoc.render_doc(epifuse.ops.lt, renderer=pydoc.plaintext)
+    assert "lt(a, b)" in lt and "torch.lt" in lt and "Also spelled: less" in lt and "Derivative: none" in lt
+    for op in OPS.values():
+        doc = op.__doc__
+        assert doc.startswith(f"{op.name}(") and op.doc in doc and "Derivative:" in doc, op
 
 
 @pytest.mark.parametrize("name", ELEMENTWISE)

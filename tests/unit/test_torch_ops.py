@@ -404,7 +404,7 @@ FAKE_CASES = [
     ((3, M, K), (K, N), "def e(accum, b):\n    D = sigmoid(accum + b)\n    s = mean(D, dim=(0, 2))\n    return D, s\n",
      {"b": (3, 1, N)}, torch.float32, [((3, M, N), torch.float32), ((M,), torch.float32)]),
     ((M, K), (K, N), "def e(accum):\n    loss = amax(accum)\n    return loss\n", {}, None,
-     [((1,), torch.float32)]),
+     [((), torch.float32)]),
 ]
 
 

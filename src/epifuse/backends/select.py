@@ -93,6 +93,34 @@ def grouped_candidates(grouped_args) -> list:
     return [TritonKernel(GROUPED, c) for c in configs.TILED]
 
 
+def which_kernel(args, kernel=None) -> str:
+    """Which kernel runs `args` and how, in words: `kernel` if given, else the one `epifuse.gemm`
+    runs for arguments like these (choose_kernel: tuned on a GPU; for grouped arguments, the
+    first of get_kernels). One line, such as
+
+        fused Triton kernel triton_tiled 32x32x32 group 2, 1 warps, 1 stages (Triton's interpreter)
+        reference kernel (torch matmul, then the epilogue in torch ops; not fused), since CPU
+        tensors run Triton kernels only under its interpreter: set TRITON_INTERPRET=1 (slow; for
+        testing)
+    """
+    grouped = isinstance(args, GroupedGemmArguments)
+    if kernel is None:
+        kernel = get_kernels(args)[0] if grouped else choose_kernel(args)
+    if isinstance(kernel, TritonKernel):
+        device = args.device if grouped else args.A.device
+        where = ("Triton's interpreter" if target.uses_interpreter(device)
+                 else f"compiled for {torch.cuda.get_device_name(device)}")
+        return f"fused {'Gluon' if kernel.gluon else 'Triton'} kernel {kernel.name} {kernel.config} ({where})"
+    if isinstance(kernel, (ReferenceKernel, GroupedReference)):
+        text = ("reference kernel (torch matmul, then the epilogue in torch ops"
+                + (", one group after another" if grouped else "") + "; not fused)")
+        others = [status for k, status in kernel_statuses(args) if k.name != kernel.name]
+        if others and not any(others):   # why no generated kernel runs them
+            text += f", since {others[0].reason}"
+        return text
+    return repr(kernel)
+
+
 CHOSEN_KEPT = 4096  # kernel choices remembered (by argument signature), least recently used dropped
 _CHOSEN: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()

@@ -15,6 +15,7 @@ backward is itself a Graph that every backend lowers (`epifuse.autodiff`).
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -124,6 +125,12 @@ class OpDef:
         return tuple(p for p, _ in self.params)
 
     @property
+    def input_names(self) -> str:
+        """How the op reference names its tensor inputs: "x", "a, b", "cond, a, b", ..."""
+        return _INPUT_NAMES.get(self.name) or _INPUTS_BY_ARITY.get(
+            self.arity, ", ".join(f"x{i}" for i in range(self.arity)))
+
+    @property
     def is_reduction(self) -> bool:
         return self.reduction is not None
 
@@ -166,6 +173,93 @@ class OpDef:
 
     def __repr__(self) -> str:
         return f"OpDef({self.name})"
+
+
+class _OpDoc:
+    """OpDef's `__doc__`: the class's docstring on the class, and on each op its own, written
+    from its registry entry (op_doc) when asked for, so `help(epifuse.ops.gelu)` says what gelu
+    computes."""
+
+    def __init__(self, class_doc: str):
+        self.class_doc = class_doc
+
+    def __get__(self, op, owner=None):
+        return self.class_doc if op is None else op_doc(op)
+
+
+OpDef.__doc__ = _OpDoc(OpDef.__doc__)
+
+_INPUTS_BY_ARITY = {0: "", 1: "x", 2: "a, b", 3: "a, b, c"}
+_INPUT_NAMES = {"where": "cond, a, b", "prelu": "x, weight", "multiply_add": "a, b, c"}
+_KINDS = {"elementwise": "an elementwise op", "compare": "a comparison (a boolean result)",
+          "logical": "logic on conditions (a boolean result)", "cast": "a rounding through a narrower type",
+          "reduce": "a reduction over accum's dims", "leaf": "an IR leaf (not an op a user writes)"}
+
+
+def torch_reference(op: OpDef) -> str | None:
+    """The torch function an op's reference is, by name ("torch.nn.functional.gelu"), or None
+    where it is a formula of several: read from the reference itself (a torch function, or a
+    function of epifuse's that calls one of the op's name), never kept by hand."""
+    if op.reduction is not None:
+        r = op.reduction
+        fold = torch.mean if r.mean else _FOLDS[r.combine][0]
+        return f"torch.{fold.__name__}({'x.abs()' if r.magnitude else 'x'}, dim, keepdim)"
+    ref = op.ref
+    if ref is None:
+        return None
+    name, module = getattr(ref, "__name__", ""), getattr(ref, "__module__", None) or ""
+    if module.split(".")[0] == "torch" and name.isidentifier():
+        return f"{module}.{name}"
+    code, scope = getattr(ref, "__code__", None), getattr(ref, "__globals__", {})
+    if code is None:
+        return None
+    modules = [scope[n] for n in code.co_names
+               if isinstance(scope.get(n), types.ModuleType) and scope[n].__name__.split(".")[0] == "torch"]
+    for spelling in (op.name, *op.aliases):
+        for m in modules:
+            if spelling in code.co_names and hasattr(m, spelling):
+                return f"{m.__name__}.{spelling}"
+    return None
+
+
+def op_doc(op: OpDef) -> str:
+    """The docstring of one op, from its registry entry: what it computes, its arguments, its
+    torch reference, its other spellings, its derivative rule and its cost."""
+    args = ", ".join(filter(None, [op.input_names, *(f"{p}={v!r}" for p, v in op.params)]))
+    lines = [f"{op.name}({args}): {_KINDS.get(op.kind, op.kind)}.", ""]
+    if op.doc:
+        lines += [f"Computes: {op.doc}", ""]
+    inputs = "a tensor" if op.arity == 1 else "tensors"
+    described = [f"{op.input_names}: {inputs} (in an epilogue, its values)"] if op.input_names else []
+    if op.reduction is not None:
+        described.append("dim: accum's dims to reduce (None: all of them, a 0-d result as torch "
+                         "gives); keepdim: keep them as dims of size 1")
+    else:
+        described += [f"{p}: a literal (default {v!r})" for p, v in op.params]
+    if described:
+        lines.append("Arguments: " + "; ".join(described) + ".")
+    if op.ref is not None:
+        reference = torch_reference(op)
+        lines.append((f"Torch reference: {reference}. " if reference else "")
+                     + f"Called on torch tensors, epifuse.ops.{op.name} runs its torch reference; "
+                     "inside an epilogue the name is parsed, never called.")
+    if op.aliases:
+        lines.append("Also spelled: " + ", ".join(op.aliases) + ".")
+    if op.makes_bool:
+        lines.append("Derivative: none (a boolean result carries no gradient).")
+    elif op.kind != "leaf":
+        lines.append("Derivative: " + ("yes (autograd through epifuse differentiates it)." if op.vjp
+                                       else "none (autograd through it raises)."))
+    if op.kind != "leaf":
+        special = op.cost.special
+        cost = _count(op.cost.flops, "flop") + (f" + {_count(special, 'special-function op')}" if special else "")
+        lines += [f"Cost: {cost} per element.", "",
+                  "The op reference, with which kernels lower each op: docs/ops.md."]
+    return "\n".join(lines).rstrip()
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 OPS: dict[str, OpDef] = {}

@@ -30,8 +30,6 @@ _SYMBOLS = {ast.Add: "a + b", ast.Sub: "a - b", ast.Mult: "a * b", ast.Div: "a /
             ast.Pow: "a ** b", ast.BitAnd: "a & b", ast.BitOr: "a | b", ast.Lt: "a < b",
             ast.LtE: "a <= b", ast.Gt: "a > b", ast.GtE: "a >= b", ast.Eq: "a == b",
             ast.NotEq: "a != b"}
-_ARGS = {1: "x", 2: "a, b", 3: "a, b, c"}
-_ARG_NAMES = {"where": "cond, a, b", "prelu": "x, weight", "multiply_add": "a, b, c"}
 
 HEADER = """# Op reference
 
@@ -92,7 +90,7 @@ def _op_table(kind: str) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for name in sorted(n for n, d in OPS.items() if d.kind == kind):
         d = OPS[name]
-        args = [_ARG_NAMES.get(name) or _ARGS.get(d.arity, ", ".join(f"x{i}" for i in range(d.arity)))]
+        args = [d.input_names]
         args += [f"{p}={v!r}" for p, v in d.params]
         cost = f"{d.cost.flops}" + (f" + {d.cost.special} special" if d.cost.special else "")
         lines.append(f"| `{name}` | {', '.join(f'`{a}`' for a in d.aliases) or ''} | "

@@ -7,12 +7,10 @@ from typing import Any
 
 import torch
 
-from ..arguments import EpilogueArguments, GemmArguments, allocate_outputs
+from ..arguments import EpilogueArguments, GemmArguments, allocate_outputs, epilogue_program
 from ..errors import EpilogueArgumentError, did_you_mean
-from ..frontend import Program, parse
 from ..ops import dtype_name
-
-ROLES = ("number", "scalar", "row", "col", "tile", "batch")
+from .roles import ROLES
 
 
 def check_roles(program, roles: dict) -> None:
@@ -29,14 +27,14 @@ def random_arguments(epilogue: Any, M: int, N: int, K: int, *, L: int | None = N
                      device: str | torch.device | None = None, out_dtype: torch.dtype | None = None,
                      seed: int = 0, fill: bool = True, layout_a: str = "row", layout_b: str = "row",
                      precision: str = "default"):
-    """GemmArguments with random A, B and operands for `epilogue` (a function, string or
-    Program). `roles` maps an operand to number, scalar (a one-element tensor), row (N,),
+    """GemmArguments with random A, B and operands for `epilogue` (a function, string, activation
+    name or Program). `roles` maps an operand to number, scalar (a one-element tensor), row (N,),
     col (M, 1), tile, or batch (L, 1, 1); the default is a tile. A/B layouts: "row" (K or N
     contiguous) or "col" (a transposed view)."""
     for name, layout in (("layout_a", layout_a), ("layout_b", layout_b)):
         if layout not in ("row", "col"):
             raise EpilogueArgumentError(f"{name} must be 'row' or 'col', not {layout!r}.")
-    program = epilogue if isinstance(epilogue, Program) else parse(epilogue)
+    program = epilogue_program(epilogue)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator().manual_seed(seed)
     batch = (L,) if L is not None else ()

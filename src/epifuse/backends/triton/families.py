@@ -77,8 +77,8 @@ def common_check(args, cc: int | None) -> Status | None:
     """The reason no Triton GEMM kernel can take `args`, or None."""
     device = args.A.device
     if device.type == "cpu" and not target.interpreter_requested():
-        return unsupported("CPU tensors run Triton kernels only under its interpreter "
-                           "(set TRITON_INTERPRET=1); the reference kernel runs instead")
+        return unsupported("CPU tensors run Triton kernels only under its interpreter: set "
+                           "TRITON_INTERPRET=1 (slow; for testing)")
     if device.type not in ("cpu", "cuda"):
         return unsupported(f"tensors on {device.type} are not supported by Triton here")
     if cc is not None and cc < 80:

@@ -1,0 +1,110 @@
+"""Start-up: `import epifuse` and `epifuse --help` load neither Triton nor torch.compile's
+machinery (docs/design/README.md, "The layers"), and every public name still resolves on first
+use. Each check runs in a fresh interpreter, since this one has loaded everything already. How
+long start-up takes is measured, not tested here."""
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import epifuse
+from epifuse import torch_ops
+
+HEAVY = ("triton", "jinja2", "torch._dynamo", "torch._inductor")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _loaded_after(code: str, names=HEAVY) -> list:
+    """Which of `names` a fresh interpreter has loaded after running `code`."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps([n for n in {list(names)!r} if n in sys.modules]))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_import_epifuse_loads_nothing_heavy():
+    assert _loaded_after("import epifuse") == []
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["show", "--help"], ["verify", "--help"], ["bench", "--help"],
+                                  ["show"], ["nonsense"]])
+def test_help_and_argument_errors_load_neither_torch_nor_the_commands(argv):
+    """The parser answers --help and a mistyped command line before the commands load."""
+    code = ("import contextlib, io\nfrom epifuse import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            f"    try:\n        cli.main({argv!r})\n    except SystemExit:\n        pass")
+    assert _loaded_after(code, (*HEAVY, "torch", "epifuse.commands")) == []
+
+
+def test_the_public_names_load_on_first_use():
+    code = ("import epifuse\nfrom epifuse import api, fused\n"
+            "assert epifuse.gemm is api.gemm and epifuse.FusedGemm is fused.FusedGemm\n"
+            "assert all(getattr(epifuse, name) is not None for name in epifuse.__all__)\n"
+            "assert set(epifuse.__all__) <= set(dir(epifuse))\n"
+            "assert epifuse.nn.FusedLinear and epifuse.torch_ops.gemm and epifuse.debug.trace\n"
+            "assert epifuse.epilogues.LinearCombinationRelu and epifuse.ops.relu\n"
+            "namespace = {}\nexec('from epifuse import *', namespace)\n"
+            "assert set(epifuse.__all__) <= set(namespace)")
+    # the API and the custom ops load; torch.compile's machinery waits for torch.compile
+    assert _loaded_after(code, ("torch._dynamo", "torch._inductor")) == []
+
+
+def test_a_name_that_is_not_there_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="module 'epifuse' has no attribute 'gemmm'"):
+        epifuse.gemmm  # noqa: B018
+    assert not hasattr(epifuse, "_not_a_name")
+
+
+def test_describe_is_marked_as_assume_constant_result_marks():
+    """torch_ops marks _describe for torch.compile without importing torch._dynamo: by what
+    torch.compiler.assume_constant_result does to a function, which this checks is still all
+    it does."""
+    def probe():
+        return 0
+    marked = torch.compiler.assume_constant_result(probe)
+    assert marked is probe and vars(probe), "assume_constant_result no longer marks the function itself"
+    assert vars(probe).items() <= vars(torch_ops._describe).items()
+    # (the compile tests of test_torch_ops.py fail with fullgraph=True when the mark is lost:
+    # dynamo then traces the parser)
+
+
+
+def _structure():
+    spec = importlib.util.spec_from_file_location("structure", ROOT / "docs" / "design" / "structure.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LAZY_INIT = """
+    from typing import TYPE_CHECKING
+    if TYPE_CHECKING:
+        from . import nn
+        from .api import gemm{extra}
+    _SUBMODULES = ("nn",)
+    _NAMES = {{"api": ("gemm",)}}
+    def __getattr__(name):
+        pass
+"""
+
+
+@pytest.mark.parametrize("module, extra, problem", [
+    ("__init__", "", None),
+    ("__init__", ", get_kernels", "TYPE_CHECKING imports differ: [('api', 'get_kernels')]"),
+    ("api", "", "api defines a module __getattr__ (names loaded on first use), which LAZY does not list"),
+])
+def test_structure_holds_lazy_names_to_their_type_checking_imports(tmp_path, module, extra, problem):
+    """The structure check's allowance for names loaded on first use is narrow: only a module in
+    LAZY, and only names its TYPE_CHECKING block imports (which the drawing shows)."""
+    path = tmp_path / "module.py"
+    path.write_text(textwrap.dedent(LAZY_INIT.format(extra=extra)))
+    problems = _structure().lazy_problems(module, path)
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problem in problems[0]
