@@ -22,6 +22,7 @@ import tokenize
 import torch
 
 from .api import get_kernels, kernel_statuses
+from .arguments import epilogue_program
 from .binding import bind
 from .demo import run_demo
 from .epilogues import NamedEpilogue
@@ -56,7 +57,7 @@ def load_epilogue(spec: str):
             return _from_module(head, tail)
     if spec.endswith(".py") and "\n" not in spec:
         raise CommandError(f"no such file: {spec}")
-    return parse(spec), {}
+    return epilogue_program(spec), {}   # source, or an activation's name as epifuse.gemm takes it
 
 
 def _from_module(module: str, attr: str):

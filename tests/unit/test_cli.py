@@ -560,3 +560,10 @@ def test_ordinary_code_beside_the_epilogue_still_loads(capsys, tmp_path):
                     "def report(x):\n    return f\"{x!r:>10} and {x + 1} {{literal}} {len(TABLE)}\"\n" + _EPILOGUE)
     rc, out, err = _run(capsys, "show", str(path), "--text")
     assert rc == 0 and "mul" in out, err
+
+
+def test_show_takes_an_activation_name_as_gemm_does(capsys):
+    rc, out, err = _run(capsys, "show", "gelu", "--text")
+    assert rc == 0 and "gelu(" in out and "return D" in out, err
+    rc, out, err = _run(capsys, "show", "gleu", "--text")
+    assert rc == 2 and "Unknown activation 'gleu'" in err and "Did you mean: 'gelu'?" in err
