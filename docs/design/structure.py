@@ -52,7 +52,7 @@ LOCAL: dict[tuple[str, str], str] = {
 # checkers and for the drawing; --check fails when the two differ, or when another module
 # defines a module __getattr__.
 LAZY: dict[str, tuple[str, str]] = {
-    "__init__": ("_SUBMODULES", "_NAMES"),   # `import epifuse` loads neither torch nor Triton
+    "__init__": ("_SUBMODULES", "_NAMES"),   # the API, nn, debug... load when first named
 }
 
 

@@ -9,23 +9,29 @@
 tensor([[0., 0.],
         [0., 0.]])
 """
-from __future__ import annotations
-
-import importlib
+import importlib as _importlib
+import importlib.util as _importlib_util
+import pkgutil as _pkgutil
 from typing import TYPE_CHECKING
 
+# The custom ops load with the package: a saved graph or exported program that names
+# torch.ops.epifuse.gemm loads after `import epifuse`, as torch's own ops do after `import torch`.
+# They import torch and Triton (torch + about 0.3 s); torch.compile's machinery (torch._dynamo)
+# waits for torch.compile.
+from . import torch_ops
 from .errors import EpilogueError, InternalError
 from .version import __version__
 
 if TYPE_CHECKING:   # the names below as type checkers see them; at run time each loads on first use
-    from . import debug, epilogues, nn, ops, torch_ops
+    from . import debug, epilogues, nn, ops
     from .api import EpilogueArguments, GemmArguments, GroupedGemmArguments, gemm, get_kernels, kernel_statuses
     from .fused import FusedGemm
 
-# What loads on first use (a module __getattr__, PEP 562), so that `import epifuse` loads neither
-# torch nor Triton: the submodules, and names by the module that defines them. The block above
-# imports the same; docs/design/structure.py checks that the two agree.
-_SUBMODULES = ("debug", "epilogues", "nn", "ops", "torch_ops")
+# What loads on first use (a module __getattr__, PEP 562): the submodules, and names by the
+# module that defines them. The block above imports the same; docs/design/structure.py checks
+# that the two agree. Any other submodule (epifuse.activations, epifuse.frontend, ...) also loads
+# when it is first named.
+_SUBMODULES = ("debug", "epilogues", "nn", "ops")
 _NAMES = {"api": ("EpilogueArguments", "GemmArguments", "GroupedGemmArguments", "gemm", "get_kernels",
                   "kernel_statuses"),
           "fused": ("FusedGemm",)}
@@ -40,8 +46,10 @@ __all__ = ["EpilogueArguments", "GemmArguments", "GroupedGemmArguments", "get_ke
 def __getattr__(name: str):
     module = _HOME.get(name)
     if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = importlib.import_module(f"{__name__}.{module}")
+        if name.startswith("_") or _importlib_util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        module = name
+    value = _importlib.import_module(f"{__name__}.{module}")
     if name != module:
         value = getattr(value, name)
     globals()[name] = value   # later lookups find it without this function
@@ -49,4 +57,5 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    submodules = {info.name for info in _pkgutil.iter_modules(__path__) if info.name != "__main__"}
+    return sorted({*__all__, *submodules, "__version__"})

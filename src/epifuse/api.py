@@ -67,7 +67,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise ShapeError("A and B must be torch tensors.")
     missing = [name for name, _ in program.outputs if name not in tensors]
-    tensors = allocate_outputs(program, A, B, tensors, out_dtype, compute_dtype)
+    tensors = allocate_outputs(program, A, B, tensors, out_dtype, compute_dtype, accumulate)
     epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
                             compute_dtype=compute_dtype, **tensors)
     args = GemmArguments(A, B, epilogue=epi, precision=precision)

@@ -275,10 +275,20 @@ class GemmArguments:
         were of the old sizes, and a kernel would index past the tensor. A tensor whose memory
         moved (its storage reallocated, freed) is checked again (its storage holds it, its 16-byte
         alignment, which the kernel was chosen and compiled for, is the same, and no output
-        overlaps another tensor); True then: plans holding addresses must be made again."""
+        overlaps another tensor); True then, and the plans kernels made for these arguments, which
+        hold the old addresses, are dropped here, whichever kernel asked."""
+        now = self._moved_layouts()
+        if now is None:
+            return False
+        self._accept(now)
+        return True
+
+    def _moved_layouts(self) -> list | None:
+        """None where every tensor is as it was built; else the layouts now, once every check of
+        check_current passed on them (nothing is recorded: _accept does that)."""
         now = self._layouts()
         if now == self._built:
-            return False
+            return None
         for (label, t), (ptr, shape, strides, dtype, device), (new_ptr, *_) in zip(self._labeled, self._built, now):
             if t.dtype != dtype or t.device != device:
                 raise ShapeError(f"{label} is {t.dtype} on {t.device} now, but was {dtype} on {device} when "
@@ -297,8 +307,11 @@ class GemmArguments:
                                  "GemmArguments were built; the kernels were chosen for the old one.",
                                  hint="Build new GemmArguments for the tensor as it is now.")
         self._check_aliasing()
+        return now
+
+    def _accept(self, now: list) -> None:
         self._built = now
-        return True
+        self.__dict__.pop("_plans", None)
 
     def _check_accumulator(self) -> None:
         A, B = self.A, self.B
@@ -415,11 +428,16 @@ class GroupedGemmArguments:
 
     def check_current(self) -> bool:
         """GemmArguments.check_current for every group, and where memory moved, that no group's
-        output now shares memory with another group's tensors."""
-        moved = [p.check_current() for p in self.problems]
-        if any(moved):
-            _check_no_cross_group_overlap(self.problems)
-        return any(moved)
+        output now shares memory with another group's tensors. Nothing is recorded unless every group passes, so a refused run is refused again."""
+        moved = [(p, p._moved_layouts()) for p in self.problems]
+        moved = [(p, now) for p, now in moved if now is not None]
+        if not moved:
+            return False
+        _check_no_cross_group_overlap(self.problems)
+        for p, now in moved:
+            p._accept(now)
+        self.__dict__.pop("_plans", None)
+        return True
 
     def __len__(self) -> int:
         return len(self.problems)
@@ -609,8 +627,9 @@ def _check_same_tensors(i: int, p: GemmArguments, first: GemmArguments) -> None:
 
 
 def _same_number(a, b) -> bool:
+    """Equal, with the same sign (-0.0 is not 0.0: 1 / x tells them apart), or both NaN."""
     a, b = float(a), float(b)
-    return a == b or (math.isnan(a) and math.isnan(b))
+    return (a == b and math.copysign(1.0, a) == math.copysign(1.0, b)) or (math.isnan(a) and math.isnan(b))
 
 
 def _check_no_cross_group_overlap(problems: list[GemmArguments]) -> None:
@@ -685,10 +704,11 @@ def output_specs(graph: Graph, accum_shape, A: torch.Tensor, out_dtype: torch.dt
 
 def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors: dict,
                      out_dtype: torch.dtype | None = None,
-                     compute_dtype: torch.dtype | None = None) -> dict:
+                     compute_dtype: torch.dtype | None = None, accumulate: bool = False) -> dict:
     """`tensors` plus a new tensor (see output_specs) for every output of `program` it lacks.
     Where an operand is missing nothing is allocated: EpilogueArguments names what is missing.
-    `compute_dtype` None is the default GemmArguments takes for these inputs."""
+    `compute_dtype` None is the default GemmArguments takes for these inputs. With `accumulate`
+    every reduction output must be passed: a new tensor holds nothing to fold into."""
     check_out_dtype(out_dtype)
     missing = [name for name, _ in program.outputs if name not in tensors]
     if not missing or any(name not in tensors for name in program.operands):
@@ -698,6 +718,12 @@ def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors
     accum_shape, _ = accum_shape_of(A, B)
     roles = tuple(classify_operand(n, tensors[n], accum_shape, A.device)[0] for n in program.operands)
     graph, _ = bound_graph(program, roles, len(accum_shape))
+    folded = [name for name in missing if graph.output(name).node.op.is_reduction]
+    if accumulate and folded:
+        raise EpilogueArgumentError("accumulate=True needs the reduction outputs to fold into; "
+                                    f"{', '.join(folded)} {'is' if len(folded) == 1 else 'are'} not passed.",
+                                    hint=f"Pass {'it' if len(folded) == 1 else 'them'} as keyword arguments "
+                                         f"({', '.join(f'{n}=...' for n in folded)}).")
     if compute_dtype is None:
         compute_dtype = default_compute_dtype(A, B, *(tensors[n] for n in program.operands))
     specs = output_specs(graph, accum_shape, A, out_dtype, compute_dtype)

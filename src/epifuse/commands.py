@@ -26,7 +26,7 @@ from .arguments import epilogue_program
 from .binding import bind
 from .demo import run_demo
 from .epilogues import NamedEpilogue
-from .frontend import Program, parse, parse_module, parse_source
+from .frontend import Program, parse_module, parse_source
 from .fused import FusedGemm, drop_self
 from .ir import Operand
 from .ops import dtype_from_name
@@ -93,7 +93,7 @@ def _from_object(obj, label: str):
             raise CommandError(f"{label} defines no epilogue method")
         return cls.program, dict(cls.roles)
     if isinstance(obj, str) or callable(obj):
-        return parse(obj), dict(getattr(obj, "roles", {}) or {})
+        return epilogue_program(obj), dict(getattr(obj, "roles", {}) or {})
     raise CommandError(f"{label} is a {type(obj).__name__}, not an epilogue")
 
 

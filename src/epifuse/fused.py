@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from .api import gemm
-from .arguments import EpilogueArguments, GemmArguments, allocate_outputs
+from .arguments import EpilogueArguments, GemmArguments, allocate_outputs, epilogue_program
 from .errors import EpilogueArgumentError, EpilogueSyntaxError, did_you_mean
 from .frontend import Program, names_used, parse
 from .printing import program_source
@@ -57,8 +57,8 @@ def drop_self(program: Program, owner: str) -> Program:
 def method_program(cls: type) -> Program:
     """Parse `cls.epilogue` (a method or a staticmethod) into the epilogue's Program."""
     raw = inspect.getattr_static(cls, "epilogue")
-    if isinstance(raw, str):   # the method's source, for classes defined where source is unreadable
-        program = parse(raw)
+    if isinstance(raw, str):   # the method's source (for classes whose source is unreadable), or an activation's name
+        program = epilogue_program(raw)
         if program.params and program.params[0] != "accum":
             program = drop_self(program, cls.__name__)
         return dataclasses.replace(program, name=cls.__name__)
@@ -149,7 +149,8 @@ class FusedGemm:
         """GemmArguments for `epifuse.get_kernels` / `kernel.run`; missing outputs are allocated."""
         self._check(tensors)
         o = self.options
-        tensors = allocate_outputs(type(self).program, A, B, tensors, o["out_dtype"], o["compute_dtype"])
+        tensors = allocate_outputs(type(self).program, A, B, tensors, o["out_dtype"], o["compute_dtype"],
+                                   o["accumulate"])
         epi = EpilogueArguments(type(self).program, accumulate=o["accumulate"],
                                 deterministic=o["deterministic"], compute_dtype=o["compute_dtype"],
                                 **tensors)

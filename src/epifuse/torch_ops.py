@@ -9,9 +9,8 @@ Two operators, generic over epilogues:
                       str kinds, Tensor(a!)[] outputs, ScalarType compute_dtype,
                       bool accumulate, bool deterministic, str precision) -> ()
 
-The operators exist once this module loads: `epifuse.gemm`, `epifuse.nn` and `import
-epifuse.torch_ops` load it, `import epifuse` alone does not (it loads nothing heavy), so a
-process that only loads a saved graph or program naming them imports epifuse.torch_ops first.
+The operators exist once this module loads, which `import epifuse` does: a saved graph or an
+exported program naming them loads after `import epifuse`.
 
 `epilogue` is the epilogue's key (`Entry.key`): a header with a digest, then the Program as
 JSON (printing.dump_program), compressed and base64-encoded, so the ops read the same epilogue

@@ -378,3 +378,13 @@ def test_a_kept_launch_does_not_take_tensors_the_checks_refuse(place, change, ph
     with pytest.raises(epifuse.errors.ShapeError, match=phrase):
         epifuse.gemm(t.pop("A"), t.pop("B"), src, **t)
     assert callsite.HITS[0] == hits
+
+
+def test_a_number_that_differs_only_in_its_sign_is_another_signature():
+    """-0.0 == 0.0 in Python, but 1 / s tells them apart: a launch kept for s = 0.0 must not
+    serve s = -0.0."""
+    A, B = integer_tensor(8, 8, dtype=torch.float32), integer_tensor(8, 8, dtype=torch.float32)
+    src = "def epi(accum, s):\n    D = accum + 1.0 / s\n    return D\n"
+    for _ in range(2):
+        assert bool((epifuse.gemm(A, B, src, s=0.0) == float("inf")).all())
+        assert bool((epifuse.gemm(A, B, src, s=-0.0) == float("-inf")).all())

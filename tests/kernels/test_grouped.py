@@ -452,3 +452,58 @@ def test_mixture_of_experts_sizes_on_gpu(device, dtype):
         assert torch.equal(p.outputs["F"], ref["F"].float())
         assert rel_error(p.outputs["D"], ref["D"]) < 1e-2
         assert rel_error(p.outputs["s"], ref["s"]) < 1e-5
+
+
+# ---- groups whose memory moved since the arguments were built ------------------------------------
+
+def _two_groups():
+    src = "def epi(accum, C):\n    D = accum + C\n    return D\n"
+    ts = [{n: integer_tensor(8, 8, dtype=torch.float32, device=DEVICE) for n in "ABC"} for _ in range(2)]
+    for t in ts:
+        t["D"] = torch.full((8, 8), 7.0, device=DEVICE)
+    grouped = epifuse.GroupedGemmArguments([epifuse.GemmArguments(t["A"], t["B"], epilogue=epifuse.EpilogueArguments(
+        src, C=t["C"], D=t["D"])) for t in ts])
+    return grouped, ts
+
+
+def _expected(t):
+    return t["A"].double() @ t["B"].double() + t["C"].double()
+
+
+def test_a_refused_run_is_refused_again():
+    """Group 0's output set_ onto group 1's operand: refused, and refused again the next time
+    (the refused check must not record the new addresses as checked)."""
+    grouped, ts = _two_groups()
+    kernel = grouped_kernel(grouped)
+    kernel.run(grouped)
+    ts[0]["D"].set_(ts[1]["C"])
+    for _ in range(2):
+        with pytest.raises(ShapeError, match="share memory"):
+            kernel.run(grouped)
+
+
+def test_memory_moved_under_one_kernel_is_replanned_by_the_other():
+    """A group's output moved to new memory and the reference kernel ran first: the grouped
+    Triton kernel still writes the new memory (its plan of old addresses is dropped)."""
+    grouped, ts = _two_groups()
+    kernels = epifuse.get_kernels(grouped)
+    triton, reference = kernels[0], kernels[-1]
+    assert triton.name == "triton_grouped" and reference.name == "reference_grouped"
+    triton.run(grouped)
+    ts[0]["D"].set_(torch.full((8, 8), 7.0, device=DEVICE))
+    reference.run(grouped)
+    ts[0]["D"].fill_(7.0)
+    triton.run(grouped)
+    for t in ts:
+        assert torch.equal(t["D"].double(), _expected(t))
+
+
+def test_groups_whose_number_differs_only_in_its_sign_are_refused():
+    """s = 0.0 in one group and -0.0 in another: 1 / s tells them apart, and a number is passed
+    once for the launch."""
+    src = "def epi(accum, s):\n    D = accum + 1.0 / s\n    return D\n"
+    problems = [epifuse.GemmArguments(integer_tensor(8, 8, dtype=torch.float32), integer_tensor(8, 8, dtype=torch.float32),
+                                      epilogue=epifuse.EpilogueArguments(src, s=s, D=torch.empty(8, 8)))
+                for s in (0.0, -0.0)]
+    with pytest.raises(EpilogueArgumentError, match="s = -0.0 but group 0 has s = 0.0"):
+        epifuse.GroupedGemmArguments(problems)

@@ -198,3 +198,30 @@ def test_source_code_stays_source_code_whatever_its_function_is_called():
     assert torch.equal(D.double(), 2 * (A.double() @ B.double()))
     with pytest.raises(EpilogueSyntaxError, match="exactly one function definition"):
         epifuse.gemm(A, B, "D = gelu(accum)")
+
+
+def test_accumulate_without_the_reductions_to_fold_into_is_refused():
+    """accumulate=True folds reductions into what their outputs hold: one epifuse would
+    allocate holds nothing (torch.empty), so it is refused, naming the missing outputs; tile
+    outputs are written, not folded, and may still be allocated."""
+    from epifuse.errors import EpilogueArgumentError
+    A, B = integer_tensor(8, 6, dtype=torch.float32), integer_tensor(6, 5, dtype=torch.float32)
+    src = "def epi(accum):\n    D = accum * 2.0\n    s = sum(accum)\n    m = amax(accum, dim=1)\n    return D, s, m\n"
+    with pytest.raises(EpilogueArgumentError, match="reduction outputs to fold into; s, m are not passed"):
+        epifuse.gemm(A, B, src, accumulate=True)
+    with pytest.raises(EpilogueArgumentError, match="m is not passed"):
+        epifuse.gemm(A, B, src, accumulate=True, s=torch.zeros(()))
+    s, m = torch.full((), 5.0), torch.full((8,), 1e9)
+    D, s_out, m_out = epifuse.gemm(A, B, src, accumulate=True, s=s, m=m)
+    accum = A.double() @ B.double()
+    assert torch.equal(D.double(), 2.0 * accum) and s_out is s and m_out is m
+    assert float(s) == 5.0 + float(accum.sum()) and bool((m == 1e9).all())
+
+
+def test_an_activation_name_is_a_class_based_epilogue_too():
+    class Gelu(epifuse.FusedGemm):
+        epilogue = "gelu"
+    A, B = integer_tensor(8, 6, dtype=torch.float32), integer_tensor(6, 5, dtype=torch.float32)
+    D = Gelu()(A, B)
+    expected = torch.nn.functional.gelu(A.double() @ B.double())
+    assert torch.allclose(D.double(), expected, rtol=1e-6, atol=1e-6)

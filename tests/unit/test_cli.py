@@ -567,3 +567,10 @@ def test_show_takes_an_activation_name_as_gemm_does(capsys):
     assert rc == 0 and "gelu(" in out and "return D" in out, err
     rc, out, err = _run(capsys, "show", "gleu", "--text")
     assert rc == 2 and "Unknown activation 'gleu'" in err and "Did you mean: 'gelu'?" in err
+
+
+def test_show_takes_a_module_attribute_holding_an_activation_name(capsys, tmp_path, monkeypatch):
+    (tmp_path / "activation_name_module.py").write_text('ACT = "gelu"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc, out, err = _run(capsys, "show", "activation_name_module:ACT", "--text")
+    assert rc == 0 and "gelu(" in out, err

@@ -1,7 +1,8 @@
-"""Start-up: `import epifuse` and `epifuse --help` load neither Triton nor torch.compile's
-machinery (docs/design/README.md, "The layers"), and every public name still resolves on first
-use. Each check runs in a fresh interpreter, since this one has loaded everything already. How
-long start-up takes is measured, not tested here."""
+"""Start-up: `import epifuse` registers the custom ops (so saved graphs naming them load) but
+loads neither torch.compile's machinery nor the API until named, `epifuse --help` does not load
+the commands (docs/design/README.md, "The layers"), and every public name and submodule
+resolves on first use. Each check runs in a fresh interpreter, since this one has loaded
+everything already. How long start-up takes is measured, not tested here."""
 import importlib.util
 import json
 import subprocess
@@ -15,7 +16,7 @@ import torch
 import epifuse
 from epifuse import torch_ops
 
-HEAVY = ("triton", "jinja2", "torch._dynamo", "torch._inductor")
+HEAVY = ("torch._dynamo", "torch._inductor")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,17 +29,34 @@ def _loaded_after(code: str, names=HEAVY) -> list:
 
 
 def test_import_epifuse_loads_nothing_heavy():
-    assert _loaded_after("import epifuse") == []
+    assert _loaded_after("import epifuse", (*HEAVY, "epifuse.api", "epifuse.nn", "epifuse.commands")) == []
+
+
+def test_import_epifuse_registers_the_custom_ops():
+    """A saved graph or exported program naming torch.ops.epifuse.gemm loads after a bare
+    `import epifuse`, as torch's own ops do after `import torch`."""
+    code = ("import torch, epifuse\n"
+            "assert torch.ops.epifuse.gemm.default and torch.ops.epifuse.gemm_out.default")
+    assert _loaded_after(code) == []
+
+
+def test_every_submodule_is_an_attribute_once_named():
+    code = ("import epifuse\n"
+            "assert epifuse.activations.ACTIVATIONS and epifuse.frontend.parse and epifuse.verify\n"
+            "assert epifuse.runtime and epifuse.tools and epifuse.backends\n"
+            "assert {'activations', 'frontend', 'nn', 'ops', 'torch_ops'} <= set(dir(epifuse))\n"
+            "assert not {'annotations', 'importlib'} & set(dir(epifuse))")
+    assert _loaded_after(code) == []
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["show", "--help"], ["verify", "--help"], ["bench", "--help"],
                                   ["show"], ["nonsense"]])
-def test_help_and_argument_errors_load_neither_torch_nor_the_commands(argv):
+def test_help_and_argument_errors_do_not_load_the_commands(argv):
     """The parser answers --help and a mistyped command line before the commands load."""
     code = ("import contextlib, io\nfrom epifuse import cli\n"
             "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
             f"    try:\n        cli.main({argv!r})\n    except SystemExit:\n        pass")
-    assert _loaded_after(code, (*HEAVY, "torch", "epifuse.commands")) == []
+    assert _loaded_after(code, (*HEAVY, "epifuse.commands", "epifuse.api")) == []
 
 
 def test_the_public_names_load_on_first_use():

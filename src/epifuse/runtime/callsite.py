@@ -28,6 +28,7 @@ shared with later calls.
 from __future__ import annotations
 
 import inspect
+import math
 import threading
 from collections import OrderedDict
 
@@ -110,7 +111,8 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
                     return None   # freed or shrunk storage: the full path says so
                 parts.append((name, shape, strides, t.dtype, t.device, address % 16 == 0, requires_grad))
             elif kind in _NUMBER_TYPES:
-                parts.append((name, kind, t))
+                # a float by its bits as well: -0.0 == 0.0, but 1 / x tells them apart
+                parts.append((name, kind, t, math.copysign(1.0, t)) if kind is float else (name, kind, t))
             else:
                 return None
     except (RuntimeError, NotImplementedError):   # a layout without storage or strides: the full path names it

@@ -143,8 +143,7 @@ class TritonKernel(Kernel):
             return
         check_arguments(self, args, grouped=self.family.grouped)
         check_real(args)
-        if args.check_current():  # a tensor's memory moved: its plan held the old addresses
-            args.__dict__.pop("_plans", None)
+        if args.check_current():  # a tensor's memory moved: its plans (dropped) held the old addresses
             plan = None
         with target.on_device(_device(args)):
             plan = plan or self.plan(args)
