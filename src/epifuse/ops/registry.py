@@ -233,7 +233,8 @@ def op_doc(op: OpDef) -> str:
     described = [f"{op.input_names}: {inputs} (in an epilogue, its values)"] if op.input_names else []
     if op.reduction is not None:
         described.append("dim: accum's dims to reduce (None: all of them, a 0-d result as torch "
-                         "gives); keepdim: keep them as dims of size 1")
+                         "gives); keepdim: accepted, but the shape is the destination's: pass one with the "
+                         "reduced dims as size 1 to keep them (an allocated output drops them)")
     else:
         described += [f"{p}: a literal (default {v!r})" for p, v in op.params]
     if described:
