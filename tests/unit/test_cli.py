@@ -175,6 +175,16 @@ def test_harness_is_found_from_the_checkout_or_the_package(tmp_path, monkeypatch
     monkeypatch.setattr(harness, "PACKAGE_CHECKOUT", None)  # as in an installed wheel
     assert harness.find_checkout(tmp_path) is None
     assert harness.find_checkout(ROOT / "examples") == ROOT
+    other = tmp_path / "other_checkout"   # another clone: the harness must time this epifuse's code
+    (other / "bench").mkdir(parents=True)
+    (other / "bench" / "run.py").write_text("")
+    (other / "src" / "epifuse").mkdir(parents=True)
+    (other / "src" / "epifuse" / "__init__.py").write_text("")
+    assert harness.is_checkout(other)
+    monkeypatch.setattr(harness, "PACKAGE_CHECKOUT", ROOT)
+    assert harness.find_checkout(other) == ROOT
+    monkeypatch.setattr(harness, "PACKAGE_CHECKOUT", None)
+    assert harness.find_checkout(other) == other   # an installed epifuse: the clone's harness
     with pytest.raises(harness.HarnessNotFound, match="clone the repository") as info:
         harness.bench_main(tmp_path)
     assert isinstance(info.value, OSError)   # the CLI's one-line errors

@@ -27,10 +27,13 @@ def is_checkout(folder: Path) -> bool:
 
 
 def find_checkout(start: Path | str | None = None) -> Path | None:
-    """The root of the source checkout holding bench/: `start` (default the current directory)
-    or the nearest folder above it that is one, else PACKAGE_CHECKOUT; None if none is."""
+    """The root of the source checkout holding bench/: the checkout the running epifuse was
+    imported from (PACKAGE_CHECKOUT, an editable install or PYTHONPATH=src), so the harness
+    measures the code that runs; else `start` (default the current directory) or the nearest
+    folder above it that is one (an installed epifuse benchmarked by a clone's harness); None
+    if none is."""
     start = (Path.cwd() if start is None else Path(start)).resolve()
-    for folder in (start, *start.parents, *([PACKAGE_CHECKOUT] if PACKAGE_CHECKOUT else [])):
+    for folder in (*([PACKAGE_CHECKOUT] if PACKAGE_CHECKOUT else []), start, *start.parents):
         if is_checkout(folder):
             return folder
     return None
