@@ -8,7 +8,7 @@ tensors themselves are checked by the API layer; this module knows only operand 
 from __future__ import annotations
 
 from .errors import EpilogueError, EpilogueSyntaxError, Location
-from .frontend import Expr, Program
+from .frontend import Expr, Program, fold_expr
 from .ir import AXES, Graph, Node, Operand, Output, accum, const, input_node
 from .ops import OPS
 
@@ -37,23 +37,14 @@ def bind(program: Program, operands: dict[str, Operand], rank: int) -> Graph:
 
 
 def _evaluate(expr: Expr, env: dict[str, Node], rank: int, locs: dict) -> Node:
-    """Build the node of `expr`, sources first, without recursion (expressions may be long)."""
-    done: dict[int, Node] = {}
-    stack: list[tuple[Expr, bool]] = [(expr, False)]
-    while stack:
-        current, expanded = stack.pop()
-        if id(current) in done:
-            continue
-        if current.kind == "name":
-            done[id(current)] = env[current.value]
-        elif current.kind == "const":
-            done[id(current)] = const(current.value)
-        elif not expanded:
-            stack.append((current, True))
-            stack.extend((a, False) for a in current.args if id(a) not in done)
-        else:
-            done[id(current)] = _call_node(current, [done[id(a)] for a in current.args], rank, locs)
-    return done[id(expr)]
+    """Build the node of `expr`, sources first."""
+    def combine(e: Expr, srcs: list) -> Node:
+        if e.kind == "name":
+            return env[e.value]
+        if e.kind == "const":
+            return const(e.value)
+        return _call_node(e, srcs, rank, locs)
+    return fold_expr(expr, combine)
 
 
 def _call_node(expr: Expr, srcs: list[Node], rank: int, locs: dict) -> Node:

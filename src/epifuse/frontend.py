@@ -813,28 +813,34 @@ def names_used(program: Program) -> list[tuple[str, Location | None]]:
     return found
 
 
-def rename(expr: Expr, names: dict[str, str]) -> Expr:
-    """`expr` with each variable in `names` read under its new name; built arguments first,
-    without recursion (expressions may nest deeply). Unchanged parts are the same objects."""
-    done: dict[int, Expr] = {}
+def fold_expr(expr: Expr, combine: Callable[[Expr, list], Any]) -> Any:
+    """combine(e, [its arguments' values]) for every Expr of `expr`, arguments first, each
+    object once, without recursion (expressions may nest deeply): the one walk the printer,
+    the dumper, the binder and rename share."""
+    done: dict[int, Any] = {}
     stack: list[tuple[Expr, bool]] = [(expr, False)]
     while stack:
         e, expanded = stack.pop()
         if id(e) in done:
             continue
-        if e.kind == "name":
-            done[id(e)] = replace(e, value=names[e.value]) if e.value in names else e
-        elif not e.args:
-            done[id(e)] = e
-        elif not expanded:
+        if e.args and not expanded:
             stack.append((e, True))
             stack.extend((a, False) for a in e.args if id(a) not in done)
         else:
-            args = tuple(done[id(a)] for a in e.args)
-            same = all(new is old for new, old in zip(args, e.args))
-            done[id(e)] = e if same else replace(e, args=args)
+            done[id(e)] = combine(e, [done[id(a)] for a in e.args])
     return done[id(expr)]
 
 
+def rename(expr: Expr, names: dict[str, str]) -> Expr:
+    """`expr` with each variable in `names` read under its new name. Unchanged parts are the
+    same objects."""
+    def combine(e: Expr, args: list) -> Expr:
+        if e.kind == "name":
+            return replace(e, value=names[e.value]) if e.value in names else e
+        same = all(new is old for new, old in zip(args, e.args))
+        return e if same else replace(e, args=tuple(args))
+    return fold_expr(expr, combine)
+
+
 __all__ = ["Expr", "Statement", "Program", "GeneratedSource", "parse", "parse_source", "parse_module",
-           "check_nesting", "names_used", "rename"]
+           "check_nesting", "names_used", "rename", "fold_expr"]

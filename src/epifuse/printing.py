@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from .errors import InternalError, Location
-from .frontend import IDENTIFIER, Expr, GeneratedSource, Program, Statement, param_rule
+from .frontend import IDENTIFIER, Expr, GeneratedSource, Program, Statement, fold_expr, param_rule
 from .ir import ACCUM, AXES, CONST, INPUT, Graph
 from .ops import OPS
 
@@ -70,23 +70,15 @@ def expr_source(expr: Expr, rename: dict[str, str] | None = None) -> str:
     """`expr` as source text, every call spelled by its registry name: op(args, key=value).
     Built sources first, without recursion (expressions may nest deeply)."""
     rename = rename or {}
-    text: dict[int, tuple[str, int]] = {}    # id -> (source, how strongly it binds)
-    stack: list[tuple[Expr, bool]] = [(expr, False)]
-    while stack:
-        e, expanded = stack.pop()
-        if id(e) in text:
-            continue
+
+    def combine(e: Expr, args: list) -> tuple[str, int]:   # (source, how strongly it binds)
         if e.kind == "name":
-            text[id(e)] = (rename.get(e.value, e.value), _ATOM)
-        elif e.kind == "const":
+            return rename.get(e.value, e.value), _ATOM
+        if e.kind == "const":
             literal = number_literal(e.value)
-            text[id(e)] = (literal, _UNARY if literal.startswith("-") else _ATOM)
-        elif not expanded:
-            stack.append((e, True))
-            stack.extend((a, False) for a in e.args if id(a) not in text)
-        else:
-            text[id(e)] = _call_source(e, [text[id(a)] for a in e.args])
-    return text[id(expr)][0]
+            return literal, _UNARY if literal.startswith("-") else _ATOM
+        return _call_source(e, args)
+    return fold_expr(expr, combine)[0]
 
 
 def _call_source(expr: Expr, args: list[tuple[str, int]]) -> tuple[str, int]:
@@ -237,20 +229,9 @@ def _load_loc(x) -> Location | None:
 
 
 def _dump_expr(expr: Expr) -> list:
-    """`expr` as nested lists, built sources first, without recursion."""
-    done: dict[int, list] = {}
-    stack: list[tuple[Expr, bool]] = [(expr, False)]
-    while stack:
-        e, expanded = stack.pop()
-        if id(e) in done:
-            continue
-        if not expanded:
-            stack.append((e, True))
-            stack.extend((a, False) for a in e.args if id(a) not in done)
-            continue
-        done[id(e)] = [e.kind, _dump_value(e.value), [done[id(a)] for a in e.args],
-                       [[k, _dump_value(v)] for k, v in e.params], _dump_loc(e.loc)]
-    return done[id(expr)]
+    """`expr` as nested lists."""
+    return fold_expr(expr, lambda e, args: [e.kind, _dump_value(e.value), args,
+                                            [[k, _dump_value(v)] for k, v in e.params], _dump_loc(e.loc)])
 
 
 def _load_expr(x) -> Expr:

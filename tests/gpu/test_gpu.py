@@ -228,37 +228,6 @@ SHARED_SRC = ("def epi(accum, bias):\n    D = accum + bias\n    r = sum(D, dim=1
               "    return D, r, m\n")
 
 
-def _shared_site_calls(threads: int, calls: int, streams: list, M=256, N=384, K=1024) -> list:
-    """`threads` workers each make `calls` epifuse.gemm calls of one signature at once, worker i
-    on streams[i % len(streams)] (None: the default stream); (worker, call, output) of every
-    result that is not exact."""
-    import threading
-    B = integer_tensor(K, N, low=-1, high=2, dtype=torch.float16, device="cuda")
-    start, errors = threading.Barrier(threads), []
-
-    def worker(index):
-        stream = streams[index % len(streams)] or torch.cuda.current_stream()
-        with torch.cuda.stream(stream):
-            start.wait()
-            for call in range(calls):
-                A = integer_tensor(M, K, dtype=torch.float16, device="cuda")
-                bias = integer_tensor(N, dtype=torch.float32, device="cuda")
-                r = torch.full((M,), float("nan"), dtype=torch.float16, device="cuda")
-                D, r, m = epifuse.gemm(A, B, SHARED_SRC, bias=bias, r=r, out_dtype=torch.float32)
-                stream.synchronize()
-                expected = A.double() @ B.double() + bias.double()
-                for name, got, want in (("D", D, expected), ("r", r, expected.sum(1).half()),
-                                        ("m", m, expected.amax(0))):
-                    if not torch.equal(got.double(), want.double()):
-                        errors.append((index, call, name))
-    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return errors
-
-
 @pytest.mark.parametrize("kernel", ["chosen", "triton_splitk"])
 @pytest.mark.parametrize("streams", ["one stream", "two streams"])
 def test_threads_and_streams_share_kept_launches(kernel, streams, monkeypatch):
@@ -280,8 +249,10 @@ def test_threads_and_streams_share_kept_launches(kernel, streams, monkeypatch):
         return call(site, *args)
     monkeypatch.setattr(callsite.Site, "call", counted)
     callsite.clear()
+    from test_callsite import threaded_calls
     chosen = [None] if streams == "one stream" else [torch.cuda.Stream(), torch.cuda.Stream()]
-    assert _shared_site_calls(8, 4, chosen) == []
+    errors = threaded_calls("cuda", 8, 4, lambda i: chosen[i % len(chosen)], M=256, N=384, K=1024)
+    assert errors == []
     assert served[0] >= 32 - 8   # at most each thread's first call a full one
 
 

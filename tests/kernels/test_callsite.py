@@ -226,12 +226,13 @@ THREADED = ("def epi(accum, bias):\n    D = accum + bias\n    r = sum(D, dim=1)\
             "    return D, r, m\n")
 
 
-def _threaded_calls(device, threads: int, calls: int, stream_of=lambda worker: None) -> list:
+def threaded_calls(device, threads: int, calls: int, stream_of=lambda worker: None, M=40, N=24, K=16) -> list:
     """`threads` workers each make `calls` epifuse.gemm calls of one signature (an fp16 sum,
     which folds through an fp32 work buffer, and a max, through per-program partials), with
-    inputs of their own, all started at once; the errors of the calls that came out wrong."""
+    inputs of their own, all started at once, worker i on stream_of(i) (None: the current
+    stream); (worker, call, output) of every result that is not exact. tests/gpu runs it too."""
     import threading
-    B = integer_tensor(16, 24, dtype=torch.float16, device=device)
+    B = integer_tensor(K, N, low=-1, high=2, dtype=torch.float16, device=device)
     start, errors = threading.Barrier(threads), []
 
     def worker(index):
@@ -239,9 +240,9 @@ def _threaded_calls(device, threads: int, calls: int, stream_of=lambda worker: N
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             start.wait()
             for call in range(calls):
-                A = integer_tensor(40, 16, dtype=torch.float16, device=device)
-                bias = integer_tensor(24, dtype=torch.float32, device=device)
-                r = torch.full((40,), float("nan"), dtype=torch.float16, device=device)
+                A = integer_tensor(M, K, dtype=torch.float16, device=device)
+                bias = integer_tensor(N, dtype=torch.float32, device=device)
+                r = torch.full((M,), float("nan"), dtype=torch.float16, device=device)
                 D, r, m = epifuse.gemm(A, B, THREADED, bias=bias, r=r, out_dtype=torch.float32)
                 if stream is not None:
                     stream.synchronize()
@@ -275,7 +276,7 @@ def test_threads_sharing_a_kept_launch_get_their_own_reductions(device, monkeypa
                  bias=integer_tensor(24, dtype=torch.float32, device=device),
                  r=torch.empty(40, dtype=torch.float16, device=device),
                  out_dtype=torch.float32)  # the site every thread's call is served from
-    assert _threaded_calls(device, threads=8, calls=3) == []
+    assert threaded_calls(device, threads=8, calls=3) == []
     assert served[0] == 24
 
 
