@@ -23,7 +23,7 @@ OUTPUT = Path(__file__).resolve().parent / "structure.md"
 # Bottom first: what each layer is for, and its modules (a trailing "." takes a whole folder).
 LAYERS = [
     ("foundation: errors, the ops registry, dtype names", ["errors", "version", "ops."]),
-    ("the language: parsing and the IR", ["frontend", "ir"]),
+    ("the language: parsing and the IR", ["nesting", "frontend", "ir"]),
     ("graphs: binding, passes, printing, the reference, autodiff, tensor geometry",
      ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "shapes"]),
     ("what a call is made of: arguments and their checks, activations", ["arguments", "activations"]),

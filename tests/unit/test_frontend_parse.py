@@ -343,7 +343,7 @@ def test_every_nesting_construct_is_refused_before_it_can_crash_a_small_stack(st
 
 def test_the_nesting_error_names_the_limit_and_the_place():
     from epifuse.errors import EpilogueSyntaxError
-    from epifuse.frontend import NESTING_LIMIT
+    from epifuse.nesting import NESTING_LIMIT
     with pytest.raises(EpilogueSyntaxError) as info:
         parse(_statement("(" * 40 + "x" + ")" * 40))
     error = info.value
