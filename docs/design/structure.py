@@ -31,7 +31,7 @@ LAYERS = [
     ("the on-disk caches", ["runtime", "runtime.cache", "runtime.compiled"]),
     ("kernels: the contract, the reference kernels, the Triton backend",
      ["backends", "backends.base", "backends.reference", "backends.triton."]),
-    ("choosing a kernel: candidates, order, tuning", ["backends.select", "runtime.tune"]),
+    ("choosing a kernel: candidates, order, tuning", ["backends.select", "runtime.shipped", "runtime.tune"]),
     ("PyTorch integration and kept launches", ["torch_ops", "runtime.callsite"]),
     ("the facade", ["api"]),
     ("built on the facade: nn.FusedLinear, class-based and named epilogues, the demo",

@@ -113,3 +113,20 @@ def test_clock_sampler_reads_nvidia_smi_and_survives_its_absence(tmp_path):
         with timing.ClockSampler(command=command) as sampler:
             pass
         assert sampler.summary is None and time.perf_counter() - start < 3
+
+
+def test_the_first_call_benchmark_runs_its_cases_in_forked_processes(capsys):
+    """bench.first_call on CPU (Triton's interpreter, a tiny shape): every case gets a cold and
+    a warm process of its own, each with an output checked against float64."""
+    from bench import first_call
+    assert first_call.main(["--device", "cpu", "--workloads", "identity,rowsumsq"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "tiny" in ln]
+    assert len(lines) == 2 and all("cold" in ln and "warm" in ln for ln in lines)
+
+
+def test_a_failing_child_reports_its_error():
+    from bench import first_call
+
+    def fails():
+        raise RuntimeError("no GPU here")
+    assert "no GPU here" in first_call.in_child(fails)["error"]

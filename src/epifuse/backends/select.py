@@ -126,8 +126,18 @@ _CHOSEN: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()
 
 
+def _forget_choices() -> None:
+    """Background tuning remembered a winner: later calls choose again (and find it)."""
+    with _LOCK:
+        _CHOSEN.clear()
+
+
+tune.LISTENERS.append(_forget_choices)
+
+
 def choose_kernel(args: GemmArguments):
-    """The kernel `epifuse.gemm` runs for `args`: the tuned best of the supported ones."""
+    """The kernel `epifuse.gemm` runs for `args`: of the supported ones, the one the tuning
+    policy picks (runtime/tune.py)."""
     key = args.signature
     with _LOCK:
         kernel = _CHOSEN.get(key)

@@ -34,6 +34,8 @@ from collections import OrderedDict
 
 import torch
 
+from . import tune
+
 MAX_SITES = 256
 _SITES: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()
@@ -198,3 +200,6 @@ def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
 def clear() -> None:
     with _LOCK:
         _SITES.clear()
+
+
+tune.LISTENERS.append(clear)   # a kernel tuned in the background replaces the one kept launches run

@@ -1,20 +1,35 @@
-"""Pick the fastest kernel for a problem once, and remember the choice on disk.
+"""Pick the kernel that runs a problem, by the tuning policy EPIFUSE_TUNE names:
 
-`choose(args, kernels)` times every supported generated kernel on scratch outputs (so tuning
-never touches the user's tensors, and `accumulate=True` or in-place outputs stay correct),
-keeps the winner in memory and in <cache>/tuning.json, keyed by the graph's canonical hash, a
-power-of-two bucket of the shape, the dtypes, the GPU, the library versions, the ranking rule
-and the set of candidates timed. The winner is the fastest, or within LIGHTER_WITHIN of it the
-kernel whose tiles (as it runs them, and only tiles that fill the GPU's SMs) read the fewest
-operand bytes per output, a Gluon kernel first among those as light. The file is rewritten
-atomically, under the cache's lock of the entry "tuning" so that processes tuning at once keep
-each other's choices. A file that is not what epifuse writes (unreadable, binary, truncated,
-not a flat JSON object of strings, nested, larger than MAX_TUNING_BYTES) is set aside with a
-warning (cache.set_aside) and tuning goes on as if there were none. Under Triton's interpreter,
-or with EPIFUSE_TUNE=0, the first supported kernel is taken untimed.
+  fast (default)  a choice remembered on disk from an earlier tuning; else the first kernel of
+                  the shipped table of tuned choices for this GPU model and the nearest shape
+                  (runtime/shipped.py), untimed: one compile; else (an unknown GPU, a shape far
+                  from every entry) the first SHORT_LIST kernels of the untimed order are timed
+                  and the winner remembered.
+  full            every supported kernel is timed (today's tuning before fast existed), and the
+                  winner remembered; fast and background then take it.
+  background      fast's choice serves at once, while a worker thread times every kernel on
+                  copies of the inputs; when it is done the winner is remembered and serves the
+                  next call (the kept launches and choices are dropped). Its timings share the
+                  GPU with the caller's work, so they are noisier than full's.
+  0               the first supported kernel of the untimed order, untimed.
+
+Timing (`_time_all`) runs every kernel on scratch outputs (so tuning never touches the user's
+tensors, and `accumulate=True` or in-place outputs stay correct). Choices are kept in memory and
+in <cache>/tuning.json, keyed by the graph's canonical hash, a power-of-two bucket of the
+shape, the dtypes, the GPU, the library versions, the ranking rule and the set of candidates
+timed (a short list's winner under a key of its own, so that full tuning is not answered by
+it). The winner is the fastest, or within LIGHTER_WITHIN of it the kernel whose tiles (as it
+runs them, and only tiles that fill the GPU's SMs) read the fewest operand bytes per output, a
+Gluon kernel first among those as light. The file is rewritten atomically, under the cache's
+lock of the entry "tuning" so that processes tuning at once keep each other's choices. A file
+that is not what epifuse writes (unreadable, binary, truncated, not a flat JSON object of
+strings, nested, larger than MAX_TUNING_BYTES) is set aside with a warning (cache.set_aside)
+and tuning goes on as if there were none. Under Triton's interpreter the first supported
+kernel is taken untimed.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -27,9 +42,11 @@ import triton
 from triton.testing import do_bench
 
 from ..arguments import EpilogueArguments, GemmArguments
+from ..errors import EpilogueArgumentError
 from ..backends.triton.device import gpu_sms, output_tiles
 from ..shapes import operand_layouts
 from ..version import __version__
+from . import shipped
 from .cache import cache_dir, entry_lock, read_file, set_aside, write_atomically
 
 _LOCK = threading.Lock()
@@ -131,27 +148,164 @@ def _scratch_args(args):
                          precision=args.precision)
 
 
-def choose(args, kernels: list):
-    """The fastest of `kernels` (all supporting args) for this problem; tunes on first use."""
-    generated = [k for k in kernels if k.name != "reference"]
-    if len(generated) <= 1 or args.A.device.type != "cuda" or os.environ.get("EPIFUSE_TUNE") == "0":
-        return kernels[0]
-    key = f"{tuning_key(args)}|{candidates_digest(generated)}"
+POLICIES = ("fast", "full", "background", "0")
+SHORT_LIST = 3  # kernels fast times where no shipped choice is near: about one compile each
+
+
+def policy() -> str:
+    """The tuning policy EPIFUSE_TUNE names (unset or empty: fast)."""
+    raw = os.environ.get("EPIFUSE_TUNE", "")
+    value = raw.strip().lower() or "fast"
+    if value not in POLICIES:
+        raise EpilogueArgumentError(
+            f"EPIFUSE_TUNE={raw!r} is not a tuning policy; it takes one of: fast (the default), full, "
+            "background, 0.",
+            hint="fast: a shipped or remembered choice, else a short timing; full: time every kernel; "
+                 "background: serve fast's choice and time every kernel in a worker thread; 0: never time.")
+    return value
+
+
+def _on_gpu(args) -> bool:
+    return args.A.device.type == "cuda"
+
+
+def _gpu_name(args) -> str:
+    return torch.cuda.get_device_name(args.A.device)
+
+
+def _remembered(key: str):
+    """The choice remembered for `key`, in this process or on disk (None if none)."""
     with _LOCK:
         if key not in _MEMORY:
-            remembered = _load().get(key)
-            if remembered is not None:
-                _MEMORY[key] = remembered
-    by_name = {repr(k): k for k in generated}
-    remembered = _MEMORY.get(key)
-    if remembered in by_name:
-        return by_name[remembered]
-    with torch.cuda.device(args.A.device):  # do_bench's events time the current device's stream
-        best = _time_all(args, generated)
+            found = _load().get(key)
+            if found is not None:
+                _MEMORY[key] = found
+        return _MEMORY.get(key)
+
+
+def _remember(key: str, kernel) -> None:
     with _LOCK:
-        _MEMORY[key] = repr(best)
-    _store(key, repr(best))
+        _MEMORY[key] = repr(kernel)
+    _store(key, repr(kernel))
+
+
+def choose(args, kernels: list):
+    """The kernel to run `args` of `kernels` (all supporting args, best first in the untimed
+    order), by the tuning policy."""
+    mode = policy()
+    generated = [k for k in kernels if k.name != "reference"]
+    if len(generated) <= 1 or mode == "0" or not _on_gpu(args):
+        return kernels[0]
+    key = f"{tuning_key(args)}|{candidates_digest(generated)}"
+    by_name = {repr(k): k for k in generated}
+    tuned = by_name.get(_remembered(key))
+    if tuned is not None:
+        return tuned
+    if mode == "full":
+        return _tune(args, generated, key, "full")
+    order = shipped.ranked(args, generated, _gpu_name(args))
+    if mode == "background":
+        tune_in_background(args, generated, key)
+        return order[0] if order else generated[0]
+    if order:
+        return order[0]
+    short_key = f"{key}|short {SHORT_LIST}"
+    short = by_name.get(_remembered(short_key))
+    return short if short is not None else _tune(args, generated[:SHORT_LIST], short_key, "fast")
+
+
+def _tune(args, kernels, key: str, mode: str):
+    on_gpu = args.A.device.type == "cuda"   # do_bench's events time the current device's stream
+    with torch.cuda.device(args.A.device) if on_gpu else contextlib.nullcontext():
+        best = _time_all(args, kernels, mode)
+    _remember(key, best)
     return best
+
+
+# -- background tuning: one worker thread, one problem at a time ----------------------------------
+_PENDING: dict = {}   # key -> (copied arguments, kernels, the event after which the copies hold)
+_WORKER: list = []    # the running worker thread, if any
+LISTENERS: list = []  # called (no arguments) when a background winner is remembered: the
+                      # modules that keep choices (select's, the kept launches) drop them
+
+
+def tune_in_background(args, kernels, key: str) -> None:
+    """Queue `args` for full tuning in the worker thread, on copies of its inputs made now on
+    the current stream (the caller may then change or free its tensors). Not while the stream
+    captures a CUDA graph (the copies would join the graph): fast's choice then serves until a
+    later call queues it."""
+    if torch.cuda.is_current_stream_capturing():
+        return
+    with _LOCK:
+        if key in _PENDING or key in _MEMORY:
+            return
+        _PENDING[key] = None   # claimed: a call racing this one does not copy the inputs again
+    try:
+        with torch.cuda.device(args.A.device):
+            copied = _copied_args(args)
+            ready = torch.cuda.Event()
+            ready.record()
+    except (RuntimeError, EpilogueArgumentError):
+        with _LOCK:
+            _PENDING.pop(key, None)
+        return
+    with _LOCK:
+        _PENDING[key] = (copied, kernels, ready)
+        if not _WORKER or not _WORKER[0].is_alive():
+            _WORKER[:] = [threading.Thread(target=_work, name="epifuse-tuning", daemon=True)]
+            _WORKER[0].start()
+
+
+def _copied_args(args):
+    def copy(t):
+        """t's elements in new memory with t's sizes and strides (broadcast and overlapping
+        views included): the span of storage the view reaches, copied, and viewed as t is."""
+        span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        reached = t.as_strided((span,), (1,))
+        return torch.empty(span, dtype=t.dtype, device=t.device).copy_(reached).as_strided(t.shape, t.stride())
+    epi = args.epilogue
+    operands = {n: copy(t) if isinstance(t, torch.Tensor) else t for n, t in epi.operands.items()}
+    outputs = {n: torch.empty_like(t) for n, t in epi.outputs.items()}
+    copied = EpilogueArguments(epi.program, accumulate=False, deterministic=epi.deterministic,
+                               compute_dtype=epi.compute_dtype, **operands, **outputs)
+    return GemmArguments(copy(args.A), copy(args.B), epilogue=copied, accumulator_type=args.accumulator_type,
+                         precision=args.precision)
+
+
+def _work() -> None:
+    while True:
+        with _LOCK:
+            ready = [(k, v) for k, v in _PENDING.items() if v is not None]
+            if not ready:
+                if not any(v is None for v in _PENDING.values()):
+                    _WORKER.clear()
+                    return
+        if not ready:
+            threading.Event().wait(0.01)   # a call is still copying its inputs
+            continue
+        key, (args, kernels, copied) = ready[0]
+        try:
+            copied.synchronize()
+            stream = torch.cuda.Stream(args.A.device)
+            with torch.cuda.stream(stream):
+                _tune(args, kernels, key, "background")
+        except Exception:  # noqa: BLE001 - the served choice stays; the next process tunes again
+            pass
+        finally:
+            with _LOCK:
+                _PENDING.pop(key, None)
+        for listener in list(LISTENERS):
+            listener()
+
+
+def wait_for_background(timeout: float | None = None) -> bool:
+    """Wait for background tuning to finish (for tests and scripts); whether it has."""
+    with _LOCK:
+        worker = _WORKER[0] if _WORKER else None
+    if worker is not None:
+        worker.join(timeout)
+        return not worker.is_alive()
+    return True
 
 
 CLOSE = 1.10  # candidates within 10 % of the fastest are timed a second time
@@ -166,9 +320,9 @@ RANKING = (f"rule 2: time, then lighter tiles within {LIGHTER_WITHIN}, "
 TUNE_WARMUP_MS, TUNE_REP_MS = 3, 15  # each timing (do_bench)
 
 
-def _time_all(args, kernels):
+def _time_all(args, kernels, mode: str = "full"):
     scratch = _scratch_args(args)
-    quiet = bool(os.environ.get("EPIFUSE_QUIET"))
+    quiet = bool(os.environ.get("EPIFUSE_QUIET")) or mode == "background"   # no progress line over the caller's
     attempts = [0]
     calls: list = []  # (kernel, us) of every timing, in the order they ran
 
@@ -189,7 +343,7 @@ def _time_all(args, kernels):
     sms = _sms(args)
     timings = lighter_first(timings, lambda kernel: operand_bytes_per_output(kernel, args, sms))
     ms, _, best = timings[0]
-    HISTORY.append({"problem": f"{args.M}x{args.N}x{args.K}", "choice": repr(best), "fastest": repr(fastest),
+    HISTORY.append({"problem": f"{args.M}x{args.N}x{args.K}", "policy": mode, "choice": repr(best), "fastest": repr(fastest),
                     "timings_us": {repr(k): t * 1e3 for t, _, k in timings},
                     "calls_us": [[name, us] for name, us in calls]})
     if not quiet:
