@@ -156,10 +156,21 @@ def training_child(spec: dict) -> dict:
     model = epifuse.nn.fuse_linear_activations(_mlp(hidden, ffn).to("cuda", torch.bfloat16))
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     torch.cuda.synchronize()
+    import cProfile
+    import io
+    import pstats
+    profiler = cProfile.Profile()
     start = time.perf_counter()
+    profiler.enable()
     model(x).float().square().mean().backward()
     torch.cuda.synchronize()
-    return {"cold_s" if spec["cold"] else "warm_s": time.perf_counter() - start}
+    profiler.disable()
+    seconds = time.perf_counter() - start
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumtime").print_stats(25)
+    where = [line for line in text.getvalue().splitlines() if line.strip()][-25:]
+    phase = "cold" if spec["cold"] else "warm"
+    return {f"{phase}_s": seconds, f"{phase}_profile": where}
 
 
 def recorded_choices(paths: list[str]) -> dict:

@@ -56,7 +56,7 @@ def test_fast_runs_the_shipped_choice_untimed(fresh, monkeypatch):
     assert len(tune.HISTORY) == timed
     args, kernel = _chosen(A, B, bias, D)
     generated = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
-    assert kernel is shipped.ranked(args, generated, gpu)[0]
+    assert repr(kernel) == repr(shipped.ranked(args, generated, gpu)[0])
 
 
 def test_fast_times_a_short_list_where_no_shipped_choice_is_near(fresh, monkeypatch):

@@ -95,8 +95,21 @@ def test_fast_takes_the_shipped_choice_untimed(gpu):
 def test_fast_takes_the_nearest_entry_within_an_octave(gpu):
     order = _s2_order()
     kernels = [Fake("<other>"), Fake(order[0])]
-    assert tune.choose(_args(12000, 5000, 1500), kernels) is kernels[1]   # each within 2x of S2
+    assert tune.choose(_args(12000, 4096, 1200), kernels) is kernels[1]   # 0.68 octaves from S2 in all
     assert gpu == []
+
+
+def test_far_from_every_entry_fast_times_the_tables_choices_at_its_other_shapes(gpu):
+    """No entry near 4096 x 4096 x 1024 (two octaves from S1 and from S2): the first choices of
+    the entries, nearest first, are timed, not the untimed order's first kernels."""
+    firsts = []
+    for _, entry in shipped.by_distance(H200, torch.float16, 4096, 4096, 1024):
+        if entry["order"][0] not in firsts:
+            firsts.append(entry["order"][0])
+    assert len(firsts) >= 2
+    kernels = [Fake("<untimed first>"), Fake("<untimed second>"), *(Fake(name) for name in reversed(firsts))]
+    tune.choose(_args(4096, 4096, 1024), kernels)
+    assert gpu == [("fast", firsts[:tune.SHORT_LIST])]
 
 
 def test_fast_times_a_short_list_far_from_the_table_and_remembers_it(gpu):

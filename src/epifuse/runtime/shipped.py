@@ -9,10 +9,15 @@ the fastest over the workloads, fastest first; a kernel timed for fewer workload
 comes after those timed for all (its mean covers less). An epilogue's own candidates may lack
 a ranked kernel (a reduction's, an int8 input's): the first ranked one it has is taken.
 
-`ranked(args, kernels, gpu)` orders `kernels` by the entry nearest to args' shape, where near
-is measured in octaves (|log2| of each dimension's ratio, M counting every batch's rows) and
-every dimension is within a factor of two of the entry's; None where no table names the GPU,
-the input type, or a near entry: tuning then times a few (tune.SHORT_LIST).
+`ranked(args, kernels, gpu)` orders `kernels` by the entry nearest to args' shape, where the
+distance is the sum over M, N and K of |log2| of the ratio (M counting every batch's rows) and
+near is at most NEAR_OCTAVES; None where no table names the GPU, the input type, or a near
+entry. There `short_list` gives the kernels to time instead (tune.SHORT_LIST of them): the
+first choice of each entry of the input type, nearest entry first. Measured on an H200
+(2026-11-27, bench.first_call --extra): at 8192 x 11008 x 4096, 1.4 octaves from S3, S3's choice
+ran at 0.965x full tuning's; at 4096 x 4096 x 1024 and 2048 x 14336 x 4096, far from every
+entry, full tuning picked S2's choice (a ping-pong 128 x 128 kernel) or its group-8 twin, which
+the untimed order's first three (all Triton persistent kernels) missed by up to 19 %.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import torch
 from .cache import CacheWarning
 
 TABLES = Path(__file__).resolve().parent.parent / "data" / "tuned"
-NEAR_OCTAVES = 1.0  # every dimension within a factor of two of an entry's
+NEAR_OCTAVES = 1.0  # the sum over M, N, K of |log2 ratio|: one dimension within 2x, or two within 1.4x
 
 
 def gpu_file_name(gpu: str) -> str:
@@ -82,15 +87,20 @@ def distance(entry: dict, M: int, N: int, K: int) -> list[float]:
     return [abs(math.log2(max(n, 1) / entry[d])) for n, d in ((M, "M"), (N, "N"), (K, "K"))]
 
 
-def nearest(gpu: str, dtype: torch.dtype, M: int, N: int, K: int) -> dict | None:
-    """The entry of `gpu`'s table for `dtype` nearest to M x N x K, if every dimension is
-    within NEAR_OCTAVES of it."""
+def by_distance(gpu: str, dtype: torch.dtype, M: int, N: int, K: int) -> list[tuple[float, dict]]:
+    """(distance, entry) of every entry of `gpu`'s table for `dtype`'s input type, nearest to
+    M x N x K first."""
     found, kind = table(gpu), input_class(dtype)
     if found is None or kind is None:
-        return None
-    near = [(sum(d), e) for e in found["entries"] if e["input"] == kind
-            for d in [distance(e, M, N, K)] if max(d) <= NEAR_OCTAVES]
-    return min(near, key=lambda pair: pair[0])[1] if near else None
+        return []
+    return sorted(((sum(distance(e, M, N, K)), e) for e in found["entries"] if e["input"] == kind),
+                  key=lambda pair: pair[0])
+
+
+def nearest(gpu: str, dtype: torch.dtype, M: int, N: int, K: int) -> dict | None:
+    """The entry of `gpu`'s table for `dtype` nearest to M x N x K, if within NEAR_OCTAVES."""
+    entries = by_distance(gpu, dtype, M, N, K)
+    return entries[0][1] if entries and entries[0][0] <= NEAR_OCTAVES else None
 
 
 def ranked(args, kernels: list, gpu: str) -> list | None:
@@ -102,3 +112,15 @@ def ranked(args, kernels: list, gpu: str) -> list | None:
     by_name = {repr(k): k for k in kernels}
     order = [by_name[name] for name in entry["order"] if name in by_name]
     return order or None
+
+
+def short_list(args, kernels: list, gpu: str, count: int) -> list:
+    """Up to `count` of `kernels` to time where no entry is near: each entry's first choice
+    among `kernels`, nearest entry first, each once; empty without a table for the GPU."""
+    by_name = {repr(k): k for k in kernels}
+    picked: list = []
+    for _, entry in by_distance(gpu, args.A.dtype, args.L * args.M, args.N, args.K):
+        first = next((by_name[name] for name in entry["order"] if name in by_name), None)
+        if first is not None and first not in picked:
+            picked.append(first)
+    return picked[:count]

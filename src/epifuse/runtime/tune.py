@@ -2,9 +2,9 @@
 
   fast (default)  a choice remembered on disk from an earlier tuning; else the first kernel of
                   the shipped table of tuned choices for this GPU model and the nearest shape
-                  (runtime/shipped.py), untimed: one compile; else (an unknown GPU, a shape far
-                  from every entry) the first SHORT_LIST kernels of the untimed order are timed
-                  and the winner remembered.
+                  (runtime/shipped.py), untimed: one compile; else SHORT_LIST kernels are timed
+                  and the winner remembered: the table's choices at its other shapes, nearest
+                  first, or on a GPU without a table the first of the untimed order.
   full            every supported kernel is timed (today's tuning before fast existed), and the
                   winner remembered; fast and background then take it.
   background      fast's choice serves at once, while a worker thread times every kernel on
@@ -209,9 +209,10 @@ def choose(args, kernels: list):
         return order[0] if order else generated[0]
     if order:
         return order[0]
-    short_key = f"{key}|short {SHORT_LIST}"
-    short = by_name.get(_remembered(short_key))
-    return short if short is not None else _tune(args, generated[:SHORT_LIST], short_key, "fast")
+    short = shipped.short_list(args, generated, _gpu_name(args), SHORT_LIST) or generated[:SHORT_LIST]
+    short_key = f"{key}|short {candidates_digest(short)}"
+    remembered = by_name.get(_remembered(short_key))
+    return remembered if remembered is not None else _tune(args, short, short_key, "fast")
 
 
 def _tune(args, kernels, key: str, mode: str):
