@@ -56,6 +56,7 @@ import dataclasses
 import hashlib
 import keyword
 import math
+import sys
 import threading
 import zlib
 from dataclasses import dataclass
@@ -588,6 +589,37 @@ def _call(epilogue, A, B, program, values, out_dtypes, options):
 
 
 torch.library.register_autograd("epifuse::gemm", _backward, setup_context=_setup_context)
+
+
+def _dynamo_disabled_once_imported(op) -> None:
+    """torch.library.custom_op runs an op's implementation through torch._disable_dynamo, which
+    imports torch._dynamo (with sympy and torch.distributed: 1-3 s, most of a first training
+    step whose kernels are cached) on the op's first call, so that dynamo never traces into the
+    implementation. Dynamo traces only once imported: until then the implementation runs as it
+    is, and from then on through torch._dynamo.disable as torch runs it. The hook is the
+    attribute torch's wrapper reads (`__dynamo_disable` on the function it wraps); a torch whose
+    custom ops are built otherwise is left as it is (tests/unit/test_startup.py checks both)."""
+    for wrapper in getattr(op, "_backend_fns", {}).values():
+        fn = getattr(wrapper, "__wrapped__", None)
+        if not callable(fn) or getattr(fn, "__dynamo_disable", None) is not None:
+            continue
+        disabled: list = []
+
+        def run(*args, _fn=fn, _disabled=disabled, **kwargs):
+            if "torch._dynamo" not in sys.modules:
+                return _fn(*args, **kwargs)
+            if not _disabled:
+                dynamo = sys.modules["torch._dynamo"]
+                try:
+                    _disabled.append(dynamo.disable(_fn, True, wrapping=False))
+                except TypeError:   # a torch whose disable takes no `wrapping`
+                    _disabled.append(dynamo.disable(_fn, True))
+            return _disabled[0](*args, **kwargs)
+        setattr(fn, "__dynamo_disable", run)
+
+
+_dynamo_disabled_once_imported(_gemm)
+_dynamo_disabled_once_imported(_gemm_out)
 
 
 # ---- the Python entry points --------------------------------------------------------------------

@@ -40,6 +40,51 @@ def test_import_epifuse_registers_the_custom_ops():
     assert _loaded_after(code) == []
 
 
+def test_a_first_call_with_autograd_loads_no_compiler():
+    """torch's custom ops import torch._dynamo on their first call (1-3 s with sympy and
+    torch.distributed, most of a first training step whose kernels are cached); epifuse's ops
+    run as they are until dynamo is imported. Both ops, forward and backward."""
+    code = ("import torch, epifuse\n"
+            "A = torch.randn(8, 4, requires_grad=True); B = torch.randn(4, 6, requires_grad=True)\n"
+            "epifuse.gemm(A, B, 'gelu').sum().backward()\n"
+            "D = torch.empty(8, 6); epifuse.gemm(A.detach(), B.detach(), 'relu', D=D)\n"
+            "assert A.grad is not None and B.grad is not None")
+    assert _loaded_after(code) == []
+
+
+def test_once_dynamo_is_imported_the_ops_run_through_its_disable():
+    """After `import torch._dynamo` (as torch.compile does), an eager call of the op runs its
+    implementation through torch._dynamo.disable, as torch's own wrapper would, and the result
+    is the same; a compiled function calling it traces the op, not the implementation."""
+    code = textwrap.dedent("""
+        import torch, epifuse
+        from epifuse import torch_ops
+        A, B = torch.randn(8, 4, requires_grad=True), torch.randn(4, 6)   # through the op: autograd
+        before = epifuse.gemm(A, B, 'gelu')
+        assert 'torch._dynamo' not in __import__('sys').modules
+        import torch._dynamo
+        seen = []
+        original = torch._dynamo.disable
+        torch._dynamo.disable = lambda fn, *a, **k: seen.append(fn) or original(fn, *a, **k)
+        after = epifuse.gemm(A, B, 'gelu')
+        assert seen and torch.equal(before, after), seen
+        compiled = torch.compile(lambda a, b: epifuse.gemm(a, b, 'gelu'), backend='eager', fullgraph=True)
+        assert torch.equal(compiled(A, B), before)
+        compiled(A, B).sum().backward()
+        assert A.grad is not None
+    """)
+    assert "torch._dynamo" in _loaded_after(code)
+
+
+def test_the_ops_wrappers_are_what_the_first_call_hook_expects():
+    """torch_ops._dynamo_disabled_once_imported relies on how torch.library.custom_op wraps an
+    implementation (its `_backend_fns`, the wrapped function's `__dynamo_disable`): if a torch
+    builds them otherwise, this fails, and the hook (which then changes nothing) needs a look."""
+    for op in (torch_ops._gemm, torch_ops._gemm_out):
+        wrapped = [getattr(w, "__wrapped__", None) for w in op._backend_fns.values()]
+        assert wrapped and all(callable(getattr(fn, "__dynamo_disable", None)) for fn in wrapped)
+
+
 def test_every_submodule_is_an_attribute_once_named():
     code = ("import epifuse\n"
             "assert epifuse.activations.ACTIVATIONS and epifuse.frontend.parse and epifuse.verify\n"
