@@ -34,8 +34,8 @@ LAYERS = [
     ("choosing a kernel: candidates, order, tuning", ["backends.select", "runtime.shipped", "runtime.tune"]),
     ("PyTorch integration and kept launches", ["torch_ops", "runtime.callsite"]),
     ("the facade", ["api"]),
-    ("built on the facade: nn.FusedLinear, class-based and named epilogues, the demo",
-     ["nn", "fused", "epilogues", "demo"]),
+    ("built on the facade: nn.FusedLinear (and its shards under tensor parallelism), class-based and "
+     "named epilogues, the demo", ["sharded", "nn", "fused", "epilogues", "demo"]),
     ("tools: trace, draw, problems, profiler output, the ops reference", ["tools."]),
     ("entry points", ["debug", "cli", "commands", "__main__", "__init__"]),
 ]

@@ -13,7 +13,9 @@ output are flattened with it. Gradients, torch.compile, CUDA graphs and autocast
 x and W are cast, the output has the autocast dtype, the epilogue computes in fp32) work as for
 `nn.Linear`; the epilogue computes in the promoted dtype of the inputs (float64 layers and
 operands in float64), as `epifuse.gemm` does by default. See docs/autograd.md for
-what the backward fuses.
+what the backward fuses. Under tensor parallelism (DTensor parameters: torch's ColwiseParallel
+and RowwiseParallel take a FusedLinear, an nn.Linear subclass) each rank runs its shard
+(epifuse.sharded); under FSDP2 the layer sees plain tensors.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from . import torch_ops
+from . import sharded, torch_ops
 from .activations import ACTIVATIONS, activation_source, named_activation, of_module
 from .errors import EpilogueArgumentError, ShapeError, flag
 from .frontend import Expr, Program, Statement, parse, rename
@@ -73,8 +75,9 @@ def _autocast_dtype(device_type: str):
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
-class FusedLinear(nn.Module):
-    """`nn.Linear` with a fused epilogue.
+class FusedLinear(nn.Linear):
+    """`nn.Linear` with a fused epilogue (an nn.Linear subclass, so tools that take linear
+    layers, torch's tensor-parallel styles among them, take it; see epifuse.sharded).
 
     >>> import torch
     >>> layer = FusedLinear(4, 3, epilogue="relu")
@@ -88,7 +91,7 @@ class FusedLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  epilogue: Callable | str | None = None, *, recompute: bool = False,
                  device=None, dtype=None):
-        super().__init__()
+        nn.Module.__init__(self)
         factory = {"device": device, "dtype": dtype}
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty((out_features, in_features), **factory))
@@ -133,19 +136,25 @@ class FusedLinear(nn.Module):
     def forward(self, x: Tensor, /, **operands):
         if not isinstance(x, Tensor):
             raise EpilogueArgumentError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if not torch.compiler.is_compiling():   # dynamo cannot trace the checks; the op's impls make them
-            check_tensor("x", x)   # before reshape: a layout no kernel reads is named as x's
+        distributed = sharded.is_dtensor(x) or sharded.is_dtensor(self.weight)
+        if not torch.compiler.is_compiling() and not distributed:   # dynamo cannot trace the checks; the
+            check_tensor("x", x)   # op's impls make them. Before reshape: a layout no kernel reads is x's
         if x.dim() == 0:
             raise ShapeError(f"x is a 0-dim tensor but the layer takes (..., in_features={self.in_features})")
         if x.shape[-1] != self.in_features:
             raise ShapeError(f"x has {x.shape[-1]} features (its last dimension) but the layer takes "
                              f"in_features={self.in_features}")
-        weight, bias = self.weight, self.bias
+        if distributed:   # each rank's shard through the op (the shards are checked there)
+            return sharded.forward(self, x, operands, self._forward_local)
+        return self._forward_local(x, self.weight, self.bias, operands)
+
+    def _forward_local(self, x: Tensor, weight: Tensor, bias: Tensor | None, operands: dict):
+        """The layer on plain tensors (the whole layer, or one rank's shard of it)."""
         dtype = _autocast_dtype(x.device.type)
         if dtype is not None:
             x, weight = x.to(dtype), weight.to(dtype)
         lead = x.shape[:-1]
-        x2 = x.reshape(lead.numel(), self.in_features)   # not -1: in_features may be 0
+        x2 = x.reshape(lead.numel(), x.shape[-1])   # not -1: in_features may be 0
         for name, value in list(operands.items()):
             if isinstance(value, Tensor) and value.dim() == len(lead) + 1 and value.dim() > 2 \
                     and value.shape[:-1] == lead:
@@ -162,9 +171,10 @@ class FusedLinear(nn.Module):
                               **operands)
         single = not isinstance(outs, tuple)
         outs = (outs,) if single else outs
-        rows = x2.shape[0]
-        outs = tuple(o.reshape(*lead, o.shape[-1]) if o.dim() == 2 and o.shape[0] == rows else o
-                     for o in outs)
+        if len(lead) != 1:   # (..., out) as nn.Linear; a 2-D x keeps the op's own tensors, not views
+            rows = x2.shape[0]
+            outs = tuple(o.reshape(*lead, o.shape[-1]) if o.dim() == 2 and o.shape[0] == rows else o
+                         for o in outs)
         return outs[0] if single else outs
 
     def extra_repr(self) -> str:
