@@ -473,3 +473,23 @@ def test_grouped_kernels_compiled_from_fake_tensors_run_on_real_groups(unsafe_da
         assert kernel.plan(planned).kernel is kernel.plan(real_args).kernel, kernel
         with pytest.raises(epifuse.EpilogueError, match="fake or meta tensors, which have no memory"):
             kernel.run(planned)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_logsumexp_large_in_every_triton_kernel(dtype):
+    """The log-sum-exp reduction (issue 36) at a size of many tiles each way, with values past
+    exp's fp32 range, in every generated kernel that takes it (the Gluon ones refuse it)."""
+    from helpers import check_reductions
+    M, N, K = 1000, 5000, 256
+    A = (torch.randn(M, K, device="cuda") * 8).to(dtype)
+    B = torch.randn(K, N, device="cuda").to(dtype)
+    src = "def epi(accum, bias):\n    x = accum + bias\n    r = logsumexp(x, dim=1)\n    c = logsumexp(x, dim=0)\n    return r, c\n"
+    bias = torch.randn(N, device="cuda", dtype=dtype)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        src, bias=bias, r=torch.empty(M, device="cuda"), c=torch.empty(N, device="cuda")))
+    kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+    assert kernels and not any(k.gluon for k in kernels)
+    for kernel in kernels:
+        kernel.run(args)
+        assert torch.isfinite(args.outputs["r"]).all(), kernel
+        check_reductions(args, "logsumexp")

@@ -15,7 +15,7 @@ from epifuse.ops import OPS, clamp, log, sigmoid, sum
 from helpers import check_reductions, fast, fold_error, integer_tensor, magnitude_outputs, reference_outputs, rel_error
 
 M, N, K, L = 100, 72, 50, 2
-KINDS = ["sum", "mean", "max", "min", "amax"]
+KINDS = ["sum", "mean", "max", "min", "amax", "logsumexp"]
 
 # (rank, dim source, destination shapes that must be accepted)
 AXIS_CASES = [

@@ -1,4 +1,4 @@
-"""Reductions over accum's dimensions: sum, mean, max, min, amax (max of |x|).
+"""Reductions over accum's dimensions: sum, mean, max, min, amax (max of |x|), logsumexp.
 
 A reduction's input is broadcast to accum's shape first, so `dim` always counts accum's
 dimensions ((M, N) or (L, M, N)); `dim=None` reduces everything. Each op's `Reduction` says
@@ -22,6 +22,8 @@ def _reference(reduction: Reduction):
         if reduction.combine == "add":
             fold = torch.mean if reduction.mean else torch.sum
             return fold(x) if dim is None else fold(x, dim=dim, keepdim=keepdim)
+        if reduction.combine == "logsumexp":
+            return torch.logsumexp(x, dim=tuple(range(x.dim())) if dim is None else dim, keepdim=keepdim)
         fold = torch.amax if reduction.combine == "maximum" else torch.amin
         return fold(x, dim=() if dim is None else dim, keepdim=keepdim)
     return ref
@@ -51,6 +53,10 @@ def _amax_vjp(g, x, y, dim=None, keepdim=False, count=None):
     return (OPS["where"](OPS["eq"](OPS["abs"](x), y), g * OPS["sign"](x), 0.0),)
 
 
+def _logsumexp_vjp(g, x, y, dim=None, keepdim=False, count=None):
+    return (g * OPS["exp"](x - y),)   # softmax(x) along the folded dims
+
+
 def _reduction(name, reduction: Reduction, doc: str, vjp, cost=None) -> OpDef:
     return register(OpDef(name, 1, _reference(reduction), params=_PARAMS, kind="reduce", doc=doc,
                           cost=cost or Cost(), vjp=vjp, reduction=reduction))
@@ -64,5 +70,9 @@ min = _reduction("min", Reduction("minimum", float("inf"), needs_elements=True),
                  "minimum over dim (with two tensors: elementwise minimum)", _extreme_vjp)
 amax = _reduction("amax", Reduction("maximum", 0.0, magnitude=True, needs_elements=True),
                   "maximum of |x| over dim (for fp8 scaling)", _amax_vjp, Cost(2))
+logsumexp = _reduction("logsumexp", Reduction("logsumexp", float("-inf")),
+                       "log(sum(exp(x))) over dim, stable: each tile folds exp(x - its max), and the "
+                       "tiles' results fold by a log-sum-exp of theirs (-inf over nothing)",
+                       _logsumexp_vjp, Cost(3, 1))
 
 __all__ = [n for n, v in list(globals().items()) if isinstance(v, OpDef)]

@@ -33,14 +33,17 @@ class Cost:
 # How two partial results of a reduction fold, as the torch function that folds a tensor along
 # dims and the one that folds two tensors elementwise (NaN propagates through both, as in torch).
 _FOLDS = {"add": (torch.sum, torch.add), "maximum": (torch.amax, torch.maximum),
-          "minimum": (torch.amin, torch.minimum)}
+          "minimum": (torch.amin, torch.minimum),
+          # a partial is the log-sum-exp of its elements; log-sum-exps of disjoint parts fold
+          # into the whole's by a log-sum-exp of theirs
+          "logsumexp": (torch.logsumexp, torch.logaddexp)}
 
 
 @dataclass(frozen=True)
 class Reduction:
     """What a reduction op computes, for every backend.
 
-    combine     how partial results fold: "add", "maximum" or "minimum"
+    combine     how partial results fold: "add", "maximum", "minimum" or "logsumexp"
     identity    what an element outside the problem contributes (a masked edge of a tile)
     magnitude   folds |x| rather than x (amax)
     mean        the result is divided by the number of elements folded

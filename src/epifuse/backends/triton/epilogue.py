@@ -19,7 +19,8 @@ from .layout import Layout, OperandParams, OutputParams
 from .rules import LOG_OF_NORMAL, LogSum, _f, log_sum, rule_for
 
 # The @jit helper that folds two partial results, by the reduction's combine (header.py.j2).
-COMBINE_HELPERS = {"add": "_add", "maximum": "_max_nan", "minimum": "_min_nan"}
+COMBINE_HELPERS = {"add": "_add", "maximum": "_max_nan", "minimum": "_min_nan",
+                   "logsumexp": "_max_nan"}   # its max step; _logsumexp_lines does the rest
 
 
 STYLES = ("pointer", "tma", "gluon")
@@ -185,6 +186,25 @@ def _log_of_products(p: str, names: dict, logs: LogSum, style: str, helpers: set
     return lines
 
 
+def _logsumexp_lines(r: str, tile: str, dims) -> list[str]:
+    """Lines leaving in `r` the log-sum-exp of `tile` over its in-tile `dims` (masked elements
+    count as -inf): m = the max (NaN if any element is), then m + log(sum(exp(x - m))), where
+    the shift is 0 for an infinite m (all -inf: the sum is 0 and the result -inf; +inf: the sum
+    and the result are inf). The partials of the tiles fold by a log-sum-exp of theirs
+    (registry._FOLDS)."""
+    lines = [f"{r}_x = tl.where(mask, {tile}, {_f(float('-inf'))})", f"{r}_m = {r}_x"]
+    axes = [axis for axis, name in ((1, "N"), (0, "M")) if name in dims]
+    for axis in axes:
+        lines.append(f"{r}_m = tl.reduce({r}_m, {axis}, _max_nan)")
+    lines.append(f"{r}_shift = tl.where(tl.abs({r}_m) == _INF, 0.0, {r}_m)")
+    spread = {("N",): "[:, None]", ("M",): "[None, :]"}.get(tuple(a for a in ("N", "M") if a in dims), "")
+    lines.append(f"{r}_e = tl.exp({r}_x - {r}_shift{spread})")
+    for axis in axes:
+        lines.append(f"{r}_e = tl.reduce({r}_e, {axis}, _add)")
+    lines.append(f"{r} = {r}_shift + tl.log({r}_e)")
+    return lines
+
+
 def _store_reduction(y: OutputParams, names: dict, node: Node, style: str,
                      logs: LogSum | None, helpers: set) -> list[str]:
     """Reduce the tile over its in-tile dims; fold it in atomically or store it as a partial.
@@ -198,7 +218,9 @@ def _store_reduction(y: OutputParams, names: dict, node: Node, style: str,
 
     lines = []
     summed = node if logs is None else logs.rest
-    if summed is not None:
+    if reduction.combine == "logsumexp":
+        lines.extend(_logsumexp_lines(r, _as_full_tile(names[id(node)], node, style), y.dims))
+    elif summed is not None:
         tile = _as_full_tile(names[id(summed)], summed, style)
         if reduction.magnitude:
             tile = f"tl.abs({tile})"
