@@ -27,6 +27,8 @@ SPECIAL_CALLS = {
     "elu": "elu(x, alpha=1.5)",
     "softplus": "softplus(x, beta=2.0, threshold=5.0)",
     "prelu": "prelu(x, C)",
+    "row": "x + row() * C",   # the indices, with gradients flowing past them to x and C
+    "col": "x - col() * C",
 }
 # Ops that jump where no selection can hide it (sign at 0, eq and ne at C): integer-valued
 # inputs keep accum exact, so the kernel's and the float64 one agree on which side they are

@@ -112,6 +112,8 @@ def _infer(op: OpDef, src: tuple[Node, ...], arg: Any) -> tuple[frozenset, str]:
         raise InternalError(f"node with unknown op {op!r}")
     if len(src) != op.arity:
         raise InternalError(f"{op.name} takes {op.arity} inputs, got {len(src)}")
+    if op.kind == "index":
+        return frozenset((op.axis,)), "float"
     axes = frozenset().union(*(s.axes for s in src))
     if op.is_reduction:
         return axes - frozenset(dict(arg)["dim"]), "float"

@@ -60,6 +60,8 @@ def _evaluate_node(node: Node, src, accum, operands, dtype, rank):
         return value.reshape(()) if node.arg.kind == "tensor" and not node.arg.axes else value
     opdef = node.op
     params = node.params
+    if opdef.kind == "index":
+        return opdef.ref(accum).to(dtype)
     if opdef.is_reduction:
         full = torch.broadcast_to(src[0], accum.shape).to(dtype)
         axes = AXES[3 - rank:]

@@ -493,3 +493,24 @@ def test_logsumexp_large_in_every_triton_kernel(dtype):
         kernel.run(args)
         assert torch.isfinite(args.outputs["r"]).all(), kernel
         check_reductions(args, "logsumexp")
+
+
+def test_row_and_col_large_in_every_triton_kernel():
+    """row() and col() (issue 36) at 3000 x 5000, exact (integer-valued), and a target pick, in
+    every generated kernel that takes them (the Gluon ones refuse them)."""
+    M, N, K = 3000, 5000, 64
+    A = integer_tensor(M, K, device="cuda", dtype=torch.float16)
+    B = integer_tensor(K, N, low=-1, high=2, device="cuda", dtype=torch.float16)
+    target = torch.randint(0, N, (M, 1), device="cuda")
+    src = ("def epi(accum, target):\n    D = row() * 5000.0 + col()\n"
+           "    t = sum(where(col() == target, accum, 0.0), dim=1)\n    return D, t\n")
+    D, t = torch.empty(M, N, device="cuda"), torch.empty(M, device="cuda")
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, target=target, D=D, t=t))
+    expected = (torch.arange(M, device="cuda")[:, None] * 5000 + torch.arange(N, device="cuda")[None, :]).float()   # below 2**24: exact
+    picked = (A.double() @ B.double()).gather(1, target)[:, 0].float()
+    kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+    assert kernels and not any(k.gluon for k in kernels)
+    for kernel in kernels:
+        D.fill_(float("nan"))
+        kernel.run(args)
+        assert torch.equal(D, expected) and torch.equal(t, picked), kernel

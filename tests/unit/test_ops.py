@@ -112,7 +112,8 @@ def _torch_float32(name, X, C):
     """The op applied by torch in float32 (the epilogue function run on tensors)."""
     from epifuse import ops  # noqa: F401  (names for the namespace below)
     namespace = {n: OPS[n] for n in OPS}
-    namespace.update(torch=torch, maximum=OPS["maximum"], minimum=OPS["minimum"])
+    namespace.update(torch=torch, maximum=OPS["maximum"], minimum=OPS["minimum"],
+                     row=lambda: OPS["row"](X), col=lambda: OPS["col"](X))   # positions in accum's shape
     fn_src = f"def f(x, C):\n    return ({expression(name)})\n"
     local: dict = {}
     exec(compile(fn_src, "<test>", "exec"), namespace, local)  # test-only: our own string

@@ -92,7 +92,8 @@ class OpDef:
     ref        torch reference: ref(*tensors, **params)
     params     compile-time parameters with their defaults, in torch's positional order
     kind       "elementwise", "compare" (bool result), "logical" (bool in and out), "cast",
-               "reduce" (with `reduction`), or "leaf" (accum, literals and operands: IR only)
+               "reduce" (with `reduction`), "index" (no inputs: the position of each element
+               along `axis`), or "leaf" (accum, literals and operands: IR only)
     aliases    other names a user may write (torch.multiply, torch.clip, ...)
     doc        one line for the op reference
     commutative, identity   algebraic traits the rewrite rules read
@@ -103,6 +104,7 @@ class OpDef:
                gradient of the result y. Reductions also get `count=` (a Sym: how many
                elements each result folds). Every op has one (comparisons return Nones).
     reduction  for kind "reduce": what it folds and how (see Reduction)
+    axis       for kind "index": the accum axis ("M" or "N") it counts along
     """
 
     name: str
@@ -118,10 +120,14 @@ class OpDef:
     cost: Cost = field(default_factory=Cost)
     vjp: Callable[..., tuple] | None = None
     reduction: Reduction | None = None
+    axis: str | None = None
 
     def __post_init__(self):
         if (self.kind == "reduce") != (self.reduction is not None):
             raise ValueError(f"op {self.name}: a reduction needs kind 'reduce' and a Reduction, and only it")
+        if (self.kind == "index") != (self.axis in ("M", "N")) or (self.kind == "index" and self.arity):
+            raise ValueError(f"op {self.name}: an index takes no inputs and counts along axis 'M' or 'N', "
+                             "and only it has an axis")
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -160,6 +166,8 @@ class OpDef:
         The same reading as the parser's: max(a, b) / min(a, b) with a second operand that is
         not an int dim are elementwise; clamp bounds may be tensors.
         """
+        if self.kind == "index":   # col(accum): the positions in accum's shape
+            return self.ref(*args, **kwargs)
         symbolic = next((a for a in args[:self.arity] if isinstance(a, Symbolic)), None)
         if symbolic is not None:
             params = dict(zip(self.param_names, args[self.arity:]))
@@ -196,7 +204,8 @@ _INPUTS_BY_ARITY = {0: "", 1: "x", 2: "a, b", 3: "a, b, c"}
 _INPUT_NAMES = {"where": "cond, a, b", "prelu": "x, weight", "multiply_add": "a, b, c"}
 _KINDS = {"elementwise": "an elementwise op", "compare": "a comparison (a boolean result)",
           "logical": "logic on conditions (a boolean result)", "cast": "a rounding through a narrower type",
-          "reduce": "a reduction over accum's dims", "leaf": "an IR leaf (not an op a user writes)"}
+          "reduce": "a reduction over accum's dims", "index": "an index (where each element of accum is)",
+          "leaf": "an IR leaf (not an op a user writes)"}
 
 
 def torch_reference(op: OpDef) -> str | None:
@@ -251,6 +260,8 @@ def op_doc(op: OpDef) -> str:
         lines.append("Also spelled: " + ", ".join(op.aliases) + ".")
     if op.makes_bool:
         lines.append("Derivative: none (a boolean result carries no gradient).")
+    elif op.kind == "index":
+        lines.append("Derivative: none (a position carries no gradient).")
     elif op.kind != "leaf":
         lines.append("Derivative: " + ("yes (autograd through epifuse differentiates it)." if op.vjp
                                        else "none (autograd through it raises)."))

@@ -25,6 +25,7 @@ _GROUPS = (
     ("logical", "Logic on conditions"),
     ("cast", "Rounding through a narrower type"),
     ("reduce", "Reductions"),
+    ("index", "Indices (where each element of accum is)"),
 )
 _SYMBOLS = {ast.Add: "a + b", ast.Sub: "a - b", ast.Mult: "a * b", ast.Div: "a / b",
             ast.Pow: "a ** b", ast.BitAnd: "a & b", ast.BitOr: "a | b", ast.Lt: "a < b",
@@ -82,6 +83,8 @@ def _triton_status(name: str) -> str:
 def _grad(d) -> str:
     if d.makes_bool:
         return "none (boolean)"
+    if d.kind == "index":
+        return "none (a position)"
     return "yes" if d.vjp else "no"
 
 
@@ -90,11 +93,12 @@ def _op_table(kind: str) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for name in sorted(n for n, d in OPS.items() if d.kind == kind):
         d = OPS[name]
-        args = [d.input_names]
+        args = [d.input_names] if d.input_names else []
         args += [f"{p}={v!r}" for p, v in d.params]
         cost = f"{d.cost.flops}" + (f" + {d.cost.special} special" if d.cost.special else "")
+        arguments = f"`{_cell(', '.join(args))}`" if args else "(none)"
         lines.append(f"| `{name}` | {', '.join(f'`{a}`' for a in d.aliases) or ''} | "
-                     f"`{_cell(', '.join(args))}` | {_cell(d.doc)} | {cost} | "
+                     f"{arguments} | {_cell(d.doc)} | {cost} | "
                      f"{_cell(_triton_status(name))} | {_grad(d)} |")
     return lines
 

@@ -293,10 +293,10 @@ def _gluon_check(schedule: str):
 def gluon_problem_check(schedule: str, args, config, cc) -> Status | None:
     """Whether a Gluon kernel takes these dtypes, shapes and layouts on a Hopper GPU, whatever
     device the tensors are on: the question before an offline compile."""
-    folded = [out.name for out in args.graph.outputs
-              if out.node.op.is_reduction and out.node.op.reduction.combine == "logsumexp"]
-    if folded:   # its lines are checked under the interpreter, which cannot run Gluon
-        return unsupported(f"the Gluon kernels do not fold log-sum-exp reductions yet ({', '.join(folded)})")
+    unchecked = sorted({node.op.name for node in args.graph.nodes()
+                        if node.op.kind == "index" or (node.op.is_reduction and node.op.reduction.combine == "logsumexp")})
+    if unchecked:   # their lines are checked under the interpreter, which cannot run Gluon
+        return unsupported(f"the Gluon kernels do not take {', '.join(unchecked)} yet (the Triton ones do)")
     for check in (common_check, lambda a, c: _persistent_check(a, config, c)):
         refusal = check(args, cc)
         if refusal is not None:

@@ -123,6 +123,9 @@ TRITON: dict[OpDef, Rule] = {
     ops.softplus: Rule(lambda a, beta=1.0, threshold=20.0:
                      f"_softplus({a}, {_f(beta)}, {_f(threshold)})", ("_softplus",)),
     ops.to: Rule(lambda a, dtype="float32": f"{a}.to({TL_TYPES[rounding_dtype(dtype)]}).to(tl.float32)"),
+    # rm and rn: the global row and column indices every template defines before its epilogue
+    ops.row: Rule(lambda: "rm[:, None].to(tl.float32)"),
+    ops.col: Rule(lambda: "rn[None, :].to(tl.float32)"),
 }
 
 # x.to(dtype) where Triton's own cast is not torch's: bf16 and fp8 in the interpreter (which

@@ -1,0 +1,96 @@
+"""row() and col() (issue 36): the global position of each element of accum, per batch, in
+every Triton kernel that takes them; picking a target column; a cross-entropy with class-index
+targets and an ignore index that never writes the logits."""
+import pytest
+import torch
+
+import epifuse
+from epifuse.errors import EpilogueError
+from epifuse.ops import col, row
+from helpers import integer_tensor
+
+POSITIONS = "def epi(accum):\n    D = row() * 1000.0 + col()\n    E = accum + col()\n    return D, E\n"
+
+
+def _triton_kernels(args):
+    kernels = [k for k in epifuse.get_kernels(args) if k.name.startswith("triton_")]
+    assert kernels, epifuse.kernel_statuses(args)
+    return kernels
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_positions_are_global_and_count_from_zero_in_every_batch(rank, device):
+    """Integer-valued: row * 1000 + col is exact in fp32 for M, N < 1000, so the check is
+    equality, in every kernel, across several tiles each way (interpreter tiles are 32)."""
+    M, N, K, L = 70, 90, 8, 2
+    batch = (L,) if rank == 3 else ()
+    A = integer_tensor(*batch, M, K, device=device, dtype=torch.float32)
+    B = integer_tensor(*batch, K, N, device=device, dtype=torch.float32)
+    D, E = (torch.empty(*batch, M, N, device=device) for _ in range(2))
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(POSITIONS, D=D, E=E))
+    expected = (torch.arange(M, device=device)[:, None] * 1000 + torch.arange(N, device=device)[None, :]).float()
+    for kernel in _triton_kernels(args):
+        D.fill_(float("nan"))
+        E.fill_(float("nan"))
+        kernel.run(args)
+        assert torch.equal(D, expected.expand_as(D)), kernel
+        assert torch.equal(E, (A.double() @ B.double() + torch.arange(N, device=device)).float()), kernel
+
+
+def test_where_col_equals_target_picks_each_rows_target(device):
+    M, N, K = 50, 130, 12
+    A = integer_tensor(M, K, device=device, dtype=torch.float32)
+    B = integer_tensor(K, N, device=device, dtype=torch.float32)
+    target = torch.randint(0, N, (M, 1), device=device)
+    src = "def pick(accum, target):\n    t = sum(where(col() == target, accum, 0.0), dim=1)\n    return t\n"
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, target=target,
+                                                                          t=torch.empty(M, device=device)))
+    expected = (A.double() @ B.double()).gather(1, target)[:, 0].float()
+    for kernel in _triton_kernels(args):
+        kernel.run(args)
+        assert torch.equal(args.outputs["t"], expected), kernel
+
+
+def test_cross_entropy_from_class_indices_with_an_ignore_index(device):
+    """mean over the rows whose target is not -100 of logsumexp(z) - z[target], z = x @ W.T + b,
+    from two (tokens,) outputs, never the (tokens, vocab) logits (an ignored row picks nothing;
+    the mean over kept rows is taken on the (tokens,) vectors); against torch's cross_entropy
+    with ignore_index=-100."""
+    gen = torch.Generator(device="cpu").manual_seed(17)
+    tokens, hidden, vocab = 64, 16, 200
+    x = torch.randn(tokens, hidden, generator=gen).to(device)
+    W = (torch.randn(vocab, hidden, generator=gen) * 0.5).to(device)
+    b = torch.randn(vocab, generator=gen).to(device)
+    target = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
+    target[::7] = -100
+    src = ("def ce(accum, bias, target):\n"
+           "    z = accum + bias\n"
+           "    lse = logsumexp(z, dim=1)\n"
+           "    picked = sum(where(col() == target, z, 0.0), dim=1)\n"
+           "    return lse, picked\n")
+    lse, picked = epifuse.gemm(x, W.t(), src, bias=b, target=target[:, None])
+    keep = target != -100
+    loss = (lse - picked)[keep].mean()
+    expected = torch.nn.functional.cross_entropy(x.double() @ W.double().t() + b.double(), target,
+                                                 ignore_index=-100)
+    assert torch.isclose(loss.double(), expected, rtol=1e-5)
+
+
+def test_gradients_flow_past_the_positions(device):
+    gen = torch.Generator(device="cpu").manual_seed(19)
+    A = torch.randn(5, 4, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    B = torch.randn(4, 6, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    src = "def epi(accum):\n    D = tanh(accum) * col() + row()\n    return D\n"
+    assert torch.autograd.gradcheck(lambda a, b: epifuse.gemm(a, b, src), (A, B))
+
+
+def test_on_torch_tensors_they_take_accum_for_its_shape():
+    assert torch.equal(col(torch.zeros(2, 3)), torch.tensor([[0.0, 1.0, 2.0]]))
+    assert torch.equal(row(torch.zeros(2, 4, 3)), torch.tensor([[[0.0], [1.0], [2.0], [3.0]]]))
+    with pytest.raises(TypeError, match=r"call it as col\(accum\)"):
+        col()
+
+
+def test_an_argument_to_an_index_is_refused_by_the_parser():
+    with pytest.raises(EpilogueError, match="col"):
+        epifuse.gemm(torch.randn(4, 4), torch.randn(4, 4), "def e(accum):\n    D = accum + col(accum)\n    return D\n")
