@@ -2,7 +2,9 @@
 
 Each measurement runs in a fresh process with its own epifuse and Triton cache directories:
   cold_compile_s   kernel.compile(args) of one kernel with empty caches (generate, compile)
-  cold_gemm_s      the first epifuse.gemm call with empty caches: tuning every candidate config
+  cold_gemm_s      the first epifuse.gemm call with empty caches, under the default tuning policy
+                   (EPIFUSE_TUNE=fast: the shipped choice where one is near; bench.first_call
+                   measures every workload and shape, and EPIFUSE_TUNE=full the old cost)
   warm_gemm_s      the first epifuse.gemm call of a new process whose caches hold the above
   warm_run_s       kernel.run(args) of a new process, caches warm, tuning skipped
   import_s         `import epifuse` in each process

@@ -24,8 +24,8 @@ OUTPUT = Path(__file__).resolve().parent / "structure.md"
 LAYERS = [
     ("foundation: errors, the ops registry, dtype names", ["errors", "version", "ops."]),
     ("the language: parsing and the IR", ["nesting", "frontend", "ir"]),
-    ("graphs: binding, passes, printing, the reference, autodiff, tensor geometry",
-     ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "shapes"]),
+    ("graphs: binding, passes, printing, the reference, autodiff, tensor geometry, staging in passes",
+     ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "shapes", "staging"]),
     ("what a call is made of: arguments and their checks, activations", ["arguments", "activations"]),
     ("verification against the float64 reference", ["verify"]),
     ("the on-disk caches", ["runtime", "runtime.cache", "runtime.compiled"]),

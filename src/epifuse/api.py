@@ -16,13 +16,14 @@ from typing import Callable
 
 import torch
 
-from . import torch_ops
+from . import staging, torch_ops
 from .arguments import (EpilogueArguments, GemmArguments, GroupedGemmArguments, allocate_outputs,
                         check_out_dtype, epilogue_program)
 from .backends.select import choose_kernel, get_kernels, kernel_statuses
-from .errors import ShapeError
+from .errors import EpilogueArgumentError, ShapeError
 from .frontend import Program
 from .runtime import callsite
+from .shapes import accum_shape_of
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | None = None, /, *,
@@ -59,6 +60,12 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
         site = callsite.lookup(key)
         if site is not None:
             return site.call(A, B, tensors)
+    if not compiling:
+        program = epilogue_program(epilogue)
+        if staging.needs_passes(program):
+            return _gemm_in_passes(program, A, B, tensors, accumulate, dict(
+                out_dtype=out_dtype, deterministic=deterministic, compute_dtype=compute_dtype,
+                precision=precision))
     if compiling or _through_torch_ops(A, B, tensors):
         return torch_ops.gemm(A, B, epilogue, out_dtype=out_dtype, accumulate=accumulate,
                        deterministic=deterministic, compute_dtype=compute_dtype,
@@ -76,6 +83,33 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     returns = tuple(name for name, _ in program.outputs)
     callsite.remember(key, args, kernel, tuple(missing), returns)
     outputs = tuple(epi.outputs[name] for name in returns)
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _gemm_in_passes(program: Program, A, B, tensors: dict, accumulate: bool, options: dict):
+    """An epilogue whose reductions feed later math, as passes of the same GEMM (staging.py):
+    each pass gets the user's operands and the statistics of the passes before it, broadcast
+    along their reduced dims; the user's outputs come from the pass that computes them."""
+    if accumulate:
+        raise EpilogueArgumentError(
+            "accumulate=True with an epilogue whose reductions feed later math is not supported: it runs "
+            "as several GEMMs (staging.py).", hint="Accumulate into the outputs after the call.")
+    if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
+        raise ShapeError("A and B must be torch tensors.")
+    accum_shape = tuple(accum_shape_of(A, B)[0])
+    stats, results = {}, {}
+    for step in staging.passes(program):
+        names = [name for name, _ in step.program.outputs]
+        given = {n: t for n, t in tensors.items() if n in step.program.params or n in names}
+        given.update({n: stats[n] for n in step.program.params if n in stats})
+        outs = gemm(A, B, step.program, **options, **given)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        for name, value in zip(names, outs):
+            if name in step.computes:
+                stats[name] = value.reshape(staging.keep_shape(step.computes[name], accum_shape))
+            results[name] = value
+        results.update({user: results[stat] for user, stat in step.returns.items()})
+    outputs = tuple(results[name] for name, _ in program.outputs)
     return outputs[0] if len(outputs) == 1 else outputs
 
 

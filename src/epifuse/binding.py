@@ -53,8 +53,10 @@ def _call_node(expr: Expr, srcs: list[Node], rank: int, locs: dict) -> Node:
         if s.op.is_reduction:
             raise EpilogueError(
                 f"The result of {s.op.name}() is used by {opdef.name}(); a reduction's result can only "
-                "be returned as an output.", expr.loc,
-                "Return the reduced value and finish the computation on it after the GEMM.")
+                "be returned as an output of one kernel.", expr.loc,
+                "epifuse.gemm runs such an epilogue as passes of the GEMM (a statistics pass, then one "
+                "reading it: epifuse.staging), outside torch.compile; GemmArguments and the kernels take "
+                "one pass. Or return the reduced value and finish the computation after the GEMM.")
     params = dict(expr.params)
     if opdef.is_reduction:
         params = {"dim": _axes_of(params.get("dim"), rank, expr.loc, opdef.name)}

@@ -162,11 +162,11 @@ Unsupported operation 'xyzzy'
 See the op reference (epifuse.ops.OPS) for the supported operations."""),
     ("reduction-used", lambda: gemm_args(src("r = sum(accum, dim=1)", "D = accum + r", "return D, r"),
                                          D=out(), r=torch.empty(M)), """\
-The result of sum() is used by add(); a reduction's result can only be returned as an output.
+The result of sum() is used by add(); a reduction's result can only be returned as an output of one kernel.
   File "<epilogue string>", line 3, column 9
     D = accum + r
         ^
-Return the reduced value and finish the computation on it after the GEMM."""),
+epifuse.gemm runs such an epilogue as passes of the GEMM (a statistics pass, then one reading it: epifuse.staging), outside torch.compile; GemmArguments and the kernels take one pass. Or return the reduced value and finish the computation after the GEMM."""),
     ("missing-operand", lambda: EpilogueArguments(ALPHA, D=out()), """\
 Argument alpha is not provided in the kwargs of the EpilogueArguments constructor
   File "<epilogue string>", line 1, column 16

@@ -1,0 +1,92 @@
+"""Epilogues whose reductions feed later math, run by epifuse.gemm as passes of the same GEMM
+(epifuse.staging, issue 36): softmax and log-softmax over N through logsumexp (two passes), the
+max / sum-of-exp softmax and a layer norm (three), a returned reduction that later math also
+reads, reductions over M and over everything, batches, gradients; how a program splits."""
+import pytest
+import torch
+
+import epifuse
+from epifuse import staging
+from epifuse.errors import EpilogueArgumentError
+from epifuse.frontend import parse
+
+SOFTMAX = "def softmax(accum, bias):\n    z = accum + bias\n    P = exp(z - logsumexp(z, dim=1))\n    return P\n"
+LOG_SOFTMAX = "def log_softmax(accum):\n    L = accum - logsumexp(accum, dim=-1)\n    return L\n"
+SAFE_SOFTMAX = ("def safe_softmax(accum):\n    m = max(accum, dim=1)\n    s = sum(exp(accum - m), dim=1)\n"
+                "    P = exp(accum - m) / s\n    return P, m\n")
+LAYER_NORM = ("def layer_norm(accum, eps):\n    mu = mean(accum, dim=1)\n    var = mean((accum - mu) ** 2, dim=1)\n"
+              "    D = (accum - mu) * rsqrt(var + eps)\n    return D\n")
+COLUMN_SOFTMAX = "def column_softmax(accum):\n    P = exp(accum - logsumexp(accum, dim=0))\n    return P\n"
+GLOBAL_SCALE = "def scaled(accum):\n    D = accum / amax(accum)\n    return D\n"
+
+
+def _inputs(device, shape=(70, 24, 90), batch=(), dtype=torch.float32, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    M, K, N = shape
+    A = torch.randn(*batch, M, K, generator=gen, dtype=dtype).to(device)
+    B = torch.randn(*batch, K, N, generator=gen, dtype=dtype).to(device)
+    return A, B
+
+
+def test_the_passes_a_program_splits_into():
+    assert [sorted(p.computes) for p in staging.passes(parse(SOFTMAX))] == [["_stat1"], []]
+    safe = staging.passes(parse(SAFE_SOFTMAX))
+    assert [sorted(p.computes) for p in safe] == [["_stat1"], ["_stat2"], []]
+    assert safe[0].returns == {"m": "_stat1"}   # m is returned from the pass that computes it
+    assert len(staging.passes(parse(LAYER_NORM))) == 3
+    one = parse("def e(accum):\n    D = relu(accum)\n    r = sum(D, dim=1)\n    return D, r\n")
+    assert not staging.needs_passes(one) and len(staging.passes(one)) == 1
+    taken = parse("def e(accum, _stat1):\n    D = accum - max(accum, dim=1) + _stat1\n    return D\n")
+    assert sorted(staging.passes(taken)[0].computes) == ["_stat2"]   # no clash with the user's names
+
+
+@pytest.mark.parametrize("src, reference", [
+    (SOFTMAX, lambda z: torch.softmax(z, dim=1)),
+    (LOG_SOFTMAX, lambda z: torch.log_softmax(z, dim=-1)),
+    (COLUMN_SOFTMAX, lambda z: torch.softmax(z, dim=0)),
+    (GLOBAL_SCALE, lambda z: z / z.abs().max()),
+    (LAYER_NORM, lambda z: torch.nn.functional.layer_norm(z, z.shape[-1:], eps=1e-5)),
+], ids=["softmax", "log_softmax", "column_softmax", "global_scale", "layer_norm"])
+def test_passes_match_torch_on_the_kernels(src, reference, device):
+    """float32 through the generated kernels (Triton's interpreter on a CPU), several tiles
+    each way; against torch in float64."""
+    A, B = _inputs(device)
+    operands = {"bias": torch.randn(90, device=device)} if "bias" in src else {}
+    operands.update({"eps": 1e-5} if "eps" in src else {})
+    out = epifuse.gemm(A, B, src, **operands)
+    z = A.double() @ B.double() + (operands["bias"].double() if "bias" in operands else 0.0)
+    expected = reference(z)
+    assert torch.allclose(out.double(), expected, rtol=2e-5, atol=2e-5 * float(expected.abs().max())), \
+        float((out.double() - expected).abs().max())
+
+
+def test_a_returned_reduction_that_later_math_reads_comes_back_too(device):
+    A, B = _inputs(device)
+    P, m = epifuse.gemm(A, B, SAFE_SOFTMAX)
+    z = A.double() @ B.double()
+    assert m.shape == (70,) and torch.allclose(m.double(), z.amax(dim=1), rtol=1e-6, atol=1e-6)
+    assert torch.allclose(P.double(), torch.softmax(z, dim=1), atol=1e-6)
+
+
+def test_batches_and_a_passed_output(device):
+    A, B = _inputs(device, shape=(40, 16, 50), batch=(3,))
+    P = torch.empty(3, 40, 50, device=device)
+    returned = epifuse.gemm(A, B, LOG_SOFTMAX, L=P)
+    assert returned is P
+    assert torch.allclose(P.double(), torch.log_softmax(A.double() @ B.double(), dim=-1), atol=2e-5)
+
+
+def test_gradients_through_the_passes(device):
+    """The statistic is an output of one pass and an operand of the next: autograd carries
+    the gradient through both, so the softmax's backward is torch's."""
+    A, B = _inputs(device, shape=(6, 5, 7), dtype=torch.float64, seed=3)
+    bias = torch.randn(7, dtype=torch.float64, device=device)
+    A.requires_grad_(), B.requires_grad_(), bias.requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b, c: epifuse.gemm(a, b, SOFTMAX, bias=c), (A, B, bias))
+    assert torch.autograd.gradcheck(lambda a, b: epifuse.gemm(a, b, LAYER_NORM, eps=1e-5), (A, B))
+
+
+def test_accumulate_is_refused_by_name(device):
+    A, B = _inputs(device, shape=(8, 4, 8))
+    with pytest.raises(EpilogueArgumentError, match="accumulate=True with an epilogue whose reductions feed later math"):
+        epifuse.gemm(A, B, LOG_SOFTMAX, L=torch.zeros(8, 8, device=device), accumulate=True)
