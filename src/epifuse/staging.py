@@ -18,6 +18,7 @@ it. Names the passes add start with `_stat`, numbered past any name the program 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from .frontend import Expr, Program, Statement, fold_expr
 from .ops import OPS
@@ -70,8 +71,11 @@ def _contains(expr: Expr, targets: set) -> bool:
     return bool(fold_expr(expr, lambda e, args: e in targets or any(args)))
 
 
-def passes(program: Program) -> list[Pass]:
-    """The passes that run `program` (one, itself, where no reduction feeds later math)."""
+@functools.lru_cache(maxsize=256)
+def passes(program: Program) -> tuple[Pass, ...]:
+    """The passes that run `program` (one, itself, where no reduction feeds later math). Kept
+    per program, so a repeated call runs the same pass programs, whose kept launches then
+    serve it (runtime/callsite.py)."""
     result: list[Pass] = []
     taken = {*program.params, *(s.target for s in program.statements)}
     counter = 0
@@ -80,7 +84,7 @@ def passes(program: Program) -> list[Pass]:
         if not fed:
             if program.outputs:
                 result.append(Pass(program, {}, {}))
-            return result
+            return tuple(result)
         ready = _ready(program, fed)
         names = {}
         for r in ready:

@@ -90,3 +90,14 @@ def test_accumulate_is_refused_by_name(device):
     A, B = _inputs(device, shape=(8, 4, 8))
     with pytest.raises(EpilogueArgumentError, match="accumulate=True with an epilogue whose reductions feed later math"):
         epifuse.gemm(A, B, LOG_SOFTMAX, L=torch.zeros(8, 8, device=device), accumulate=True)
+
+
+def test_a_repeated_call_runs_every_pass_from_a_kept_launch(device):
+    """The passes of a program are kept (staging.passes is cached per program), so a repeated
+    call launches each pass's kept launch, and gives the same result."""
+    from epifuse.runtime import callsite
+    A, B = _inputs(device, shape=(16, 8, 24))
+    first = epifuse.gemm(A, B, LOG_SOFTMAX)
+    hits = callsite.HITS[0]
+    again = epifuse.gemm(A, B, LOG_SOFTMAX)
+    assert callsite.HITS[0] - hits == 2 and torch.equal(first, again)
