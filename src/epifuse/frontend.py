@@ -508,6 +508,10 @@ class _Visitor:
         if opdef.name == "clamp":
             return self.clamp(tensors[0], raw, loc, node)
         params = tuple((k, self.param(opdef.name, k, v)) for k, v in sorted(raw.items()))
+        if opdef.kind == "composite":   # written as the ops it is made of, at the call's place
+            def call(name, *inputs, **values):
+                return Expr("call", name, tuple(inputs), tuple(sorted(values.items())), loc)
+            return opdef.expand(call, *tensors, **dict(params))
         return Expr("call", opdef.name, tuple(tensors), params, loc)
 
     def clamp(self, x: Expr, raw: dict, loc: Location, node: ast.AST) -> Expr:

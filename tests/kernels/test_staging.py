@@ -101,3 +101,23 @@ def test_a_repeated_call_runs_every_pass_from_a_kept_launch(device):
     hits = callsite.HITS[0]
     again = epifuse.gemm(A, B, LOG_SOFTMAX)
     assert callsite.HITS[0] - hits == 2 and torch.equal(first, again)
+
+
+@pytest.mark.parametrize("spelling, reference", [
+    ("softmax(z, dim=1)", lambda z: torch.softmax(z, dim=1)),
+    ("F.softmax(z, dim=0)", lambda z: torch.softmax(z, dim=0)),
+    ("z.log_softmax(-1)", lambda z: torch.log_softmax(z, dim=-1)),
+    ("torch.log_softmax(z, dim=1) * 2.0", lambda z: torch.log_softmax(z, dim=1) * 2.0),
+])
+def test_softmax_and_log_softmax_are_written_through_logsumexp(spelling, reference, device):
+    """The composite ops: the parser writes softmax as exp(z - logsumexp(z, dim)), so they run
+    as the passes above; every spelling of a call takes them."""
+    A, B = _inputs(device)
+    bias = torch.randn(90, device=device)
+    src = f"def epi(accum, bias):\n    z = accum + bias\n    P = {spelling}\n    return P\n"
+    program = parse(src)
+    assert "logsumexp" in repr(program.statements[-1].expr) and len(staging.passes(program)) == 2
+    out = epifuse.gemm(A, B, src, bias=bias)
+    expected = reference(A.double() @ B.double() + bias.double())
+    assert torch.allclose(out.double(), expected, rtol=2e-5, atol=2e-5 * float(expected.abs().max()))
+    assert torch.allclose(epifuse.ops.softmax(torch.tensor([[1.0, 2.0]])), torch.softmax(torch.tensor([[1.0, 2.0]]), -1))

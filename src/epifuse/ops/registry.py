@@ -93,7 +93,8 @@ class OpDef:
     params     compile-time parameters with their defaults, in torch's positional order
     kind       "elementwise", "compare" (bool result), "logical" (bool in and out), "cast",
                "reduce" (with `reduction`), "index" (no inputs: the position of each element
-               along `axis`), or "leaf" (accum, literals and operands: IR only)
+               along `axis`), "composite" (written as other ops: `expand`), or "leaf" (accum,
+               literals and operands: IR only)
     aliases    other names a user may write (torch.multiply, torch.clip, ...)
     doc        one line for the op reference
     commutative, identity   algebraic traits the rewrite rules read
@@ -105,6 +106,8 @@ class OpDef:
                elements each result folds). Every op has one (comparisons return Nones).
     reduction  for kind "reduce": what it folds and how (see Reduction)
     axis       for kind "index": the accum axis ("M" or "N") it counts along
+    expand     for kind "composite": expand(call, *inputs, **params) builds the op from others
+               with call(name, *args, **params), in the parser, so nothing after it sees the op
     """
 
     name: str
@@ -121,6 +124,7 @@ class OpDef:
     vjp: Callable[..., tuple] | None = None
     reduction: Reduction | None = None
     axis: str | None = None
+    expand: Callable[..., Any] | None = None
 
     def __post_init__(self):
         if (self.kind == "reduce") != (self.reduction is not None):
@@ -128,6 +132,8 @@ class OpDef:
         if (self.kind == "index") != (self.axis in ("M", "N")) or (self.kind == "index" and self.arity):
             raise ValueError(f"op {self.name}: an index takes no inputs and counts along axis 'M' or 'N', "
                              "and only it has an axis")
+        if (self.kind == "composite") != (self.expand is not None):
+            raise ValueError(f"op {self.name}: a composite needs an expand, and only it")
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -205,6 +211,7 @@ _INPUT_NAMES = {"where": "cond, a, b", "prelu": "x, weight", "multiply_add": "a,
 _KINDS = {"elementwise": "an elementwise op", "compare": "a comparison (a boolean result)",
           "logical": "logic on conditions (a boolean result)", "cast": "a rounding through a narrower type",
           "reduce": "a reduction over accum's dims", "index": "an index (where each element of accum is)",
+          "composite": "a composite (the parser writes it as other ops)",
           "leaf": "an IR leaf (not an op a user writes)"}
 
 
@@ -262,6 +269,8 @@ def op_doc(op: OpDef) -> str:
         lines.append("Derivative: none (a boolean result carries no gradient).")
     elif op.kind == "index":
         lines.append("Derivative: none (a position carries no gradient).")
+    elif op.kind == "composite":
+        lines.append("Derivative: that of the ops it is written as.")
     elif op.kind != "leaf":
         lines.append("Derivative: " + ("yes (autograd through epifuse differentiates it)." if op.vjp
                                        else "none (autograd through it raises)."))

@@ -26,6 +26,7 @@ _GROUPS = (
     ("cast", "Rounding through a narrower type"),
     ("reduce", "Reductions"),
     ("index", "Indices (where each element of accum is)"),
+    ("composite", "Composites (the parser writes them as other ops)"),
 )
 _SYMBOLS = {ast.Add: "a + b", ast.Sub: "a - b", ast.Mult: "a * b", ast.Div: "a / b",
             ast.Pow: "a ** b", ast.BitAnd: "a & b", ast.BitOr: "a | b", ast.Lt: "a < b",
@@ -76,6 +77,8 @@ def _operators() -> list[str]:
 def _triton_status(name: str) -> str:
     if OPS[name].is_reduction:
         return "yes (reduction stage)"
+    if OPS[name].kind == "composite":
+        return "as the ops it is written as"
     missing = {op.name: reason for op, reason in missing_rules().items()}
     return "yes" if name not in missing else f"no: {missing[name]}"
 
@@ -85,6 +88,8 @@ def _grad(d) -> str:
         return "none (boolean)"
     if d.kind == "index":
         return "none (a position)"
+    if d.kind == "composite":
+        return "through its ops"
     return "yes" if d.vjp else "no"
 
 

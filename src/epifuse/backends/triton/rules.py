@@ -492,6 +492,7 @@ def helper_source(names, target: str) -> str:
 
 def missing_rules() -> dict[OpDef, str]:
     """Every elementwise registry op without a rule, with the reason (UNSUPPORTED or 'no
-    lowering yet'); reductions are lowered by the epilogue's reduction stage instead."""
+    lowering yet'); reductions are lowered by the epilogue's reduction stage instead, and
+    composites never reach a kernel (the parser writes them as other ops)."""
     return {op: UNSUPPORTED.get(op, "no Triton lowering yet")
-            for op in OPS.values() if op not in TRITON and not op.is_reduction}
+            for op in OPS.values() if op not in TRITON and not op.is_reduction and op.kind != "composite"}
