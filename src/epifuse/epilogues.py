@@ -20,6 +20,8 @@ tensor([[2., 2.],
     LinearCombination(scale, activation)   D = activation(alpha * accum + beta * C)
     LinearCombination{Relu,GELU,Sigmoid,Silu,Hardswish,LeakyRelu,Clamp}
     BiasElementwise(activation)            D = activation(alpha * accum + beta * C + bias)
+    LinearCombinationBiasRelu()            D = max(alpha * accum + beta * C + bias, threshold), T the mask
+    LinearCombinationTensorBroadcast(...)  D = unary(bin1(bin0(act(alpha * accum + bias), beta * C0), beta * C1))
     Generic(activation)                    a user's `def act(x): ...`, parsed (never run) and inlined
 
 `scale` is a `ScaleType` (CUTLASS's names): DEFAULT (alpha and beta), NO_BETA_SCALING
@@ -84,7 +86,8 @@ _LINEAR = {
     ScaleType.NOTHING: ((), "accum"),
 }
 #: Roles a picture of the DAG (`epifuse show`) assumes for the template operands.
-_ROLES = {"alpha": "number", "beta": "number", "C": "tile", "bias": "row"}
+_ROLES = {"alpha": "number", "beta": "number", "C": "tile", "bias": "row", "C0": "tile", "C1": "tile",
+          "threshold": "number"}
 
 
 # ---- the named epilogues ----------------------------------------------------------------------
@@ -133,12 +136,12 @@ class NamedEpilogue(str):
 
     # ---- running -----------------------------------------------------------------------------
     def prepare(self, A: torch.Tensor, B: torch.Tensor, tensors: dict) -> dict:
-        """The keyword tensors with defaults (alpha = beta = 1.0) and per-batch (L,) alpha/beta
-        reshaped to (L, 1, 1)."""
+        """The keyword tensors with defaults (alpha = beta = 1.0, threshold = 0.0) and
+        per-batch (L,) alpha/beta reshaped to (L, 1, 1)."""
         tensors = dict(tensors)
-        for name in ("alpha", "beta"):
+        for name, default in (("alpha", 1.0), ("beta", 1.0), ("threshold", 0.0)):
             if name in self.operands:
-                tensors.setdefault(name, 1.0)
+                tensors.setdefault(name, default)
         return per_batch_scalars(tensors, self.per_batch, A, B)
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, **kwargs):
@@ -281,11 +284,98 @@ class Generic(NamedEpilogue):
 
 LinearCombinationGeneric = Generic
 
+
+class LinearCombinationBiasRelu(NamedEpilogue):
+    """CUTLASS's LinearCombinationBiasRelu: z = alpha * accum + beta * C + bias, D = z where
+    z >= threshold, else threshold (fmax's reading: NaN gives threshold), and, with `store_mask`
+    (CUTLASS's StoreT, default on), T = 1 where z is not below threshold (NaN too), else 0, the
+    mask a ReLU backward reads (one value per element in T's dtype, where CUTLASS packs bits).
+    threshold is an operand (default 0.0). z is compared before rounding to D's dtype."""
+
+    def __new__(cls, store_mask: bool = True, scale: ScaleType | str = ScaleType.DEFAULT):
+        scale = ScaleType.of(scale)
+        operands, expression = _LINEAR[scale]
+        store = flag("store_mask", store_mask)
+        params = ["accum", *operands, "bias", "threshold"]
+        lines = [f"def linear_combination_bias_relu({', '.join(params)}):",
+                 f"    z = {expression} + bias" if expression != "accum" else "    z = accum + bias",
+                 "    D = where(z >= threshold, z, threshold)"]
+        if store:
+            lines.append("    T = where(z < threshold, 0.0, 1.0)")
+        lines.append(f"    return {'D, T' if store else 'D'}")
+        shown = [] if store else ["store_mask=False"]
+        if scale is not ScaleType.DEFAULT:
+            shown.append(f"scale=ScaleType.{scale.name}")
+        return cls._build("\n".join(lines) + "\n", "LinearCombinationBiasRelu",
+                          f"LinearCombinationBiasRelu({', '.join(shown)})")
+
+
+#: CUTLASS's binary functors for LinearCombinationTensorBroadcast, as epilogue source
+BINARY_OPS = {"plus": "{a} + {b}", "minus": "{a} - {b}", "multiplies": "{a} * {b}", "divides": "{a} / {b}",
+              "maximum": "maximum({a}, {b})", "minimum": "minimum({a}, {b})"}
+
+
+def _binary(name, which: str) -> str | None:
+    if name is None or name == "none":
+        return None
+    if name not in BINARY_OPS:
+        raise EpilogueArgumentError(f"{which} {name!r} is not one of CUTLASS's binary ops epifuse names.",
+                                    hint=f"Use one of {', '.join(BINARY_OPS)}, or None for no operation.")
+    return BINARY_OPS[name]
+
+
+class LinearCombinationTensorBroadcast(NamedEpilogue):
+    """CUTLASS's LinearCombinationTensorBroadcast:
+        O0 = activation(alpha * accum + bias)
+        O1 = binary_op0(O0, beta * C0)        (None: no C0)
+        O2 = binary_op1(O1, beta * C1)        (None: no C1)
+        D  = unary_op(O2)
+    Binary ops by CUTLASS's functor names: plus, minus, multiplies, divides, maximum, minimum.
+    `scale` DEFAULT, or NO_BETA_SCALING (C0 and C1 unscaled)."""
+
+    def __new__(cls, activation: Any = None, binary_op0: str | None = "plus", binary_op1: str | None = None,
+                unary_op: Any = None, scale: ScaleType | str = ScaleType.DEFAULT):
+        scale = ScaleType.of(scale)
+        if scale not in (ScaleType.DEFAULT, ScaleType.NO_BETA_SCALING):
+            raise EpilogueArgumentError(
+                f"LinearCombinationTensorBroadcast takes scale DEFAULT or NO_BETA_SCALING, not {scale.name}.",
+                hint="Without beta the sources enter as they are (NO_BETA_SCALING); for no sources, pass "
+                     "binary_op0=None.")
+        act, unary = as_activation(activation), as_activation(unary_op)
+        ops = [_binary(binary_op0, "binary_op0"), _binary(binary_op1, "binary_op1")]
+        beta = scale is ScaleType.DEFAULT and any(ops)
+        sources = [f"C{i}" for i, op in enumerate(ops) if op]
+        params = ["accum", "alpha", *(["beta"] if beta else []), "bias", *sources]
+        body = ["O0 = alpha * accum + bias" if act.is_identity else "Z = alpha * accum + bias"]
+        if not act.is_identity:
+            body += act.statements("Z", "O0")
+        current = "O0"
+        for i, op in enumerate(ops):
+            if op:
+                source = f"(beta * C{i})" if beta else f"C{i}"
+                body.append(f"O{i + 1} = {op.format(a=current, b=source)}")
+                current = f"O{i + 1}"
+        body += unary.statements(current, "D") if not unary.is_identity else [f"D = {current}"]
+        source = "\n".join([f"def linear_combination_tensor_broadcast({', '.join(params)}):",
+                            *(f"    {line}" for line in body), "    return D"]) + "\n"
+        shown = [] if act.is_identity else [f"activation={act!r}"]
+        if binary_op0 != "plus":
+            shown.append(f"binary_op0={binary_op0!r}")
+        if binary_op1 is not None:
+            shown.append(f"binary_op1={binary_op1!r}")
+        if not unary.is_identity:
+            shown.append(f"unary_op={unary!r}")
+        if scale is not ScaleType.DEFAULT:
+            shown.append(f"scale=ScaleType.{scale.name}")
+        return cls._build(source, "LinearCombinationTensorBroadcast",
+                          f"LinearCombinationTensorBroadcast({', '.join(shown)})")
+
 #: Every named epilogue class, by name (the docs and `epifuse show module:Name` read it).
 NAMED = {c.__name__: c for c in (
     LinearCombination, LinearCombinationRelu, LinearCombinationGELU, LinearCombinationSigmoid,
     LinearCombinationSilu, LinearCombinationHardswish, LinearCombinationLeakyRelu,
-    LinearCombinationClamp, BiasElementwise, Generic)}
+    LinearCombinationClamp, BiasElementwise, Generic, LinearCombinationBiasRelu,
+    LinearCombinationTensorBroadcast)}
 
 __all__ = ["ScaleType", "Activation", "as_activation", "NamedEpilogue", "per_batch_scalars",
            *CUTLASS_NAMES, *NAMED, "LinearCombinationGeneric", "NAMED"]

@@ -671,3 +671,56 @@ def test_gpu_verify_and_trace():
     t = debug.trace(args, tile=(1, 1))
     rows, cols = t.rows, t.cols
     assert _rel(t["D"], args.outputs["D"][rows.start:rows.stop, cols.start:cols.stop]) < 4e-3
+
+
+# ---- LinearCombinationBiasRelu and LinearCombinationTensorBroadcast (CUTLASS's names) -----------
+
+def test_bias_relu_is_cutlass_s_with_its_mask(device):
+    """z = alpha * accum + beta * C + bias; D = fmax(z, threshold) (NaN gives threshold); T = 1
+    where z is not below threshold (NaN included), as CUTLASS's ReluConditional; through the
+    fused kernel, against float64."""
+    M, N, K = 40, 36, 8
+    A, B = torch.randn(M, K, device=device), torch.randn(K, N, device=device)
+    C, bias = torch.randn(M, N, device=device), torch.randn(N, device=device)
+    C[3, 4] = float("nan")
+    epi = E.LinearCombinationBiasRelu()
+    assert epi.outputs == ("D", "T") and "LinearCombinationBiasRelu" in E.NAMED
+    D, T = epi(A, B, alpha=1.5, beta=0.5, C=C, bias=bias, threshold=0.25, T=torch.empty(M, N, device=device, dtype=torch.uint8))
+    z = 1.5 * (A.double() @ B.double()) + 0.5 * C.double() + bias.double()
+    expected = torch.where(z >= 0.25, z, torch.tensor(0.25, dtype=torch.float64, device=device))
+    assert D[3, 4] == 0.25 and T[3, 4] == 1
+    assert torch.allclose(D.double(), expected, atol=1e-5)
+    far = (z - 0.25).abs() > 1e-4   # away from the threshold, where fp32 and float64 z agree on the side
+    assert torch.equal(T[far], (~(z < 0.25))[far].to(torch.uint8))
+    only_d = E.LinearCombinationBiasRelu(store_mask=False, scale="no_beta_scaling")
+    assert only_d.outputs == ("D",) and "beta" not in only_d.operands
+    assert repr(only_d) == "LinearCombinationBiasRelu(store_mask=False, scale=ScaleType.NO_BETA_SCALING)"
+
+
+@pytest.mark.parametrize("op0, op1, combine", [
+    ("plus", None, lambda o, c0, c1: o + c0),
+    ("minus", "divides", lambda o, c0, c1: (o - c0) / c1),
+    ("multiplies", "maximum", lambda o, c0, c1: torch.maximum(o * c0, c1)),
+    (None, None, lambda o, c0, c1: o),
+])
+def test_tensor_broadcast_is_cutlass_s(op0, op1, combine, device):
+    """O0 = act(alpha * accum + bias), O1 = op0(O0, beta * C0), O2 = op1(O1, beta * C1),
+    D = unary(O2), with beta grouped with its source (divides divides by beta * C1)."""
+    M, N, K = 30, 20, 8
+    A, B = torch.randn(M, K, device=device), torch.randn(K, N, device=device)
+    bias, C0 = torch.randn(N, device=device), torch.randn(M, N, device=device)
+    C1 = torch.rand(M, N, device=device) + 0.5
+    epi = E.LinearCombinationTensorBroadcast(activation="relu", binary_op0=op0, binary_op1=op1, unary_op="tanh")
+    kwargs = {"alpha": 2.0, "bias": bias, **({"beta": 0.5} if "beta" in epi.operands else {}),
+              **{n: t for n, t in (("C0", C0), ("C1", C1)) if n in epi.operands}}
+    D = epi(A, B, **kwargs)
+    o = torch.relu(2.0 * (A.double() @ B.double()) + bias.double())
+    expected = torch.tanh(combine(o, 0.5 * C0.double(), 0.5 * C1.double()))
+    assert torch.allclose(D.double(), expected, atol=2e-5)
+
+
+def test_tensor_broadcast_refuses_what_it_does_not_name():
+    with pytest.raises(EpilogueError, match="'xor' is not one of CUTLASS's binary ops"):
+        E.LinearCombinationTensorBroadcast(binary_op0="xor")
+    with pytest.raises(EpilogueError, match="takes scale DEFAULT or NO_BETA_SCALING, not NOTHING"):
+        E.LinearCombinationTensorBroadcast(scale="nothing")
