@@ -21,12 +21,19 @@ from typing import Any, Callable
 from torch import nn
 
 from .errors import EpilogueArgumentError, EpilogueSyntaxError, Location, did_you_mean
-from .frontend import Program, clean_source, names_used, parse_source, read_source
+from .frontend import Program, clean_source, parse_source, read_source
 from .nesting import check_nesting
 from .ops import OPS, OpDef, lookup
 from .printing import param_literal, statement_source
 
 ACTIVATION_PREFIX = "act_"
+
+
+def activation_prefix(n: int) -> str:
+    """The prefix of the locals of the `n`-th function inlined into one epilogue (from 0):
+    "act_", then "act2_", "act3_", ... Every local is a name (it does not start with a digit),
+    so no prefixed local of one inlining spells one of another's."""
+    return ACTIVATION_PREFIX if n == 0 else f"act{n + 1}_"
 
 
 @dataclass(frozen=True)
@@ -40,12 +47,13 @@ class ParsedActivation:
     program: Program
     input: str
 
-    def statements(self, x: str, out: str) -> list[str]:
-        """Source lines computing `out = act(x)`; the function's locals get ACTIVATION_PREFIX."""
+    def statements(self, x: str, out: str, prefix: str = ACTIVATION_PREFIX) -> list[str]:
+        """Source lines computing `out = act(x)`; the function's locals get `prefix` (give each
+        function inlined into one epilogue its own: `activation_prefix`)."""
         returned = self.program.outputs[0][0]
         rename = {self.input: x}
         for s in self.program.statements:
-            rename[s.target] = out if s.target == returned else ACTIVATION_PREFIX + s.target
+            rename[s.target] = out if s.target == returned else prefix + s.target
         lines = [statement_source(rename[s.target], s.expr, rename) for s in self.program.statements]
         if returned == self.input:
             lines.append(f"{out} = {x}")
@@ -65,25 +73,32 @@ def parse_activation(activation: Callable | str) -> ParsedActivation:
         from_string = False
     # The same clean-up the frontend does, so positions below match what it will parse.
     text = clean_source(source)
+    lines = text.split("\n")
     check_nesting(text, filename, offset)   # before ast.parse: CPython's parser recurses in C
     try:
         module = ast.parse(text)
     except SyntaxError:
         module = None   # the frontend reports it, with its place
+    fn = None
     if module is not None:
         defs = [n for n in module.body if isinstance(n, ast.FunctionDef)]
         if len(defs) == 1:
-            text, wrapped = _add_accum_parameter(text, defs[0], filename, offset)
+            fn = defs[0]
+            text, wrapped = _add_accum_parameter(text, fn, filename, offset)
     program = parse_source(text, filename, offset, from_string=from_string, keywords=False)
     if len(program.outputs) != 1:
         raise EpilogueSyntaxError("An activation returns exactly one value.", program.outputs[1][1],
                                   hint="Return one name: `return y`.")
     if len(program.params) == 1:
         return ParsedActivation(program, "accum")
-    for name, loc in names_used(program):
-        if name == "accum":
-            raise EpilogueSyntaxError("Variable 'accum' is not defined.", loc,
-                                      hint="An activation sees only its own argument.")
+    # accum is the parser's placeholder here, not the function's: every read of it is refused,
+    # row(accum)'s too (the parser reads that argument as accum's shape and keeps no trace of it).
+    reads = [n for stmt in fn.body for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == "accum"]
+    if reads:
+        first = min(reads, key=lambda n: (n.lineno, n.col_offset))
+        loc = Location(filename, first.lineno + offset, first.col_offset, lines[first.lineno - 1])
+        raise EpilogueSyntaxError("Variable 'accum' is not defined.", loc,
+                                  hint="An activation sees only its own argument.")
     return ParsedActivation(program, program.params[1])
 
 
@@ -147,10 +162,10 @@ class Activation:
     def is_identity(self) -> bool:
         return self.op is None and self.function is None
 
-    def statements(self, x: str, out: str) -> list[str]:
-        """Source lines that compute `out = activation(x)`."""
+    def statements(self, x: str, out: str, prefix: str = ACTIVATION_PREFIX) -> list[str]:
+        """Source lines that compute `out = activation(x)`; a function's locals get `prefix`."""
         if self.function is not None:
-            return self.function.statements(x, out)
+            return self.function.statements(x, out, prefix)
         if self.op is None:
             return [f"{out} = {x}"]
         args = [x] + [f"{k}={param_literal(v)}" for k, v in self.params]
@@ -314,6 +329,6 @@ def activation_source(activation: Activation | str, bias: bool, name: str = "fus
     return f"def {name}({params}):\n" + "".join(f"    {line}\n" for line in body) + "    return D\n"
 
 
-__all__ = ["Activation", "ParsedActivation", "parse_activation", "as_activation", "of_module",
-           "activation_source", "is_activation_name", "named_activation", "ACTIVATIONS", "CUTLASS_NAMES",
+__all__ = ["Activation", "ParsedActivation", "parse_activation", "activation_prefix", "as_activation",
+           "of_module", "activation_source", "is_activation_name", "named_activation", "ACTIVATIONS", "CUTLASS_NAMES",
            *CUTLASS_NAMES]

@@ -18,11 +18,11 @@ import torch
 
 from . import staging, torch_ops
 from .arguments import (EpilogueArguments, GemmArguments, GroupedGemmArguments, allocate_outputs,
-                        check_out_dtype, epilogue_program)
+                        check_keywords, check_out_dtype, epilogue_program)
 from .backends.select import choose_kernel, get_kernels, kernel_statuses
 from .errors import EpilogueArgumentError, ShapeError
 from .frontend import Program
-from .runtime import callsite
+from .runtime import callsite, tune
 from .shapes import accum_shape_of
 
 
@@ -78,10 +78,12 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
                             compute_dtype=compute_dtype, **tensors)
     args = GemmArguments(A, B, epilogue=epi, precision=precision)
+    chosen_in = tune.generation()
     kernel = choose_kernel(args)
     kernel.run(args)
     returns = tuple(name for name, _ in program.outputs)
-    callsite.remember(key, args, kernel, tuple(missing), returns)
+    if tune.generation() == chosen_in:   # else a background winner landed meanwhile: keep nothing stale
+        callsite.remember(key, args, kernel, tuple(missing), returns)
     outputs = tuple(epi.outputs[name] for name in returns)
     return outputs[0] if len(outputs) == 1 else outputs
 
@@ -96,12 +98,16 @@ def _gemm_in_passes(program: Program, A, B, tensors: dict, accumulate: bool, opt
             "as several GEMMs (staging.py).", hint="Accumulate into the outputs after the call.")
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise ShapeError("A and B must be torch tensors.")
+    outputs = tuple(name for name, _ in program.outputs)
+    check_keywords(program, tensors, required=program.operands, allowed=(*program.operands, *outputs))
     accum_shape = tuple(accum_shape_of(A, B)[0])
     stats, results = {}, {}
     for step in staging.passes(program):
         names = [name for name, _ in step.program.outputs]
         given = {n: t for n, t in tensors.items() if n in step.program.params or n in names}
         given.update({n: stats[n] for n in step.program.params if n in stats})
+        # a returned statistic goes into the caller's tensor for it, if one was passed
+        given.update({stat: tensors[user] for user, stat in step.returns.items() if user in tensors})
         outs = gemm(A, B, step.program, **options, **given)
         outs = outs if isinstance(outs, tuple) else (outs,)
         for name, value in zip(names, outs):
@@ -109,8 +115,8 @@ def _gemm_in_passes(program: Program, A, B, tensors: dict, accumulate: bool, opt
                 stats[name] = value.reshape(staging.keep_shape(step.computes[name], accum_shape))
             results[name] = value
         results.update({user: results[stat] for user, stat in step.returns.items()})
-    outputs = tuple(results[name] for name, _ in program.outputs)
-    return outputs[0] if len(outputs) == 1 else outputs
+    values = tuple(results[name] for name in outputs)
+    return values[0] if len(values) == 1 else values
 
 
 def _through_torch_ops(A, B, tensors: dict) -> bool:

@@ -8,7 +8,7 @@ tensors themselves are checked by the API layer; this module knows only operand 
 from __future__ import annotations
 
 from .errors import EpilogueError, EpilogueSyntaxError, Location
-from .frontend import Expr, Program, fold_expr
+from .frontend import CallSite, Expr, Program, fold_expr
 from .ir import AXES, Graph, Node, Operand, Output, accum, const, input_node
 from .ops import OPS
 
@@ -58,8 +58,9 @@ def _call_node(expr: Expr, srcs: list[Node], rank: int, locs: dict) -> Node:
                 "reading it: epifuse.staging), outside torch.compile; GemmArguments and the kernels take "
                 "one pass. Or return the reduced value and finish the computation after the GEMM.")
     params = dict(expr.params)
-    if opdef.is_reduction:
-        params = {"dim": _axes_of(params.get("dim"), rank, expr.loc, opdef.name)}
+    if opdef.is_reduction:   # a composite's (softmax's logsumexp) is named as the op written
+        written = expr.loc.op if isinstance(expr.loc, CallSite) else opdef.name
+        params = {"dim": _axes_of(params.get("dim"), rank, expr.loc, written)}
     node = Node(opdef, srcs, tuple(sorted(params.items())) if params else None)
     locs.setdefault(node, expr.loc)
     return node

@@ -43,6 +43,7 @@ import torch
 
 from .activations import (CUTLASS_NAMES, GELU, Activation, Clamp, Hardswish, Identity, LeakyRelu,  # noqa: F401
                           Relu, Sigmoid, Silu, Tanh, as_activation)  # (CUTLASS's names, re-exported here)
+from .activations import activation_prefix
 from .api import gemm
 from .arguments import EpilogueArguments, GemmArguments, allocate_outputs
 from .errors import EpilogueArgumentError, flag
@@ -347,15 +348,19 @@ class LinearCombinationTensorBroadcast(NamedEpilogue):
         sources = [f"C{i}" for i, op in enumerate(ops) if op]
         params = ["accum", "alpha", *(["beta"] if beta else []), "bias", *sources]
         body = ["O0 = alpha * accum + bias" if act.is_identity else "Z = alpha * accum + bias"]
+        inlined = 0   # functions inlined so far: each one's locals get a prefix of their own
         if not act.is_identity:
-            body += act.statements("Z", "O0")
+            body += act.statements("Z", "O0", activation_prefix(inlined))
+            if act.function is not None:
+                inlined += 1
         current = "O0"
         for i, op in enumerate(ops):
             if op:
                 source = f"(beta * C{i})" if beta else f"C{i}"
                 body.append(f"O{i + 1} = {op.format(a=current, b=source)}")
                 current = f"O{i + 1}"
-        body += unary.statements(current, "D") if not unary.is_identity else [f"D = {current}"]
+        body += unary.statements(current, "D", activation_prefix(inlined)) if not unary.is_identity \
+            else [f"D = {current}"]
         source = "\n".join([f"def linear_combination_tensor_broadcast({', '.join(params)}):",
                             *(f"    {line}" for line in body), "    return D"]) + "\n"
         shown = [] if act.is_identity else [f"activation={act!r}"]

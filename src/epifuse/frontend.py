@@ -490,6 +490,8 @@ class _Visitor:
                       hint=did_you_mean(spelled, spellings()) or
                       "See the op reference (epifuse.ops.OPS) for the supported operations.",
                       cls=UnsupportedOperationError)
+        if opdef.kind == "index":
+            return self.index(opdef.name, args, keywords, node, loc, method)
         if len(args) < opdef.arity:
             self.fail(node, f"{opdef.name}() takes {opdef.arity} tensor argument(s), got {len(args)}.")
         tensors = [self.expr(a) for a in args[:opdef.arity]]
@@ -509,10 +511,32 @@ class _Visitor:
             return self.clamp(tensors[0], raw, loc, node)
         params = tuple((k, self.param(opdef.name, k, v)) for k, v in sorted(raw.items()))
         if opdef.kind == "composite":   # written as the ops it is made of, at the call's place
+            site = CallSite(loc.filename, loc.line, loc.col, loc.source_line, opdef.name)
+
             def call(name, *inputs, **values):
-                return Expr("call", name, tuple(inputs), tuple(sorted(values.items())), loc)
+                return Expr("call", name, tuple(inputs), tuple(sorted(values.items())), site)
             return opdef.expand(call, *tensors, **dict(params))
         return Expr("call", opdef.name, tuple(tensors), params, loc)
+
+    def index(self, name: str, args, keywords, node, loc, method: bool) -> Expr:
+        """row() / col(), or row(accum) / col(accum) as on torch tensors, where the argument gives
+        accum's shape: the same op, so the argument must be accum, and is dropped."""
+        hint = f"Write {name}(accum), which also runs on torch tensors (or {name}())."
+        if method:
+            self.fail(node, f"{name}() is not a method of a tensor.", hint=hint)
+        given = list(args)
+        for key, value in keywords.items():
+            if key != "accum":
+                self.fail(value, f"{name}() got an unexpected keyword argument '{key}'.", hint=hint)
+            given.append(value)
+        if len(given) > 1:
+            self.fail(node, f"{name}() takes at most 1 argument (accum), got {len(given)}.", hint=hint)
+        for arg in given:
+            if not (isinstance(arg, ast.Name) and arg.id == "accum"):
+                what = f"'{arg.id}'" if isinstance(arg, ast.Name) else "an expression"
+                self.fail(arg, f"{name}() takes no argument but the accumulator: {what} is not accum.",
+                          hint=hint)
+        return Expr("call", name, (), (), loc)
 
     def clamp(self, x: Expr, raw: dict, loc: Location, node: ast.AST) -> Expr:
         """clamp with literal bounds keeps its params; with value bounds it becomes max/min."""
@@ -539,6 +563,24 @@ class _Visitor:
 
 
 _UNREADABLE = object()
+
+
+@dataclass(frozen=True, eq=False)
+class CallSite(Location):
+    """The place of a composite op's call (`softmax(z, dim=2)`) and the op written there, which
+    the ops it is written as carry: an error about one of them (the binder's about logsumexp's
+    dim) names the op the user wrote. Otherwise it is its place: equal to, and hashed as, the
+    Location of the same place, which is all that printing and dump_program keep."""
+
+    op: str = ""
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Location):
+            return NotImplemented
+        return (self.filename, self.line, self.col, self.source_line) == \
+            (other.filename, other.line, other.col, other.source_line)
+
+    __hash__ = Location.__hash__
 
 
 def _param_literal(key: str, node: ast.expr) -> Any:

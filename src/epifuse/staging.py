@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from .errors import EpilogueError
 from .frontend import Expr, Program, Statement, fold_expr
 from .ops import OPS
 
@@ -44,26 +45,87 @@ def _is_reduction(e: Expr) -> bool:
     return e.kind == "call" and e.value in OPS and OPS[e.value].is_reduction
 
 
+def _root(name: str, aliases: dict) -> str:
+    """The name `name` copies (`D = m` makes D an alias of m), followed to its end."""
+    seen = set()
+    while name in aliases and name not in seen:
+        seen.add(name)
+        name = aliases[name]
+    return name
+
+
+def _aliases(program: Program) -> dict:
+    return {s.target: s.expr.value for s in program.statements if s.expr.kind == "name"}
+
+
 def _fed_reductions(program: Program) -> list[Expr]:
-    """The reduction calls whose value another op reads: nested in a call, or assigned to a
-    name that a later statement reads."""
-    read_later: set[str] = set()
+    """The reduction calls whose value an op reads: nested in a call, or assigned to a name
+    (or an alias of it: `D = m`) that a call reads. A reduction only returned, under its name
+    or an alias, feeds nothing."""
+    aliases = _aliases(program)
+    read_by_calls: set[str] = set()
+
+    def visit(e: Expr, _args) -> None:
+        if e.kind == "call":
+            read_by_calls.update(_root(a.value, aliases) for a in e.args if a.kind == "name")
     for stmt in program.statements:
-        fold_expr(stmt.expr, lambda e, _: read_later.add(e.value) if e.kind == "name" else None)
+        fold_expr(stmt.expr, visit)
     fed: list[Expr] = []
     for stmt in program.statements:
-        def visit(e: Expr, _args) -> None:
+        def nested(e: Expr, _args) -> None:
             for a in e.args:
                 if _is_reduction(a) and a not in fed:
                     fed.append(a)
-        fold_expr(stmt.expr, visit)
-        if _is_reduction(stmt.expr) and stmt.target in read_later and stmt.expr not in fed:
+        fold_expr(stmt.expr, nested)
+        if _is_reduction(stmt.expr) and stmt.target in read_by_calls and stmt.expr not in fed:
             fed.append(stmt.expr)
     return fed
 
 
+def _live(program: Program) -> Program:
+    """`program` without the statements no output reads."""
+    roots = [Expr("name", name) for name, _ in program.outputs]
+    return dataclasses.replace(program, statements=_needed_statements(program, roots))
+
+
 def needs_passes(program: Program) -> bool:
+    """Whether one kernel cannot run `program` as written (passes() may still need just one,
+    once statements no output reads are dropped)."""
     return bool(_fed_reductions(program))
+
+
+def _check_folds(program: Program) -> None:
+    """Refuse a reduction whose input varies along accum only through another reduction's
+    value (`sum(max(accum, dim=1))`): an epilogue broadcasts a reduction's input to accum's
+    shape, so it would fold every broadcast copy of the statistic, where torch folds the
+    statistic's own values."""
+    by_target = {s.target: s.expr for s in program.statements}
+    memo: dict[str, bool] = {}
+
+    def varies(expr: Expr) -> bool:
+        def combine(e: Expr, args: list) -> bool:
+            if e.kind == "name":
+                if e.value in program.params:
+                    return True   # accum, or an operand (treated as varying: it may be a tile)
+                if e.value not in memo:
+                    memo[e.value] = False   # a cycle cannot occur in SSA; guards the recursion
+                    memo[e.value] = varies(by_target[e.value]) if e.value in by_target else False
+                return memo[e.value]
+            if e.kind == "const" or _is_reduction(e):
+                return False
+            return any(args)
+        return bool(fold_expr(expr, combine))
+
+    for stmt in program.statements:
+        def visit(e: Expr, _args) -> None:
+            if _is_reduction(e) and e.args and not varies(e.args[0]):
+                raise EpilogueError(
+                    f"{e.value}() folds a value that varies along accum only through another reduction's "
+                    "result; in an epilogue a reduction's input is broadcast to accum's shape first, so it "
+                    "would fold every broadcast copy of that result (torch folds its values once).",
+                    e.loc or stmt.loc,
+                    "Return the inner reduction's value and reduce it after the GEMM.")
+        fold_expr(stmt.expr, visit)
 
 
 def _contains(expr: Expr, targets: set) -> bool:
@@ -76,6 +138,9 @@ def passes(program: Program) -> tuple[Pass, ...]:
     """The passes that run `program` (one, itself, where no reduction feeds later math). Kept
     per program, so a repeated call runs the same pass programs, whose kept launches then
     serve it (runtime/callsite.py)."""
+    program = _live(program)
+    if _fed_reductions(program):
+        _check_folds(program)
     result: list[Pass] = []
     taken = {*program.params, *(s.target for s in program.statements)}
     counter = 0
@@ -93,11 +158,16 @@ def passes(program: Program) -> tuple[Pass, ...]:
                 counter += 1
             names[r] = f"_stat{counter}"
             taken.add(names[r])
-        returned = {s.target: names[s.expr] for s in program.statements
-                    if s.expr in names and s.target in {n for n, _ in program.outputs}}
+        aliases = _aliases(program)
+        by_target = {s.target: s.expr for s in program.statements}
+        returned = {}
+        for name, _ in program.outputs:
+            expr = by_target.get(_root(name, aliases))
+            if expr is not None and expr in names:
+                returned[name] = names[expr]
         result.append(Pass(_statistics_program(program, names),
                            {name: dict(r.params).get("dim") for r, name in names.items()}, returned))
-        program = _reading_program(program, names, returned)
+        program = _live(_reading_program(program, names, returned))
 
 
 def _ready(program: Program, fed: list[Expr]) -> list[Expr]:
@@ -129,9 +199,13 @@ def _needed_statements(program: Program, roots: list[Expr]) -> tuple[Statement, 
     return tuple(s for s in program.statements if s.target in wanted)
 
 
+def _location(program: Program):
+    return program.outputs[0][1] if program.outputs else (program.param_locs[0] if program.param_locs else None)
+
+
 def _statistics_program(program: Program, names: dict) -> Program:
     """The pass that computes the reductions `names` maps (Expr -> output name) as outputs."""
-    loc = program.outputs[0][1]
+    loc = _location(program)
     statements = _needed_statements(program, list(names))
     statements += tuple(Statement(name, r, r.loc or loc) for r, name in names.items())
     return dataclasses.replace(program, name=f"{program.name}_statistics", statements=statements,
@@ -147,7 +221,7 @@ def _reading_program(program: Program, names: dict, returned: dict) -> Program:
         same = all(new is old for new, old in zip(args, e.args))
         return e if same else dataclasses.replace(e, args=tuple(args))
     statements = tuple(dataclasses.replace(s, expr=fold_expr(s.expr, combine)) for s in program.statements)
-    loc = program.param_locs[-1] if program.param_locs else program.outputs[0][1]
+    loc = program.param_locs[-1] if program.param_locs else _location(program)
     return dataclasses.replace(program, params=program.params + tuple(names.values()),
                                param_locs=program.param_locs + (loc,) * len(names), statements=statements,
                                outputs=tuple(o for o in program.outputs if o[0] not in returned))

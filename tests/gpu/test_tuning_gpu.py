@@ -2,6 +2,9 @@
 table) or times a short list; background serves at once and swaps in full tuning's winner."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -87,3 +90,34 @@ def test_background_serves_at_once_then_runs_full_tunings_winner(fresh, monkeypa
     torch.testing.assert_close(D.double(), D2.double(), rtol=2e-2, atol=2e-2)
     _, kernel = _chosen(A, B, bias, D2)
     assert repr(kernel) == record["choice"]
+
+
+def test_background_times_fresh_tensors_laid_out_as_the_callers(fresh, monkeypatch):
+    """The worker times the kernels on tensors it makes on the caller's GPU when it reaches the
+    problem: the caller's sizes, strides (a column-major B, a broadcast bias) and dtypes, random
+    values, drawn without moving the caller's CUDA random stream, and freed once it is done."""
+    monkeypatch.setenv("EPIFUSE_TUNE", "background")
+    A, B, bias = _problem(384, 1536, 640)
+    B = B.t().contiguous().t()
+    bias = bias.expand(384, 1536)
+    seen, alive = [], []
+    timer = tune._time_all
+
+    def spy(args, kernels, mode="full"):
+        tensors = {"A": args.A, "B": args.B, "bias": args.operands["bias"], **args.outputs}
+        seen.append({n: (tuple(t.shape), t.stride(), t.dtype, t.device, t.untyped_storage().data_ptr(),
+                         bool(t.isfinite().all()), float(t.float().std())) for n, t in tensors.items()})
+        alive.extend(weakref.ref(t) for t in tensors.values())
+        return timer(args, kernels, mode)
+    monkeypatch.setattr(tune, "_time_all", spy)
+    rng = torch.cuda.get_rng_state()
+    D = epifuse.gemm(A, B, EPILOGUE, bias=bias)
+    assert tune.wait_for_background(300)
+    assert torch.equal(torch.cuda.get_rng_state(), rng)
+    assert len(seen) == 1 and tune.HISTORY[-1]["policy"] == "background"
+    for name, caller in {"A": A, "B": B, "bias": bias, "D": D}.items():
+        shape, stride, dtype, device, address, finite, std = seen[0][name]
+        assert (shape, stride, dtype, device) == (tuple(caller.shape), caller.stride(), caller.dtype, caller.device)
+        assert address != caller.untyped_storage().data_ptr() and finite and std > 0.1
+    gc.collect()
+    assert all(ref() is None for ref in alive)

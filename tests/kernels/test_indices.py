@@ -5,8 +5,11 @@ import pytest
 import torch
 
 import epifuse
-from epifuse.errors import EpilogueError
-from epifuse.ops import col, row
+from epifuse import epilogues
+from epifuse.errors import EpilogueError, ShapeError
+from epifuse.frontend import parse
+from epifuse.printing import program_source
+from epifuse.ops import col, row, where
 from helpers import integer_tensor
 
 POSITIONS = "def epi(accum):\n    D = row() * 1000.0 + col()\n    E = accum + col()\n    return D, E\n"
@@ -91,6 +94,56 @@ def test_on_torch_tensors_they_take_accum_for_its_shape():
         col()
 
 
-def test_an_argument_to_an_index_is_refused_by_the_parser():
-    with pytest.raises(EpilogueError, match="col"):
-        epifuse.gemm(torch.randn(4, 4), torch.randn(4, 4), "def e(accum):\n    D = accum + col(accum)\n    return D\n")
+@pytest.mark.parametrize("index", [row, col])
+def test_on_fewer_than_two_dimensions_they_say_so(index):
+    for shape in [(5,), ()]:
+        with pytest.raises(ShapeError, match=rf"{index.name}\(accum\) needs accum of 2 or 3 dimensions"):
+            index(torch.randn(shape))
+
+
+def with_accum(accum, bias):
+    D = accum * row(accum) - col(accum) + bias
+    E = where(col(accum) == row(accum), accum, 0.0)
+    return D, E
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_row_and_col_of_accum_spell_the_same_in_an_epilogue_and_on_tensors(rank, device):
+    """row(accum) / col(accum): the parser reads the argument as the accumulator's shape (the
+    same op as row() / col()), so an epilogue with them is its own eager reference."""
+    batch = (2,) if rank == 3 else ()
+    A = torch.randn(*batch, 40, 12, device=device)
+    B = torch.randn(*batch, 12, 36, device=device)
+    bias = torch.randn(36, device=device)
+    D, E = epifuse.gemm(A, B, with_accum, bias=bias)
+    eager_D, eager_E = with_accum(A.double() @ B.double(), bias.double())
+    assert eager_D.dtype == torch.float64
+    assert torch.allclose(D.double(), eager_D, rtol=1e-5, atol=1e-4)
+    assert torch.allclose(E.double(), eager_E, rtol=1e-5, atol=1e-5)
+    spellings = ["row(accum) - col(accum=accum)", "row() - col()"]
+    sources = [program_source(parse(f"def e(accum):\n    D = accum * {s}\n    return D\n")) for s in spellings]
+    assert sources[0] == sources[1]
+
+
+@pytest.mark.parametrize("call, message", [
+    ("col(bias)", r"col\(\) takes no argument but the accumulator: 'bias' is not accum"),
+    ("row(accum * 2.0)", r"row\(\) takes no argument but the accumulator"),
+    ("col(accum, accum)", r"col\(\) takes at most 1 argument \(accum\), got 2"),
+    ("accum.row()", r"row\(\) is not a method of a tensor"),
+    ("row(x=accum)", r"row\(\) got an unexpected keyword argument 'x'"),
+])
+def test_an_index_takes_nothing_but_accum(call, message):
+    with pytest.raises(EpilogueError, match=message) as info:
+        parse(f"def e(accum, bias):\n    D = accum + {call}\n    return D\n")
+    assert info.value.loc.line == 2 and "(accum)" in (info.value.hint or "")
+
+
+def test_row_of_accum_in_an_activation_is_refused():
+    """An activation sees only its own argument, so row(accum) there is refused as any read of
+    accum is; row() runs."""
+    with pytest.raises(EpilogueError, match="Variable 'accum' is not defined"):
+        epilogues.Generic("def act(x):\n    y = x + row(accum)\n    return y\n")
+    epi = epilogues.Generic("def act(x):\n    y = x + row()\n    return y\n")
+    A, B, C = torch.randn(8, 4), torch.randn(4, 6), torch.randn(8, 6)
+    expected = A.double() @ B.double() + C.double() + torch.arange(8).double()[:, None]
+    assert torch.allclose(epi(A, B, C=C).double(), expected, atol=1e-5)

@@ -2,12 +2,14 @@
 (epifuse.staging, issue 36): softmax and log-softmax over N through logsumexp (two passes), the
 max / sum-of-exp softmax and a layer norm (three), a returned reduction that later math also
 reads, reductions over M and over everything, batches, gradients; how a program splits."""
+import re
+
 import pytest
 import torch
 
 import epifuse
 from epifuse import staging
-from epifuse.errors import EpilogueArgumentError
+from epifuse.errors import EpilogueArgumentError, EpilogueError
 from epifuse.frontend import parse
 
 SOFTMAX = "def softmax(accum, bias):\n    z = accum + bias\n    P = exp(z - logsumexp(z, dim=1))\n    return P\n"
@@ -121,3 +123,29 @@ def test_softmax_and_log_softmax_are_written_through_logsumexp(spelling, referen
     expected = reference(A.double() @ B.double() + bias.double())
     assert torch.allclose(out.double(), expected, rtol=2e-5, atol=2e-5 * float(expected.abs().max()))
     assert torch.allclose(epifuse.ops.softmax(torch.tensor([[1.0, 2.0]])), torch.softmax(torch.tensor([[1.0, 2.0]]), -1))
+
+
+@pytest.mark.parametrize("spelling, written", [
+    ("softmax(accum, dim=2)", "softmax(dim=2)"),
+    ("F.log_softmax(accum, dim=-3)", "log_softmax(dim=-3)"),
+    ("accum.softmax(5)", "softmax(dim=5)"),
+])
+def test_a_composite_s_dim_out_of_range_names_the_op_written(spelling, written, device):
+    """The composite ops are written as logsumexp; a dim that names no dimension of accum is
+    reported as the op the user wrote, at its call, by every entry point."""
+    A, B = _inputs(device, shape=(12, 8, 10))
+    src = f"def epi(accum):\n    P = {spelling}\n    return P\n"
+    message = "^" + re.escape(written) + " is out of range: accum has 2 dimensions"
+    with pytest.raises(EpilogueError, match=message) as info:
+        epifuse.gemm(A, B, src)
+    assert info.value.loc.line == 2 and "logsumexp" not in str(info.value)
+    with pytest.raises(EpilogueError, match=message):
+        epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, P=torch.empty(12, 10, device=device)))
+
+
+def test_a_composite_s_dim_in_range_of_a_batched_accum_runs(device):
+    """dim=2 is N for a batched accum, as for torch; the op's name travels with its call but
+    changes nothing else."""
+    A, B = _inputs(device, shape=(12, 8, 10), batch=(2,), seed=3)
+    out = epifuse.gemm(A, B, "def epi(accum):\n    P = softmax(accum, dim=2)\n    return P\n")
+    assert torch.allclose(out.double(), torch.softmax(A.double() @ B.double(), dim=2), atol=2e-6)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import epifuse
 from epifuse import EpilogueError, debug, epilogues as E
+from epifuse import activations
 from epifuse.epilogues import ScaleType
 from epifuse.printing import program_source
 from epifuse.frontend import parse
@@ -717,6 +718,44 @@ def test_tensor_broadcast_is_cutlass_s(op0, op1, combine, device):
     o = torch.relu(2.0 * (A.double() @ B.double()) + bias.double())
     expected = torch.tanh(combine(o, 0.5 * C0.double(), 0.5 * C1.double()))
     assert torch.allclose(D.double(), expected, atol=2e-5)
+
+
+TWICE = "def act(x):\n    t = x * 2.0\n    y = tanh(t)\n    return y\n"
+
+
+def test_tensor_broadcast_inlines_one_function_as_activation_and_unary_op(device):
+    """The same multi-statement function as activation and unary_op: each inlining has locals
+    of its own (act_t, then act2_t); one function inlined keeps the act_ names."""
+    M, N, K = 30, 20, 8
+    A, B = torch.randn(M, K, device=device), torch.randn(K, N, device=device)
+    bias, C0 = torch.randn(N, device=device), torch.randn(M, N, device=device)
+    epi = E.LinearCombinationTensorBroadcast(activation=TWICE, unary_op=TWICE)
+    assert "    act_t = Z * 2.0\n" in epi and "    act2_t = O1 * 2.0\n" in epi
+    D = epi(A, B, alpha=0.5, beta=2.0, bias=bias, C0=C0)
+    z = 0.5 * (A.double() @ B.double()) + bias.double()
+    expected = torch.tanh(2.0 * (torch.tanh(2.0 * z) + 2.0 * C0.double()))
+    assert torch.allclose(D.double(), expected, atol=2e-5)
+    assert "    act_t = O1 * 2.0\n" in E.LinearCombinationTensorBroadcast(unary_op=TWICE)
+    assert "    act_t = Z * 2.0\n" in E.LinearCombinationTensorBroadcast(activation=TWICE, unary_op="relu")
+
+
+def test_any_number_of_activations_inline_into_one_epilogue():
+    """Distinct prefixes give distinct locals, whatever the functions' locals are called (a local
+    spelled like another inlining's names included)."""
+    tricky = activations.as_activation(
+        "def act(x):\n    act2_t = x * 2.0\n    t = act2_t + 1.0\n    y = tanh(t)\n    return y\n")
+    body, current = [], "accum"
+    for i in range(12):
+        body += tricky.statements(current, f"Y{i}", activations.activation_prefix(i))
+        current = f"Y{i}"
+    assert len({line.split(" = ")[0] for line in body}) == len(body)
+    program = parse("def many(accum):\n" + "".join(f"    {line}\n" for line in body) + f"    return {current}\n")
+    A, B = torch.randn(6, 5), torch.randn(5, 7)
+    out = epifuse.gemm(A, B, program)
+    expected = A.double() @ B.double()
+    for _ in range(12):
+        expected = torch.tanh(expected * 2.0 + 1.0)
+    assert torch.allclose(out.double(), expected, atol=2e-5)
 
 
 def test_tensor_broadcast_refuses_what_it_does_not_name():

@@ -440,3 +440,16 @@ def test_rename_reads_names_under_new_ones_at_any_depth():
     printed = epifuse.printing.expr_source(renamed)
     assert printed == "relu(pre" + " + pre" * 300 + " * b)"
     assert rename(expr, {"zz": "yy"}) is expr
+
+
+def test_a_composite_s_ops_carry_its_name_and_print_and_load_as_before():
+    """softmax's ops carry the name written at the call (for the binder's errors); the program
+    still prints as its ops, and dumps and loads back to an equal program."""
+    program = parse("def e(accum):\n    P = accum.softmax(dim=1)\n    return P\n")
+    expr = program.statements[0].expr
+    assert expr.value == "exp" and expr.loc.op == "softmax" and expr.args[0].args[1].value == "logsumexp"
+    text = epifuse.printing.program_source(program)
+    assert "P = exp(accum - logsumexp(accum, dim=(1,)))" in text
+    loaded = epifuse.printing.load_program(epifuse.printing.dump_program(program))
+    assert loaded == program and hash(loaded) == hash(program)
+    assert epifuse.printing.program_source(parse(text)) == text

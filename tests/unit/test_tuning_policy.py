@@ -3,8 +3,14 @@ choices (runtime/shipped.py), on CPU: arguments of meta tensors stand for a GPU 
 kernels for the candidates, a fake timer for tuning."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import sys
+import threading
+import types
+import weakref
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -13,6 +19,7 @@ import torch
 import epifuse
 from epifuse.errors import EpilogueArgumentError
 from epifuse.runtime.cache import CacheWarning
+from epifuse.backends import select
 from epifuse.backends.triton import configs
 from epifuse.backends.triton.families import COOPERATIVE, PERSISTENT, PINGPONG, SPLIT_K, TILED
 from epifuse.backends.triton.kernels import TritonKernel
@@ -154,20 +161,259 @@ def test_background_serves_the_fast_choice_and_queues_full_tuning(gpu, monkeypat
     assert queued == [3, 2] and gpu == []
 
 
-def test_background_tuning_works_on_copies_laid_out_as_the_callers_tensors():
-    """The caller may change or free its tensors once the call returns: the worker times
-    copies with the same sizes and strides, a broadcast (stride 0) operand and a transposed B
-    included, so that it times the kernels as they run for the caller."""
-    A, B = torch.randn(8, 4), torch.randn(6, 4).t()
-    bias = torch.randn(6).expand(8, 6)
-    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
-        "def e(accum, bias):\n    D = accum + bias\n    return D\n", bias=bias, D=torch.empty(8, 6)))
-    copied = tune._copied_args(args)
-    for mine, theirs in ((copied.A, A), (copied.B, B), (copied.epilogue.operands["bias"], bias)):
-        assert mine.stride() == theirs.stride() and torch.equal(mine, theirs)
-        assert mine.untyped_storage().data_ptr() != theirs.untyped_storage().data_ptr()
-    A.fill_(float("nan"))
-    assert not copied.A.isnan().any()
+# ---- background tuning's worker (CUDA's stream calls stubbed: CPU tensors stand for a GPU's) ------
+
+class _NoEvent:
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+@pytest.fixture
+def worker(gpu, monkeypatch):
+    """The background policy with a queue, a worker and listeners of the test's own; choices are
+    remembered in memory only. Whatever is still queued at the end is dropped and the worker
+    waited for."""
+    monkeypatch.setenv("EPIFUSE_TUNE", "background")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", _NoEvent)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(tune, "_store", lambda key, choice: None)
+    monkeypatch.setattr(tune, "_PENDING", {})
+    monkeypatch.setattr(tune, "_FAILED", set(), raising=False)
+    monkeypatch.setattr(tune, "_WORKER", [])
+    monkeypatch.setattr(tune, "LISTENERS", [])
+    yield gpu
+    with tune._LOCK:
+        tune._PENDING.clear()
+    assert tune.wait_for_background(10)
+
+
+def _cpu_args(M, N, K, dtype=torch.float32):
+    """A problem of real (random) CPU tensors: a transposed B and a broadcast bias."""
+    A = torch.randn(M, K, dtype=dtype)
+    B = torch.randn(N, K, dtype=dtype).t()
+    bias = torch.randn(N, dtype=dtype).expand(M, N)
+    return epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        "def e(accum, bias, s):\n    D = accum * s + bias\n    return D\n", bias=bias, s=0.5,
+        D=torch.empty(M, N, dtype=dtype)))
+
+
+def _blocked_timer(monkeypatch, record=None):
+    """A fake timer that waits for the returned event before it picks the last candidate,
+    calling `record(args)` first where given."""
+    release = threading.Event()
+
+    def time_all(args, kernels, mode="full"):
+        release.wait(10)
+        if record is not None:
+            record(args)
+        return kernels[-1]
+    monkeypatch.setattr(tune, "_time_all", time_all)
+    return release
+
+
+def _tensors_reachable(root, limit=200_000) -> list:
+    """The tensors reachable from `root` through containers and objects' attributes (not
+    through functions, classes or modules, which reach everything)."""
+    found, seen, todo = [], set(), [root]
+    skip = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+            types.CodeType, types.FrameType)
+    while todo and len(seen) < limit:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found.append(obj)
+            continue
+        todo.extend(gc.get_referents(obj))
+    return found
+
+
+def test_a_failed_background_tuning_is_not_queued_again_nor_drops_kept_choices(worker, monkeypatch):
+    """A tuning that raises in the worker (out of memory, say) is remembered: the calls after it
+    keep fast's choice without tuning again, and the kept choices and launches stay (the
+    listeners are not called, the generation does not move)."""
+    tuned, dropped = [], []
+
+    def failing(args, kernels, mode="full"):
+        tuned.append(mode)
+        raise RuntimeError("CUDA out of memory")
+    monkeypatch.setattr(tune, "_time_all", failing)
+    tune.LISTENERS.append(lambda: dropped.append(True))
+    before = getattr(tune, "generation", lambda: None)()
+    args = _cpu_args(64, 48, 32)
+    kernels = [Fake("<k0>"), Fake("<k1>"), Fake("<k2>")]
+    for _ in range(4):
+        assert tune.choose(args, kernels) is kernels[0]
+        assert tune.wait_for_background(5)
+    assert tuned == ["background"] and dropped == []
+    assert tune.generation() == before
+
+
+def test_a_background_winner_moves_the_generation_before_the_listeners_run(worker, monkeypatch):
+    """The counterpart: a tuning that works is remembered, moves the generation and calls the
+    listeners (which see the generation moved)."""
+    seen = []
+    tune.LISTENERS.append(lambda: seen.append(tune.generation()))
+    before = tune.generation()
+    args = _cpu_args(64, 48, 32)
+    kernels = [Fake("<k0>"), Fake("<k1>")]
+    assert tune.choose(args, kernels) is kernels[0]
+    assert tune.wait_for_background(5)
+    assert seen == [before + 1] and tune.generation() == before + 1
+    assert tune.choose(args, kernels) is kernels[1]   # the fake timer's winner serves now
+
+
+def test_the_background_queue_holds_no_tensors(worker, monkeypatch):
+    """While the worker times one problem, the others queued hold a description of each (its
+    layouts, numbers and options), not copies of their tensors: a step with many GEMM shapes
+    does not hold a copy of all of their inputs at once."""
+    release = _blocked_timer(monkeypatch)
+    kernels = [Fake("<k0>"), Fake("<k1>")]
+    for i in range(4):   # distinct shape buckets: four problems
+        tune.choose(_cpu_args(64, 16 << i, 32), kernels)
+    with tune._LOCK:
+        queued = list(tune._PENDING.values())
+    try:
+        assert len(queued) == 4
+        assert _tensors_reachable(queued) == []
+    finally:
+        release.set()
+    assert tune.wait_for_background(10)
+
+
+def test_background_tuning_times_fresh_tensors_laid_out_as_the_callers(worker, monkeypatch):
+    """The worker times each problem on tensors of its own, made when it reaches the problem,
+    with the caller's sizes, strides (a transposed B, a broadcast operand, an overlapping view)
+    and dtypes and random values; numbers as they are. They are freed before the next problem's
+    are made, and drawing them leaves the caller's random stream where it was."""
+    timed, earlier = [], []
+
+    def record(args):
+        gc.collect()
+        timed.append({"alive before": [ref() is not None for ref in earlier], "program": args.epilogue.program,
+                      "numbers": {n: v for n, v in args.operands.items() if not isinstance(v, torch.Tensor)},
+                      "tensors": {n: (t.clone(), t.stride(), t.untyped_storage().data_ptr())
+                                  for n, t in _named_tensors(args).items()}})
+        earlier.extend(weakref.ref(t) for t in _named_tensors(args).values())
+    release = _blocked_timer(monkeypatch, record)
+    kernels = [Fake("<k0>"), Fake("<k1>")]
+    first = _cpu_args(16, 8, 8, torch.float16)
+    A, C = torch.randn(8, 8), torch.randn(24).as_strided((8, 6), (2, 1))   # rows overlap
+    B = torch.randn(6, 8).t()
+    second = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        "def e(accum, C):\n    D = accum + C\n    return D\n", C=C, D=torch.empty(8, 6)))
+    tune.choose(first, kernels)
+    tune.choose(second, kernels)
+    rng = torch.random.get_rng_state()
+    release.set()
+    assert tune.wait_for_background(10)
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert [record["alive before"] for record in timed] == [[], [False] * 4]   # A, B, D and bias
+    gc.collect()
+    assert all(ref() is None for ref in earlier)
+    for callers, record in zip((first, second), timed):
+        assert record["program"] is callers.epilogue.program
+        theirs = _named_tensors(callers)
+        assert record["tensors"].keys() == theirs.keys()
+        for name, (values, stride, address) in record["tensors"].items():
+            caller = theirs[name]
+            assert (values.shape, stride, values.dtype) == (caller.shape, caller.stride(), caller.dtype)
+            assert address != caller.untyped_storage().data_ptr()
+            assert values.isfinite().all() and values.float().std() > 0.1 and not torch.equal(values, caller)
+    assert timed[0]["numbers"] == {"s": 0.5} and timed[0]["tensors"]["bias"][1] == (0, 1)
+    assert timed[1]["tensors"]["C"][1] == (2, 1)
+
+
+def _named_tensors(args) -> dict:
+    return {"A": args.A, "B": args.B, **args.outputs,
+            **{n: v for n, v in args.operands.items() if isinstance(v, torch.Tensor)}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
+                                   torch.int8, torch.uint8, torch.int32, torch.bool], ids=str)
+@pytest.mark.parametrize("shape, stride", [((16, 12), (12, 1)), ((16, 12), (1, 16)), ((16, 12), (0, 1)),
+                                           ((16, 12), (2, 1))], ids=["rows", "columns", "broadcast", "overlapping"])
+def test_fresh_tensors_have_the_layout_and_random_values_of_their_dtype(dtype, shape, stride):
+    layout = tune._Layout(shape, stride, dtype, torch.device("cpu"))
+    fresh = tune._fresh_tensor(layout, torch.Generator().manual_seed(1))
+    assert (tuple(fresh.shape), fresh.stride(), fresh.dtype) == (shape, stride, dtype)
+    values = fresh.as_strided((tune._span(layout),), (1,))   # every element of the span drawn
+    if dtype == torch.bool:
+        assert values.any() and not values.all()
+    elif dtype.is_floating_point:
+        wide = values.double()
+        assert wide.isfinite().all() and 0.5 < wide.std() < 2 and (wide < 0).any() and (wide > 0).any()
+    else:
+        wide = values.long()
+        assert wide.abs().max() <= 4 and len(wide.unique()) > 2
+        assert (wide < 0).any() == (dtype != torch.uint8)
+
+
+class _Unreadable:
+    """An epilogue whose tensors cannot be read (a stand-in for anything that raises while a
+    problem is being queued)."""
+
+    def __getattr__(self, name):
+        raise ValueError("unreadable")
+
+
+def test_an_error_while_queueing_leaves_nothing_claimed(worker, monkeypatch):
+    """Whatever raises while a problem is queued, the problem is not left claimed: a later call
+    queues it, and the worker finishes."""
+    timed = []
+    release = _blocked_timer(monkeypatch, lambda args: timed.append(args.M))
+    kernels = [Fake("<k0>"), Fake("<k1>")]
+    tune.choose(_cpu_args(16, 8, 8), kernels)   # the worker is busy with this one
+    args = _cpu_args(300, 8, 8)
+    epilogue, args.epilogue = args.epilogue, _Unreadable()
+    with pytest.raises(ValueError, match="unreadable"):
+        tune.choose(args, kernels)
+    args.epilogue = epilogue
+    assert tune.choose(args, kernels) is kernels[0]
+    release.set()
+    assert tune.wait_for_background(5)
+    assert timed == [16, 300] and tune.choose(args, kernels) is kernels[1]
+
+
+def test_a_choice_made_while_a_background_winner_lands_is_not_kept(worker, monkeypatch):
+    """choose_kernel chooses outside its lock: where the worker remembers a winner (and the
+    listeners drop the kept choices) meanwhile, the choice made before it is not kept, or it
+    would serve that signature from then on instead of the winner."""
+    monkeypatch.setattr(select, "_CHOSEN", OrderedDict())
+    tune.LISTENERS.append(select._forget_choices)
+    fast = Fake("<fast>")
+    kernels = [fast, Fake("<tuned>")]
+    monkeypatch.setattr(select, "get_kernels", lambda args: kernels)
+    other = _cpu_args(64, 48, 32)
+
+    def choose_as_the_worker_lands(args, candidates):
+        tune.tune_in_background(other, candidates, "another problem")
+        assert tune.wait_for_background(5)   # remembered, listeners called
+        return fast
+    monkeypatch.setattr(tune, "choose", choose_as_the_worker_lands)
+    args = _cpu_args(16, 8, 8)
+    assert select.choose_kernel(args) is fast
+    assert args.signature not in select._CHOSEN
+    monkeypatch.setattr(tune, "choose", lambda args, candidates: fast)   # nothing lands: kept
+    assert select.choose_kernel(args) is fast and args.signature in select._CHOSEN
+
+
+def test_the_docs_say_not_to_capture_a_cuda_graph_while_background_tuning_runs():
+    """The worker synchronizes and allocates, which fails a CUDA graph capture in another
+    thread: tune's docstring and the README's background bullet say to wait for it first."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    bullet = readme[readme.index("- `background`:"):]
+    bullet = bullet[:bullet.index("\n- ")]
+    for text in (tune.__doc__, bullet):
+        words = " ".join(text.split())
+        assert "CUDA graph" in words and "wait_for_background()" in words
 
 
 def test_the_policy_is_part_of_a_calls_signature(monkeypatch):

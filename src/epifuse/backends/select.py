@@ -146,12 +146,16 @@ def choose_kernel(args: GemmArguments):
     if kernel is not None:  # chosen for arguments of this signature, which decides support
         remember_supported(args, (kernel,))
         return kernel
+    generation = tune.generation()
     kernels = get_kernels(args)
     if not kernels:
         raise UnsupportedError("No kernel supports these arguments.")
     kernel = tune.choose(args, kernels)
     with _LOCK:
-        _CHOSEN[key] = kernel
-        while len(_CHOSEN) > CHOSEN_KEPT:
-            _CHOSEN.popitem(last=False)
+        # kept only if no background winner was remembered meanwhile: its listeners may have
+        # dropped the choices already, and this one would then outlive the winner
+        if tune.generation() == generation:
+            _CHOSEN[key] = kernel
+            while len(_CHOSEN) > CHOSEN_KEPT:
+                _CHOSEN.popitem(last=False)
     return kernel

@@ -8,9 +8,15 @@
   full            every supported kernel is timed (today's tuning before fast existed), and the
                   winner remembered; fast and background then take it.
   background      fast's choice serves at once, while a worker thread times every kernel on
-                  copies of the inputs; when it is done the winner is remembered and serves the
-                  next call (the kept launches and choices are dropped). Its timings share the
-                  GPU with the caller's work, so they are noisier than full's.
+                  fresh tensors with the inputs' sizes, strides and dtypes (random values, made
+                  when the worker reaches the problem; the queue holds only their description,
+                  never the caller's tensors); when it is done the winner is remembered and
+                  serves the next call (the kept launches and choices are dropped, and
+                  generation() changes first). A problem whose tuning fails keeps fast's choice
+                  and is not queued again. Its timings share the GPU with the caller's work, so
+                  they are noisier than full's. Do not start capturing a CUDA graph while it
+                  runs: the worker synchronizes and allocates, which makes a capture in another
+                  thread fail; call wait_for_background() first.
   0               the first supported kernel of the untimed order, untimed.
 
 Timing (`_time_all`) runs every kernel on scratch outputs (so tuning never touches the user's
@@ -36,6 +42,7 @@ import os
 import re
 import sys
 import threading
+from typing import NamedTuple
 
 import torch
 import triton
@@ -224,83 +231,176 @@ def _tune(args, kernels, key: str, mode: str):
 
 
 # -- background tuning: one worker thread, one problem at a time ----------------------------------
-_PENDING: dict = {}   # key -> (copied arguments, kernels, the event after which the copies hold)
+class _Layout(NamedTuple):
+    """What the worker needs of one of the caller's tensors to time a kernel as it runs on it."""
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+
+class _Problem(NamedTuple):
+    """A problem queued for background tuning: the program, the options, each tensor's layout
+    and each number operand; no tensor of the caller's."""
+    program: object
+    A: _Layout
+    B: _Layout
+    operands: dict   # name -> _Layout, or the number itself
+    outputs: dict    # name -> _Layout
+    deterministic: bool
+    compute_dtype: torch.dtype | None
+    accumulator_type: torch.dtype
+    precision: str
+
+
+_PENDING: dict = {}   # key -> (_Problem, kernels), in the order queued
+_FAILED: set = set()  # keys whose background tuning raised: not queued again in this process
 _WORKER: list = []    # the running worker thread, if any
+_GENERATION = 0       # background winners remembered so far (generation())
 LISTENERS: list = []  # called (no arguments) when a background winner is remembered: the
                       # modules that keep choices (select's, the kept launches) drop them
 
 
+def generation() -> int:
+    """How many background tunings have remembered a winner in this process. It changes
+    before LISTENERS are called, so a choice made while it stayed the same may be kept, and one
+    made across a change (the listeners may have dropped the kept choices meanwhile) may not."""
+    with _LOCK:
+        return _GENERATION
+
+
+def _described(args) -> _Problem:
+    """The problem `args` poses, as background tuning queues it: layouts and numbers only."""
+    def layout(t):
+        return _Layout(tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+    epi = args.epilogue
+    return _Problem(epi.program, layout(args.A), layout(args.B),
+                   {n: layout(v) if isinstance(v, torch.Tensor) else v for n, v in epi.operands.items()},
+                   {n: layout(t) for n, t in epi.outputs.items()},
+                   epi.deterministic, epi.compute_dtype, args.accumulator_type, args.precision)
+
+
 def tune_in_background(args, kernels, key: str) -> None:
-    """Queue `args` for full tuning in the worker thread, on copies of its inputs made now on
-    the current stream (the caller may then change or free its tensors). Not while the stream
-    captures a CUDA graph (the copies would join the graph): fast's choice then serves until a
-    later call queues it."""
+    """Queue `args` for full tuning in the worker thread. Only its description is queued (the
+    layouts of its tensors, its numbers and options): the worker times the kernels on fresh
+    tensors of the same sizes, strides and dtypes filled with random values, made when it
+    reaches the problem, so the caller's tensors are neither held nor read. A problem whose
+    background tuning failed is not queued again. Not while the current stream captures a CUDA
+    graph: the worker would synchronize and allocate during the capture, which fails it; fast's
+    choice then serves until a later call queues it."""
     if torch.cuda.is_current_stream_capturing():
         return
+    problem = _described(args)   # before anything is claimed: an error here leaves nothing queued
     with _LOCK:
-        if key in _PENDING or key in _MEMORY:
+        if key in _PENDING or key in _MEMORY or key in _FAILED:
             return
-        _PENDING[key] = None   # claimed: a call racing this one does not copy the inputs again
-    try:
-        with torch.cuda.device(args.A.device):
-            copied = _copied_args(args)
-            ready = torch.cuda.Event()
-            ready.record()
-    except (RuntimeError, EpilogueArgumentError):
-        with _LOCK:
-            _PENDING.pop(key, None)
-        return
-    with _LOCK:
-        _PENDING[key] = (copied, kernels, ready)
+        _PENDING[key] = (problem, kernels)
         if not _WORKER or not _WORKER[0].is_alive():
             _WORKER[:] = [threading.Thread(target=_work, name="epifuse-tuning", daemon=True)]
             _WORKER[0].start()
 
 
-def _copied_args(args):
-    def copy(t):
-        """t's elements in new memory with t's sizes and strides (broadcast and overlapping
-        views included): the span of storage the view reaches, copied, and viewed as t is."""
-        span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-        reached = t.as_strided((span,), (1,))
-        return torch.empty(span, dtype=t.dtype, device=t.device).copy_(reached).as_strided(t.shape, t.stride())
-    epi = args.epilogue
-    operands = {n: copy(t) if isinstance(t, torch.Tensor) else t for n, t in epi.operands.items()}
-    outputs = {n: torch.empty_like(t) for n, t in epi.outputs.items()}
-    copied = EpilogueArguments(epi.program, accumulate=False, deterministic=epi.deterministic,
-                               compute_dtype=epi.compute_dtype, **operands, **outputs)
-    return GemmArguments(copy(args.A), copy(args.B), epilogue=copied, accumulator_type=args.accumulator_type,
-                         precision=args.precision)
+def _span(layout: _Layout) -> int:
+    """The elements of storage a view of `layout` reaches from its first element."""
+    if any(size == 0 for size in layout.shape):
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(layout.shape, layout.stride))
+
+
+_NATIVE_RANDN = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _fresh_tensor(layout: _Layout, generator=None) -> torch.Tensor:
+    """A new tensor laid out as `layout` (broadcast and overlapping views included: the span of
+    storage such a view reaches, viewed with its sizes and strides), of random values of its
+    dtype: normal for floating point (drawn in float32 and converted for the 8-bit floats),
+    small integers for integer dtypes, random for bool."""
+    span, dtype, device = _span(layout), layout.dtype, layout.device
+    draw = {"generator": generator, "device": device}
+    if dtype == torch.bool:
+        flat = torch.randint(0, 2, (span,), dtype=torch.uint8, **draw).bool()
+    elif dtype.is_floating_point or dtype.is_complex:
+        native = dtype in _NATIVE_RANDN or dtype.is_complex
+        flat = torch.randn(span, dtype=dtype if native else torch.float32, **draw).to(dtype)
+    else:
+        low = 0 if torch.iinfo(dtype).min == 0 else -4
+        flat = torch.randint(low, 5, (span,), dtype=dtype, **draw)
+    return flat.as_strided(layout.shape, layout.stride)
+
+
+def _generators(problem: _Problem) -> dict:
+    """A random generator of its own for each device of `problem`'s tensors, so that the worker
+    does not move the caller's random streams (meta tensors draw with none)."""
+    layouts = [problem.A, problem.B, *problem.outputs.values(),
+               *(v for v in problem.operands.values() if isinstance(v, _Layout))]
+    generators = {}
+    for device in {layout.device for layout in layouts}:
+        if device.type != "meta":
+            generators[device] = torch.Generator(device=device)
+            generators[device].manual_seed(0)
+    return generators
+
+
+def _materialized(problem: _Problem) -> GemmArguments:
+    """Arguments posing `problem` on fresh tensors (_fresh_tensor), writing into fresh outputs."""
+    generators = _generators(problem)
+
+    def fresh(layout):
+        return _fresh_tensor(layout, generators.get(layout.device))
+    operands = {n: fresh(v) if isinstance(v, _Layout) else v for n, v in problem.operands.items()}
+    outputs = {n: fresh(layout) for n, layout in problem.outputs.items()}
+    epilogue = EpilogueArguments(problem.program, accumulate=False, deterministic=problem.deterministic,
+                                 compute_dtype=problem.compute_dtype, **operands, **outputs)
+    return GemmArguments(fresh(problem.A), fresh(problem.B), epilogue=epilogue,
+                         accumulator_type=problem.accumulator_type, precision=problem.precision)
+
+
+@contextlib.contextmanager
+def _on_own_stream(device: torch.device):
+    """On a GPU: that device, and a stream of the worker's own (its work does not wait on the
+    caller's stream, nor the caller's on it)."""
+    if device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+        yield
+
+
+def _tune_problem(key: str, problem: _Problem, kernels) -> bool:
+    """Time `kernels` on `problem` made of fresh tensors and remember the winner; whether that
+    worked. The tensors live only while this runs."""
+    try:
+        with _on_own_stream(problem.A.device):
+            _tune(_materialized(problem), kernels, key, "background")
+    except Exception:  # noqa: BLE001 - the served choice stays; the next process tunes again
+        return False
+    return True
 
 
 def _work() -> None:
+    global _GENERATION
     while True:
         with _LOCK:
-            ready = [(k, v) for k, v in _PENDING.items() if v is not None]
-            if not ready:
-                if not any(v is None for v in _PENDING.values()):
-                    _WORKER.clear()
-                    return
-        if not ready:
-            threading.Event().wait(0.01)   # a call is still copying its inputs
-            continue
-        key, (args, kernels, copied) = ready[0]
-        try:
-            copied.synchronize()
-            stream = torch.cuda.Stream(args.A.device)
-            with torch.cuda.stream(stream):
-                _tune(args, kernels, key, "background")
-        except Exception:  # noqa: BLE001 - the served choice stays; the next process tunes again
-            pass
-        finally:
-            with _LOCK:
-                _PENDING.pop(key, None)
-        for listener in list(LISTENERS):
-            listener()
+            if not _PENDING:
+                _WORKER.clear()
+                return
+            key, (problem, kernels) = next(iter(_PENDING.items()))
+        tuned = _tune_problem(key, problem, kernels)
+        del problem, kernels
+        with _LOCK:
+            _PENDING.pop(key, None)
+            if tuned:
+                _GENERATION += 1
+            else:
+                _FAILED.add(key)
+        if tuned:
+            for listener in list(LISTENERS):
+                listener()
 
 
 def wait_for_background(timeout: float | None = None) -> bool:
-    """Wait for background tuning to finish (for tests and scripts); whether it has."""
+    """Wait for background tuning to finish (for tests and scripts, and before capturing a CUDA
+    graph); whether it has."""
     with _LOCK:
         worker = _WORKER[0] if _WORKER else None
     if worker is not None:
