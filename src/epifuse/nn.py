@@ -145,7 +145,7 @@ class FusedLinear(nn.Linear):
             raise ShapeError(f"x has {x.shape[-1]} features (its last dimension) but the layer takes "
                              f"in_features={self.in_features}")
         if distributed:   # each rank's shard through the op (the shards are checked there)
-            return sharded.forward(self, x, operands, self._forward_local)
+            return sharded.forward(self, x, operands, self._forward_local, _autocast_dtype(x.device.type))
         return self._forward_local(x, self.weight, self.bias, operands)
 
     def _forward_local(self, x: Tensor, weight: Tensor, bias: Tensor | None, operands: dict):

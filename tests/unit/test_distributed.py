@@ -1,6 +1,8 @@
 """epifuse under torch.distributed on CPU: two processes with the gloo backend train an MLP of
 FusedLinear layers under tensor parallelism (ColwiseParallel up, RowwiseParallel down) and
-under FSDP2, against the same MLP of nn.Linear + activation (tests/distributed_worker.py).
+under FSDP2, against the same MLP of nn.Linear + activation (tests/distributed_worker.py), and
+check single layers: what tensor parallelism refuses (reductions across columns and col() on a
+column-parallel layer, tensor operands, several outputs), autocast and output dtypes.
 Without TRITON_INTERPRET the CPU runs epifuse's reference kernel; the interpreter runs the
 Triton kernels (slow: marked so)."""
 from __future__ import annotations
@@ -27,7 +29,8 @@ def _free_port() -> int:
 
 
 def _spawn(worker, interpreter=False, dtype=torch.float64):
-    mp.spawn(worker, args=(2, _free_port(), interpreter, dtype), nprocs=2, join=True)
+    seed = int(torch.randint(2**31, ()))   # from the test's seed (conftest), which a failure prints
+    mp.spawn(worker, args=(2, _free_port(), interpreter, dtype, seed), nprocs=2, join=True)
 
 
 def test_fused_linear_is_an_nn_linear_with_the_same_state():
@@ -47,6 +50,22 @@ def test_fsdp2_trains_as_nn_linear():
 
 def test_tensor_parallel_refuses_what_it_cannot_shard():
     _spawn(distributed_worker.refusals)
+
+
+def test_column_parallel_refuses_the_global_column_index():
+    _spawn(distributed_worker.column_index)
+
+
+def test_tensor_parallel_follows_autocast():
+    _spawn(distributed_worker.autocast)
+
+
+def test_row_parallel_output_dtype_is_the_unsharded_layers():
+    _spawn(distributed_worker.row_parallel_dtypes)
+
+
+def test_tensor_parallel_refuses_several_outputs():
+    _spawn(distributed_worker.multiple_outputs)
 
 
 @pytest.mark.slow
