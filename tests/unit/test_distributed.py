@@ -52,18 +52,22 @@ def test_tensor_parallel_refuses_what_it_cannot_shard():
     _spawn(distributed_worker.refusals)
 
 
+@pytest.mark.slow   # two processes each (3 s): CI's slow run takes them
 def test_column_parallel_refuses_the_global_column_index():
     _spawn(distributed_worker.column_index)
 
 
+@pytest.mark.slow   # two processes each (3 s): CI's slow run takes them
 def test_tensor_parallel_follows_autocast():
     _spawn(distributed_worker.autocast)
 
 
+@pytest.mark.slow   # two processes each (3 s): CI's slow run takes them
 def test_row_parallel_output_dtype_is_the_unsharded_layers():
     _spawn(distributed_worker.row_parallel_dtypes)
 
 
+@pytest.mark.slow   # two processes each (3 s): CI's slow run takes them
 def test_tensor_parallel_refuses_several_outputs():
     _spawn(distributed_worker.multiple_outputs)
 
