@@ -47,6 +47,9 @@ def in_child(fn, *args) -> dict:
     pid = os.fork()
     if pid == 0:   # the child: never returns
         os.close(read)
+        # one CPU thread: a parent that ran torch CPU ops has an OpenMP pool the fork does not
+        # copy, and the child's first parallel region would wait on it for ever
+        torch.set_num_threads(1)
         try:
             signal.alarm(CHILD_TIMEOUT_S)
             payload = json.dumps(fn(*args))

@@ -130,3 +130,21 @@ def test_a_failing_child_reports_its_error():
     def fails():
         raise RuntimeError("no GPU here")
     assert "no GPU here" in first_call.in_child(fails)["error"]
+
+
+def _parallel_matmul():
+    import torch
+    a = torch.randn(512, 512)
+    return {"sum": float((a @ a).sum())}
+
+
+def test_a_child_forked_after_cpu_work_does_not_hang(monkeypatch):
+    """A parent that ran a parallel CPU op holds an OpenMP pool its fork does not copy: the
+    child runs with one thread, so its own parallel op finishes (it hung before)."""
+    import torch
+    from bench import first_call
+    monkeypatch.setattr(first_call, "CHILD_TIMEOUT_S", 30)
+    a = torch.randn(512, 512)
+    (a @ a).sum()
+    result = first_call.in_child(_parallel_matmul)
+    assert "sum" in result, result
