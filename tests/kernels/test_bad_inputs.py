@@ -679,6 +679,15 @@ def _poison(t: torch.Tensor) -> None:
         t.fill_(True if t.dtype == torch.bool else 77)
 
 
+def _held_by_its_storage(t: torch.Tensor) -> bool:
+    """Whether every element of `t` lies in its storage (a shrunk one's view reaches past it,
+    into memory other allocations may change between two reads)."""
+    if t.numel() == 0:
+        return True
+    reach = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return (t.storage_offset() + reach) * t.element_size() <= t.untyped_storage().nbytes()
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype.is_floating_point:
         return torch.equal(a.double().nan_to_num(1e300, 2e300, -2e300), b.double().nan_to_num(1e300, 2e300, -2e300))
@@ -745,7 +754,8 @@ def test_bad_input(case: Case, device):
     assert isinstance(info.value, EpilogueError)
     assert case.phrase in str(info.value), str(info.value)
     for t, b in zip(tensors, before):
-        assert _same(t, b), "an input or output changed although the call failed"
+        if _held_by_its_storage(t):   # a view past its storage's end reads memory it does not own
+            assert _same(t, b), "an input or output changed although the call failed"
 
 
 def test_output_that_requires_grad_is_written_under_no_grad(device):
