@@ -147,6 +147,7 @@ def test_running_twice_on_new_data_leaves_the_counters_at_zero(device):
         args.A.copy_(integer_tensor(*args.A.shape, device=device))   # the same plan on new inputs
 
 
+@pytest.mark.slow   # one of the longest: the README's run leaves it to -m slow (CI runs it)
 def test_bitwise_deterministic_on_random_inputs(device):
     first = bias_relu_args(40, 70, 300, device)
     first.A.copy_(torch.randn(40, 300, device=device))

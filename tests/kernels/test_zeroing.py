@@ -36,6 +36,7 @@ def _count_launches_of_zeroing(args, kernel, launches, words=None):
     assert sync.tolist() == [launches * arrivals, launches]
 
 
+@pytest.mark.slow   # one of the longest: the README's run leaves it to -m slow (CI runs it)
 def test_small_atomic_reductions_are_zeroed_by_the_kernel(device, monkeypatch):
     """fp32 contiguous sums, means and amax start from the first program's zeros, not from a
     launch before the kernel: destinations full of NaN come out right launch after launch, and

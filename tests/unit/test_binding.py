@@ -112,7 +112,9 @@ def test_every_way_to_write_dim_reduces_as_torch_does(name):
         out = epifuse.gemm(A, B, _source(name, dim, method=dim == "[1]"))
         want = _torch(name, accum, torch_dim)
         assert out.numel() == want.numel(), (dim, out.shape, want.shape)
-        assert torch.allclose(out.double().reshape(want.shape), want, rtol=1e-6, atol=0), (dim, out, want)
+        # a log-sum-exp's fp32 exp and log err by about 1e-7 of max(|value|, 1): absolute near 0
+        atol = 2e-6 if name == "logsumexp" else 0
+        assert torch.allclose(out.double().reshape(want.shape), want, rtol=1e-6, atol=atol), (dim, out, want)
 
 
 def test_the_registry_reductions_are_all_known_here():

@@ -199,6 +199,7 @@ def _run_script(script: str, cache_root: Path, marker: Path | None = None) -> su
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow   # one of the longest: the README's run leaves it to -m slow (CI runs it)
 @pytest.mark.parametrize("attack", fast(["edited-file", "forged-checksum", "planted-pycache"], keep={0}))
 def test_tampered_kernel_files_never_run(tmp_path, attack):
     """A fresh process finds a kernel file that someone changed (or a __pycache__ entry planted
@@ -802,6 +803,7 @@ def _output_shapes(A, B, source, operands) -> dict:
     return shapes
 
 
+@pytest.mark.slow   # one of the longest: the README's run leaves it to -m slow (CI runs it)
 @pytest.mark.parametrize("case", fast(sorted(DETERMINISM_CASES), keep={0}))
 def test_same_inputs_give_bitwise_the_same_outputs(case, device):
     source = DETERMINISM_CASES[case]

@@ -44,10 +44,12 @@ def test_tensor_parallel_trains_as_nn_linear():
     _spawn(distributed_worker.tensor_parallel)
 
 
+@pytest.mark.slow   # one of the longest: the README's run leaves it to -m slow (CI runs it)
 def test_fsdp2_trains_as_nn_linear():
     _spawn(distributed_worker.fsdp2)
 
 
+@pytest.mark.slow   # one of the longest: the README's run leaves it to -m slow (CI runs it)
 def test_tensor_parallel_refuses_what_it_cannot_shard():
     _spawn(distributed_worker.refusals)
 

@@ -185,6 +185,7 @@ def test_fresh_names_skip_what_is_taken():
 
 # ---- end to end: the custom op's key and the derived backward ----------------------------------------
 
+@pytest.mark.slow   # one of the longest: the README's run leaves it to -m slow (CI runs it)
 def test_a_3000_statement_epilogue_runs_forward_and_backward():
     """Through autograd (the custom op's key, the backward printed and parsed): the derived
     backward of a 3000-statement chain is longer than the user source limit."""
