@@ -124,3 +124,15 @@ def fast(values, keep, ids=None) -> list:
     return [pytest.param(*(v if isinstance(v, tuple) else (v,)), id=name,
                          marks=() if i in keep else pytest.mark.slow)
             for i, (v, name) in enumerate(zip(values, names))]
+
+
+def lm_head(device, tokens: int, hidden: int, vocab: int, seed: int):
+    """x (tokens, hidden), W (vocab, hidden), b (vocab,) and class targets (tokens,): the inputs
+    of a language-model head's cross-entropy."""
+    import torch
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=gen).to(device)
+    W = (torch.randn(vocab, hidden, generator=gen) * 0.5).to(device)
+    b = torch.randn(vocab, generator=gen).to(device)
+    target = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
+    return x, W, b, target

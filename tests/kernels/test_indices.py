@@ -10,7 +10,7 @@ from epifuse.errors import EpilogueError, ShapeError
 from epifuse.frontend import parse
 from epifuse.printing import program_source
 from epifuse.ops import col, row, where
-from helpers import integer_tensor
+from helpers import lm_head, integer_tensor
 
 POSITIONS = "def epi(accum):\n    D = row() * 1000.0 + col()\n    E = accum + col()\n    return D, E\n"
 
@@ -59,12 +59,8 @@ def test_cross_entropy_from_class_indices_with_an_ignore_index(device):
     from two (tokens,) outputs, never the (tokens, vocab) logits (an ignored row picks nothing;
     the mean over kept rows is taken on the (tokens,) vectors); against torch's cross_entropy
     with ignore_index=-100."""
-    gen = torch.Generator(device="cpu").manual_seed(17)
     tokens, hidden, vocab = 64, 16, 200
-    x = torch.randn(tokens, hidden, generator=gen).to(device)
-    W = (torch.randn(vocab, hidden, generator=gen) * 0.5).to(device)
-    b = torch.randn(vocab, generator=gen).to(device)
-    target = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
+    x, W, b, target = lm_head(device, tokens, hidden, vocab, seed=17)
     target[::7] = -100
     src = ("def ce(accum, bias, target):\n"
            "    z = accum + bias\n"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import epifuse
-from helpers import check_reductions
+from helpers import lm_head, check_reductions
 
 LSE_ROWS = "def epi(accum, C):\n    x = accum + C\n    r = logsumexp(x, dim=1)\n    c = logsumexp(x, dim=0)\n    return r, c\n"
 
@@ -90,12 +90,8 @@ def test_cross_entropy_without_writing_the_logits(device):
     """Cross-entropy of logits = x @ W.T + b against class targets, from two (tokens,) outputs:
     the log-sum-exp of each row and the target logit (picked by a one-hot operand), neither of
     them (tokens, vocab); their mean difference is torch's cross_entropy."""
-    gen = torch.Generator(device="cpu").manual_seed(13)
     tokens, hidden, vocab = 48, 16, 150
-    x = torch.randn(tokens, hidden, generator=gen).to(device)
-    W = (torch.randn(vocab, hidden, generator=gen) * 0.5).to(device)
-    b = torch.randn(vocab, generator=gen).to(device)
-    target = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
+    x, W, b, target = lm_head(device, tokens, hidden, vocab, seed=13)
     onehot = torch.nn.functional.one_hot(target, vocab).float()
     src = ("def ce(accum, bias, T):\n    z = accum + bias\n    lse = logsumexp(z, dim=1)\n"
            "    picked = sum(z * T, dim=1)\n    return lse, picked\n")

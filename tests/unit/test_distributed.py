@@ -44,34 +44,17 @@ def test_tensor_parallel_trains_as_nn_linear():
     _spawn(distributed_worker.tensor_parallel)
 
 
-@pytest.mark.slow   # one of the longest: the README's run leaves it to -m slow (CI runs it)
-def test_fsdp2_trains_as_nn_linear():
-    _spawn(distributed_worker.fsdp2)
-
-
-@pytest.mark.slow   # one of the longest: the README's run leaves it to -m slow (CI runs it)
-def test_tensor_parallel_refuses_what_it_cannot_shard():
-    _spawn(distributed_worker.refusals)
-
-
 @pytest.mark.slow   # two processes each (3 s): CI's slow run takes them
-def test_column_parallel_refuses_the_global_column_index():
-    _spawn(distributed_worker.column_index)
-
-
-@pytest.mark.slow   # two processes each (3 s): CI's slow run takes them
-def test_tensor_parallel_follows_autocast():
-    _spawn(distributed_worker.autocast)
-
-
-@pytest.mark.slow   # two processes each (3 s): CI's slow run takes them
-def test_row_parallel_output_dtype_is_the_unsharded_layers():
-    _spawn(distributed_worker.row_parallel_dtypes)
-
-
-@pytest.mark.slow   # two processes each (3 s): CI's slow run takes them
-def test_tensor_parallel_refuses_several_outputs():
-    _spawn(distributed_worker.multiple_outputs)
+@pytest.mark.parametrize("worker", [
+    distributed_worker.fsdp2,                 # trains as nn.Linear
+    distributed_worker.refusals,              # what tensor parallelism cannot shard is refused
+    distributed_worker.column_index,          # col() refused on column-parallel layers
+    distributed_worker.autocast,              # tensor parallelism follows autocast
+    distributed_worker.row_parallel_dtypes,   # row-parallel output dtype is the unsharded layer's
+    distributed_worker.multiple_outputs,      # several outputs refused under torch's styles
+], ids=lambda worker: worker.__name__)
+def test_two_processes_on_the_reference_kernel(worker):
+    _spawn(worker)
 
 
 @pytest.mark.slow
