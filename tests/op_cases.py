@@ -2,7 +2,8 @@
 (unit/test_ops.py, unit/test_autograd.py, gpu/test_gpu.py)."""
 from epifuse.ops import OPS
 
-ELEMENTWISE = sorted(n for n, op in OPS.items() if not op.is_reduction and op.kind != "composite")  # composites: test_staging
+# composites: test_staging; complex parts: test_planar_complex
+ELEMENTWISE = sorted(n for n, op in OPS.items() if not op.is_reduction and op.kind not in ("composite", "complex"))
 
 # How to call each op in an epilogue: `x` is the accum-derived value, `C` an operand tile.
 CALLS = {

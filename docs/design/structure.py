@@ -24,16 +24,18 @@ OUTPUT = Path(__file__).resolve().parent / "structure.md"
 LAYERS = [
     ("foundation: errors, the ops registry, dtype names", ["errors", "version", "ops."]),
     ("the language: parsing and the IR", ["nesting", "frontend", "ir"]),
-    ("graphs: binding, passes, printing, the reference, autodiff, tensor geometry, staging in passes",
-     ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "shapes", "staging"]),
+    ("graphs: binding, passes, printing, the reference, autodiff, tensor geometry, staging in passes, "
+     "complex epilogues over real parts",
+     ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "shapes", "staging", "complex_parts"]),
     ("what a call is made of: arguments and their checks, activations", ["arguments", "activations"]),
     ("verification against the float64 reference", ["verify"]),
     ("the on-disk caches", ["runtime", "runtime.cache", "runtime.compiled"]),
     ("kernels: the contract, the reference kernels, the Triton backend",
      ["backends", "backends.base", "backends.reference", "backends.triton."]),
     ("choosing a kernel: candidates, order, tuning", ["backends.select", "runtime.shipped", "runtime.tune"]),
-    ("PyTorch integration and kept launches", ["torch_ops", "runtime.callsite"]),
-    ("the facade", ["api"]),
+    ("PyTorch integration and kept launches: custom ops, their sharding rules on DTensors",
+     ["sharding", "torch_ops", "runtime.callsite"]),
+    ("the facade: gemm, and planar complex GEMMs", ["api", "planar"]),
     ("built on the facade: nn.FusedLinear (and its shards under tensor parallelism), class-based and "
      "named epilogues, the demo", ["sharded", "nn", "fused", "epilogues", "demo"]),
     ("tools: trace, draw, problems, profiler output, the ops reference", ["tools."]),

@@ -24,7 +24,8 @@ from .version import __version__
 
 if TYPE_CHECKING:   # the names below as type checkers see them; at run time each loads on first use
     from . import debug, epilogues, nn, ops
-    from .api import EpilogueArguments, GemmArguments, GroupedGemmArguments, gemm, get_kernels, kernel_statuses
+    from .api import (EpilogueArguments, GemmArguments, GroupedGemmArguments, gemm, gemm_planar_complex, get_kernels,
+                      kernel_statuses)
     from .fused import FusedGemm
 
 # What loads on first use (a module __getattr__, PEP 562): the submodules, and names by the
@@ -32,14 +33,14 @@ if TYPE_CHECKING:   # the names below as type checkers see them; at run time eac
 # that the two agree. Any other submodule (epifuse.activations, epifuse.frontend, ...) also loads
 # when it is first named.
 _SUBMODULES = ("debug", "epilogues", "nn", "ops")
-_NAMES = {"api": ("EpilogueArguments", "GemmArguments", "GroupedGemmArguments", "gemm", "get_kernels",
-                  "kernel_statuses"),
+_NAMES = {"api": ("EpilogueArguments", "GemmArguments", "GroupedGemmArguments", "gemm", "gemm_planar_complex",
+                  "get_kernels", "kernel_statuses"),
           "fused": ("FusedGemm",)}
 _HOME = {**{name: module for module, names in _NAMES.items() for name in names},
          **{module: module for module in _SUBMODULES}}
 
 __all__ = ["EpilogueArguments", "GemmArguments", "GroupedGemmArguments", "get_kernels", "kernel_statuses",
-           "gemm", "EpilogueError", "InternalError", "FusedGemm", "ops", "nn", "torch_ops", "epilogues",
+           "gemm", "gemm_planar_complex", "EpilogueError", "InternalError", "FusedGemm", "ops", "nn", "torch_ops", "epilogues",
            "debug", "__version__"]
 
 

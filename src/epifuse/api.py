@@ -1,4 +1,4 @@
-"""The public API: gemm, get_kernels, kernel_statuses, and the argument classes.
+"""The public API: gemm, gemm_planar_complex, get_kernels, kernel_statuses, and the argument classes.
 
     epi = EpilogueArguments(fn_or_string, alpha=3.0, C=C, D=D, F=F)
     args = GemmArguments(A=A, B=B, out=D, accumulator_type=torch.float32, epilogue=epi)
@@ -22,6 +22,7 @@ from .arguments import (EpilogueArguments, GemmArguments, GroupedGemmArguments, 
 from .backends.select import choose_kernel, get_kernels, kernel_statuses
 from .errors import EpilogueArgumentError, ShapeError
 from .frontend import Program
+from .planar import gemm_planar_complex
 from .runtime import callsite, tune
 from .shapes import accum_shape_of
 
@@ -128,5 +129,5 @@ def _through_torch_ops(A, B, tensors: dict) -> bool:
         torch.is_grad_enabled() and any(t.requires_grad for t in values))
 
 
-__all__ = ["gemm", "get_kernels", "kernel_statuses", "EpilogueArguments", "GemmArguments",
-           "GroupedGemmArguments"]
+__all__ = ["gemm", "gemm_planar_complex", "get_kernels", "kernel_statuses", "EpilogueArguments",
+           "GemmArguments", "GroupedGemmArguments"]

@@ -26,7 +26,7 @@ from .activations import activation_source, is_activation_name, named_activation
 from .binding import bind
 from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
 from .frontend import Program, parse
-from .ir import AXES, Graph, Operand
+from .ir import ACCUM_IMAG, AXES, Graph, Operand
 from .passes import canonical_hash, optimize
 from .printing import statement_source
 from .shapes import (accum_shape_of, accumulator_types, address, check_tensor, classify_operand, is_stand_in,
@@ -166,7 +166,8 @@ class GemmArguments:
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
                  accumulator_type: torch.dtype | None = None,
-                 epilogue: EpilogueArguments | None = None, precision: str = "default"):
+                 epilogue: EpilogueArguments | None = None, precision: str = "default", *,
+                 A_imag: torch.Tensor | None = None, B_imag: torch.Tensor | None = None):
         if epilogue is not None and not isinstance(epilogue, EpilogueArguments):
             raise EpilogueArgumentError(
                 f"GemmArguments' epilogue must be an EpilogueArguments, not {type(epilogue).__name__}.",
@@ -189,6 +190,8 @@ class GemmArguments:
         if precision not in ("default", "highest"):
             raise EpilogueArgumentError(f"precision must be 'default' or 'highest', got {precision!r}.")
         self.A, self.B = A, B
+        self.A_imag, self.B_imag = A_imag, B_imag
+        self.planar = _check_planes(A, B, A_imag, B_imag)
         self.out = out
         self.epilogue = epilogue
         if accumulator_type is None:
@@ -214,6 +217,10 @@ class GemmArguments:
             self.strides[name] = strides
         self.roles = tuple(roles)
         self.graph, self.key = bound_graph(epilogue.program, self.roles, self.rank)
+        if not self.planar and any(node.op is ACCUM_IMAG for node in self.graph.nodes()):
+            raise EpilogueArgumentError(
+                "The epilogue reads the imaginary part of a planar complex accumulator (accum_imag), and "
+                "this GEMM is real.", hint="Pass A_imag= and B_imag= (or call epifuse.gemm_planar_complex).")
         self.outputs = dict(epilogue.outputs)
         self.reductions = {}
         for out_ in self.graph.outputs:
@@ -225,7 +232,8 @@ class GemmArguments:
                 out_.name, dest, self.accum_shape, A.device,
                 out_.node.dims if reduction else None, reduction)
         self._check_aliasing()
-        self._labeled = (("A", A), ("B", B),
+        planes = (("A_imag", A_imag), ("B_imag", B_imag)) if self.planar else ()
+        self._labeled = (("A", A), ("B", B), *planes,
                          *((f"Operand {n}", v) for n, v in self.operands.items() if isinstance(v, torch.Tensor)),
                          *((f"Output {n}", t) for n, t in self.outputs.items()))
         tensors = [t for _, t in self._labeled]
@@ -242,7 +250,9 @@ class GemmArguments:
         operands = ", ".join(f"{n}: {_role_name(roles[n])} {_describe_value(v)}" for n, v in self.operands.items())
         outputs = ", ".join(f"{n}: {self._output_kind(n)} {_describe_value(t)}" for n, t in self.outputs.items())
         device = "" if self.stand_in or self.A.device.type == "cpu" else f", device={self.A.device}"
-        return (f"GemmArguments({sizes}, A={_describe_value(self.A)}, B={_describe_value(self.B)}, "
+        planes = (f", planar complex (A_imag={_describe_value(self.A_imag)}, "
+                  f"B_imag={_describe_value(self.B_imag)})") if self.planar else ""
+        return (f"GemmArguments({sizes}, A={_describe_value(self.A)}, B={_describe_value(self.B)}{planes}, "
                 f"epilogue={self.epilogue.program.name}({operands}) -> {outputs}, "
                 f"accumulator={_dtype(self.accumulator_type)}, compute={_dtype(self.compute_dtype)}, "
                 f"precision={self.precision!r}{device}"
@@ -327,8 +337,10 @@ class GemmArguments:
 
     def _check_aliasing(self) -> None:
         outs = list(self.outputs.items())
+        inputs = (("A", self.A), ("B", self.B),
+                  *((("A_imag", self.A_imag), ("B_imag", self.B_imag)) if self.planar else ()))
         for i, (name, dest) in enumerate(outs):
-            for label, t in (("A", self.A), ("B", self.B)):
+            for label, t in inputs:
                 if overlaps(dest, t):
                     raise ShapeError(f"Output {name} overlaps the GEMM input {label}.",
                                      hint="Write the epilogue's outputs to separate tensors.")
@@ -350,7 +362,8 @@ class GemmArguments:
         operands enter by kind only: no kernel's support or speed depends on their values."""
         sig = self.__dict__.get("_signature")
         if sig is None:
-            tensors = [("A", self.A), ("B", self.B), *self.operands.items(), *self.outputs.items()]
+            planes = [("A_imag", self.A_imag), ("B_imag", self.B_imag)] if self.planar else []
+            tensors = [("A", self.A), ("B", self.B), *planes, *self.operands.items(), *self.outputs.items()]
             sig = (self.key, self.rank, self.accumulator_type, self.precision, self.accumulate,
                    self.deterministic, self.compute_dtype,
                    tuple((name, tuple(t.shape), t.stride(), t.dtype, t.device, misalignment(t) == 0)
@@ -370,6 +383,39 @@ class GemmArguments:
         dims = next(o.node.params["dim"] for o in self.graph.outputs if o.name == name)
         sizes = dict(zip(AXES, (self.L, self.M, self.N)))
         return math.prod(sizes[a] for a in dims)
+
+
+PLANE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_planes(A, B, A_imag, B_imag) -> bool:
+    """Whether the GEMM is planar complex (A_imag and B_imag given), once its planes are checked:
+    each imaginary plane is a floating-point tensor of its real plane's shape, dtype, device and
+    strides (the kernel walks both with one set of strides)."""
+    if A_imag is None and B_imag is None:
+        return False
+    if A_imag is None or B_imag is None:
+        given, missing = ("A_imag", "B_imag") if B_imag is None else ("B_imag", "A_imag")
+        raise EpilogueArgumentError(f"{given} is given and {missing} is not: a planar complex GEMM needs "
+                                    "the imaginary planes of both A and B.",
+                                    hint=f"Pass {missing}= too (zeros for a real factor).")
+    for label, real, plane in (("A", A, A_imag), ("B", B, B_imag)):
+        if not isinstance(plane, torch.Tensor):
+            raise EpilogueArgumentError(f"{label}_imag must be a torch.Tensor, but got {type(plane).__name__}.")
+        if real.dtype not in PLANE_DTYPES:
+            raise ShapeError(f"{label} is {real.dtype}; a planar complex GEMM takes planes of "
+                             "float16, bfloat16, float32 or float64.")
+        differs = [what for what, a, b in (("shape", tuple(real.shape), tuple(plane.shape)),
+                                           ("dtype", real.dtype, plane.dtype),
+                                           ("device", real.device, plane.device),
+                                           ("strides", real.stride(), plane.stride())) if a != b]
+        if differs:
+            raise ShapeError(f"{label}_imag and {label} differ in {' and '.join(differs)} "
+                             f"({label}: {tuple(real.shape)} {real.dtype} on {real.device}, strides {real.stride()}; "
+                             f"{label}_imag: {tuple(plane.shape)} {plane.dtype} on {plane.device}, strides "
+                             f"{plane.stride()}): the kernel walks both planes with one set of strides.",
+                             hint=f"Make both planes alike, e.g. {label}.contiguous() and {label}_imag.contiguous().")
+    return True
 
 
 def _gemm_strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -404,6 +450,10 @@ class GroupedGemmArguments:
         self.problems = tuple(problems)   # checked together once: not to be changed after
         first = self.problems[0]
         for i, p in enumerate(self.problems):
+            if p.planar:
+                raise EpilogueArgumentError(f"Group {i} is a planar complex GEMM; grouped GEMMs are real.",
+                                            hint="Run planar complex GEMMs one at a time "
+                                                 "(epifuse.gemm_planar_complex).")
             _check_two_dimensional(i, p)
             if i:
                 _check_same_setup(i, p, first)
@@ -421,6 +471,7 @@ class GroupedGemmArguments:
         self.reductions = dict(first.reductions)
         self.largest_span = max(p.largest_span for p in self.problems)
         self.stand_in = any(p.stand_in for p in self.problems)
+        self.planar = False
 
     def current(self) -> bool:
         """Whether every group's tensors are as they were checked (GemmArguments.current)."""
@@ -709,29 +760,37 @@ def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors
     Where an operand is missing nothing is allocated: EpilogueArguments names what is missing.
     `compute_dtype` None is the default GemmArguments takes for these inputs. With `accumulate`
     every reduction output must be passed: a new tensor holds nothing to fold into."""
-    check_out_dtype(out_dtype)
-    missing = [name for name, _ in program.outputs if name not in tensors]
-    if not missing or any(name not in tensors for name in program.operands):
-        return dict(tensors)
-    if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
-        raise ShapeError("A and B must be torch tensors.")
-    accum_shape, _ = accum_shape_of(A, B)
-    roles = tuple(classify_operand(n, tensors[n], accum_shape, A.device)[0] for n in program.operands)
-    graph, _ = bound_graph(program, roles, len(accum_shape))
-    folded = [name for name in missing if graph.output(name).node.op.is_reduction]
+    specs = output_specs_of(program, A, B, tensors, out_dtype, compute_dtype)
+    folded = [name for name, (_, _, reduced) in specs.items() if reduced]
     if accumulate and folded:
         raise EpilogueArgumentError("accumulate=True needs the reduction outputs to fold into; "
                                     f"{', '.join(folded)} {'is' if len(folded) == 1 else 'are'} not passed.",
                                     hint=f"Pass {'it' if len(folded) == 1 else 'them'} as keyword arguments "
                                          f"({', '.join(f'{n}=...' for n in folded)}).")
+    out = dict(tensors)
+    for name, (shape, dtype, _) in specs.items():
+        out[name] = torch.empty(shape, device=A.device, dtype=dtype)
+    return out
+
+
+def output_specs_of(program: Program, A: torch.Tensor, B: torch.Tensor, tensors: dict,
+                    out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None) -> dict:
+    """(shape, dtype, whether it is a reduction) of every output of `program` that `tensors`
+    lacks, by name (see output_specs); empty where an operand is missing (EpilogueArguments
+    names what is missing)."""
+    check_out_dtype(out_dtype)
+    missing = [name for name, _ in program.outputs if name not in tensors]
+    if not missing or any(name not in tensors for name in program.operands):
+        return {}
+    if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
+        raise ShapeError("A and B must be torch tensors.")
+    accum_shape, _ = accum_shape_of(A, B)
+    roles = tuple(classify_operand(n, tensors[n], accum_shape, A.device)[0] for n in program.operands)
+    graph, _ = bound_graph(program, roles, len(accum_shape))
     if compute_dtype is None:
         compute_dtype = default_compute_dtype(A, B, *(tensors[n] for n in program.operands))
     specs = output_specs(graph, accum_shape, A, out_dtype, compute_dtype)
-    out = dict(tensors)
-    for name in missing:
-        shape, dtype = specs[name]
-        out[name] = torch.empty(shape, device=A.device, dtype=dtype)
-    return out
+    return {name: (*specs[name], graph.output(name).node.op.is_reduction) for name in missing}
 
 
 def check_real(args) -> None:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from .errors import EpilogueError, EpilogueSyntaxError, Location
 from .frontend import CallSite, Expr, Program, fold_expr
-from .ir import AXES, Graph, Node, Operand, Output, accum, const, input_node
+from .ir import AXES, Graph, Node, Operand, Output, accum, accum_imag, const, input_node
 from .ops import OPS
 
 
 def bind(program: Program, operands: dict[str, Operand], rank: int) -> Graph:
     """Build the Graph of `program` with `operands` (name -> Operand) for a rank-2/3 accum."""
     env: dict[str, Node] = {"accum": accum()}
+    if "accum_imag" in program.params:   # a complex epilogue, rewritten (epifuse.complex_parts)
+        env["accum_imag"] = accum_imag()
     names: dict[Node, str] = {}
     locs: dict[Node, Location] = {}
     for name in program.operands:
@@ -42,13 +44,23 @@ def _evaluate(expr: Expr, env: dict[str, Node], rank: int, locs: dict) -> Node:
         if e.kind == "name":
             return env[e.value]
         if e.kind == "const":
+            if isinstance(e.value, complex):
+                raise EpilogueError(f"The complex literal {e.value!r} has no meaning in a real GEMM's epilogue.",
+                                    e.loc, _COMPLEX_HINT)
             return const(e.value)
         return _call_node(e, srcs, rank, locs)
     return fold_expr(expr, combine)
 
 
+_COMPLEX_HINT = ("Complex values are the epilogues of planar complex GEMMs: "
+                 "epifuse.gemm_planar_complex(Ar, Ai, Br, Bi, epilogue, ...).")
+
+
 def _call_node(expr: Expr, srcs: list[Node], rank: int, locs: dict) -> Node:
     opdef = OPS[expr.value]
+    if opdef.kind == "complex":
+        raise EpilogueError(f"{opdef.name}() takes a part of a complex value, and this GEMM's accumulator "
+                            "and operands are real.", expr.loc, _COMPLEX_HINT)
     for s in srcs:
         if s.op.is_reduction:
             raise EpilogueError(

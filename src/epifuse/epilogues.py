@@ -22,6 +22,7 @@ tensor([[2., 2.],
     BiasElementwise(activation)            D = activation(alpha * accum + beta * C + bias)
     LinearCombinationBiasRelu()            D = max(alpha * accum + beta * C + bias, threshold), T the mask
     LinearCombinationTensorBroadcast(...)  D = unary(bin1(bin0(act(alpha * accum + bias), beta * C0), beta * C1))
+    LinearCombinationPlanarComplex()       D = alpha * accum + beta * C in complex arithmetic (planar complex GEMMs)
     Generic(activation)                    a user's `def act(x): ...`, parsed (never run) and inlined
 
 `scale` is a `ScaleType` (CUTLASS's names): DEFAULT (alpha and beta), NO_BETA_SCALING
@@ -45,6 +46,7 @@ from .activations import (CUTLASS_NAMES, GELU, Activation, Clamp, Hardswish, Ide
                           Relu, Sigmoid, Silu, Tanh, as_activation)  # (CUTLASS's names, re-exported here)
 from .activations import activation_prefix
 from .api import gemm
+from .planar import gemm_planar_complex, planar_arguments
 from .arguments import EpilogueArguments, GemmArguments, allocate_outputs
 from .errors import EpilogueArgumentError, flag
 from .frontend import parse
@@ -375,12 +377,44 @@ class LinearCombinationTensorBroadcast(NamedEpilogue):
         return cls._build(source, "LinearCombinationTensorBroadcast",
                           f"LinearCombinationTensorBroadcast({', '.join(shown)})")
 
+class LinearCombinationPlanarComplex(NamedEpilogue):
+    """CUTLASS's LinearCombinationPlanarComplex: D = alpha * accum + beta * C in complex
+    arithmetic, for a planar complex GEMM (epifuse.gemm_planar_complex): accum, C and D complex
+    (C and D as (re, im) pairs of real tensors or torch complex tensors), alpha and beta complex
+    numbers, one-element complex tensors or anything real (default 1.0). `scale` as for
+    LinearCombination. Called as `epi(Ar, Ai, Br, Bi, **kwargs)`."""
+
+    def __new__(cls, scale: ScaleType | str = ScaleType.DEFAULT):
+        scale = ScaleType.of(scale)
+        operands, expression = _LINEAR[scale]
+        source = (f"def linear_combination_planar_complex({', '.join(['accum', *operands])}):\n"
+                  f"    D = {expression}\n    return D\n")
+        shown = "" if scale is ScaleType.DEFAULT else f"scale=ScaleType.{scale.name}"
+        return cls._build(source, "LinearCombinationPlanarComplex", f"LinearCombinationPlanarComplex({shown})",
+                          per_batch=())
+
+    def __call__(self, Ar: torch.Tensor, Ai: torch.Tensor, Br: torch.Tensor, Bi: torch.Tensor, **kwargs):
+        """`epifuse.gemm_planar_complex(Ar, Ai, Br, Bi, self, **kwargs)` with alpha = beta = 1.0
+        by default: returns D."""
+        return gemm_planar_complex(Ar, Ai, Br, Bi, self, **self.prepare(Ar, Br, kwargs))
+
+    def arguments(self, Ar: torch.Tensor, Ai: torch.Tensor, Br: torch.Tensor, Bi: torch.Tensor, *,
+                  accumulator_type=torch.float32, precision: str = "default",
+                  compute_dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None, **tensors):
+        """GemmArguments (planar complex) for `get_kernels` / `kernel.run`; D is allocated if not passed."""
+        args, _ = planar_arguments(Ar, Ai, Br, Bi, self, out_dtype=out_dtype, compute_dtype=compute_dtype,
+                                   precision=precision, accumulator_type=accumulator_type,
+                                   **self.prepare(Ar, Br, tensors))
+        return args
+
+
 #: Every named epilogue class, by name (the docs and `epifuse show module:Name` read it).
 NAMED = {c.__name__: c for c in (
     LinearCombination, LinearCombinationRelu, LinearCombinationGELU, LinearCombinationSigmoid,
     LinearCombinationSilu, LinearCombinationHardswish, LinearCombinationLeakyRelu,
     LinearCombinationClamp, BiasElementwise, Generic, LinearCombinationBiasRelu,
-    LinearCombinationTensorBroadcast)}
+    LinearCombinationTensorBroadcast, LinearCombinationPlanarComplex)}
 
 __all__ = ["ScaleType", "Activation", "as_activation", "NamedEpilogue", "per_batch_scalars",
            *CUTLASS_NAMES, *NAMED, "LinearCombinationGeneric", "NAMED"]
+

@@ -5,7 +5,8 @@ anything else raises `EpilogueSyntaxError` with its line and column. Call names 
 against the ops registry here, so an unknown function fails at parse time with suggestions.
 
 Accepted: one `def` whose parameters are `accum` and the operands; single-name assignments
-(each name once); a final `return` of names; float/int/bool literals; unary `-`, `+`, `~`;
+(each name once); a final `return` of names; float/int/bool literals (complex ones in a complex
+epilogue); `x.real`, `x.imag`; unary `-`, `+`, `~`;
 `+ - * / **`, `& |`; comparisons; calls of registry ops spelled `op(x)`, `torch.op(x)`,
 `F.op(x)`, `torch.nn.functional.op(x)`, `epifuse.ops.op(x)` or `x.op()`; `x.to(torch.float16)`.
 """
@@ -33,6 +34,10 @@ MAX_SOURCE_CHARS = 100_000
 # and .arguments). None of those names can be an operand or output, whichever entry point the
 # epilogue later goes through; tests/unit/test_api.py checks that every keyword parameter of
 # those entry points is listed here. (GemmArguments' `out` is not: it takes no operands.)
+# The parameters the GEMM fills rather than the caller: accum, and in a planar complex GEMM the
+# imaginary part of its accumulator, which only epifuse.complex_parts writes into a program
+# (a complex epilogue spells it accum.imag).
+ACCUMULATORS = ("accum", "accum_imag")
 RESERVED_KEYWORDS = frozenset({
     "A", "B", "epilogue", "out_dtype", "accumulate", "deterministic", "compute_dtype", "precision",
     "recompute", "accumulator_type",
@@ -117,7 +122,7 @@ class Program:
 
     @property
     def operands(self) -> tuple[str, ...]:
-        return tuple(p for p in self.params if p != "accum")
+        return tuple(p for p in self.params if p not in ACCUMULATORS)
 
 
 class GeneratedSource(str):
@@ -291,6 +296,11 @@ class _Visitor:
         params = tuple(a.arg for a in args.args)
         for a in args.args:
             self.check_identifier(a.arg, a)
+            if a.arg == "accum_imag":
+                self.fail(a, "The name 'accum_imag' is reserved: epifuse gives it to the imaginary part "
+                             "of a planar complex GEMM's accumulator.",
+                          hint="In a complex epilogue (epifuse.gemm_planar_complex) write accum.imag; "
+                               "rename an operand called accum_imag.")
             self.check_not_reserved(a.arg, a)
             if a.arg in self.defined:
                 self.fail(a, f"Variable '{a.arg}' cannot be defined twice.",
@@ -396,6 +406,8 @@ class _Visitor:
             return Expr("name", node.id, loc=loc)
         if isinstance(node, ast.Constant):
             value = node.value
+            if isinstance(value, complex):   # only a complex epilogue takes it (binding refuses it)
+                return Expr("const", value, loc=loc)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 self.fail(node, f"The literal {_short_repr(value)} is not a number.")
             return Expr("const", self.as_float(value, node), loc=loc)
@@ -423,8 +435,11 @@ class _Visitor:
         if isinstance(node, ast.Call):
             return self.call(node, loc)
         if isinstance(node, ast.Attribute):
+            if node.attr in ("real", "imag"):   # x.real is torch.real(x): the registry's op
+                return Expr("call", node.attr, (self.expr(node.value),), loc=loc)
             self.fail(node, f"Attribute access '.{node.attr}' is not supported in epilogues.",
-                      hint="Only op calls such as torch.relu(x) or x.relu() may use dots.")
+                      hint="Only op calls such as torch.relu(x) or x.relu() may use dots, and .real "
+                           "and .imag of complex values.")
         if isinstance(node, ast.Subscript):
             self.fail(node, "Subscripts (x[...]) are not supported in epilogues.")
         if isinstance(node, ast.Lambda):

@@ -2,9 +2,10 @@
 
 A `Node` is (op, src, arg), `op` an `OpDef`. Nodes are interned: building a node equal to an
 existing one returns the existing object, so common-subexpression elimination is construction
-and node equality is identity. Three leaf ops are not in the user-visible registry:
+and node equality is identity. Four leaf ops are not in the user-visible registry:
 
     ACCUM                       the GEMM accumulator tile
+    ACCUM_IMAG                  its imaginary part, in a planar complex GEMM (epifuse.complex_parts)
     CONST   arg=float           a literal (folded in double precision, emitted as fp32)
     INPUT   arg=Operand         an epilogue operand (scalar, row, column, tile, per-batch scalar)
 
@@ -25,6 +26,8 @@ from .ops import OPS, OpDef, Symbolic
 AXES = ("L", "M", "N")
 
 ACCUM = OpDef("accum", 0, None, kind="leaf", doc="the GEMM accumulator")
+ACCUM_IMAG = OpDef("accum_imag", 0, None, kind="leaf",
+                   doc="the imaginary part of a planar complex GEMM's accumulator (accum is its real part)")
 CONST = OpDef("const", 0, None, kind="leaf", doc="a literal")
 INPUT = OpDef("input", 0, None, kind="leaf", doc="an epilogue operand")
 
@@ -102,7 +105,7 @@ class Node:
 
 def _infer(op: OpDef, src: tuple[Node, ...], arg: Any) -> tuple[frozenset, str]:
     """Shape and dtype propagation: which accum axes a value varies along, and its type."""
-    if op is ACCUM:
+    if op is ACCUM or op is ACCUM_IMAG:
         return frozenset(AXES), "float"
     if op is CONST:
         return frozenset(), "float"
@@ -122,6 +125,10 @@ def _infer(op: OpDef, src: tuple[Node, ...], arg: Any) -> tuple[frozenset, str]:
 
 def accum() -> Node:
     return Node(ACCUM)
+
+
+def accum_imag() -> Node:
+    return Node(ACCUM_IMAG)
 
 
 def const(value: float) -> Node:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .ir import ACCUM, AXES, CONST, INPUT, Graph, Node
+from .errors import InternalError
+from .ir import ACCUM, ACCUM_IMAG, AXES, CONST, INPUT, Graph, Node
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
@@ -29,11 +30,37 @@ def reference_accum(A: torch.Tensor, B: torch.Tensor, dtype=torch.float32,
     return accum
 
 
-def evaluate(graph: Graph, accum: torch.Tensor, operands: dict, dtype=torch.float32) -> dict:
-    """Return {output name: tensor} for `graph` applied to `accum` (shape (M,N) or (L,M,N))."""
+def planar_accum(A: torch.Tensor, Ai: torch.Tensor, B: torch.Tensor, Bi: torch.Tensor, dtype=torch.float32,
+                 accumulator_type: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real and imaginary parts of (A + i Ai) @ (B + i Bi), from four real GEMMs in `dtype`."""
+    def gemm(x, y):
+        return reference_accum(x, y, dtype, accumulator_type)
+    return gemm(A, B) - gemm(Ai, Bi), gemm(A, Bi) + gemm(Ai, B)
+
+
+def gemm_accumulators(args, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """accum of GemmArguments `args` in `dtype` and accum's shape, and for planar complex
+    arguments its imaginary part (else None)."""
+    if args.planar:
+        re, im = planar_accum(args.A, args.A_imag, args.B, args.B_imag, dtype, args.accumulator_type)
+        return re.to(dtype).reshape(args.accum_shape), im.to(dtype).reshape(args.accum_shape)
+    return reference_accum(args.A, args.B, dtype, args.accumulator_type).to(dtype).reshape(args.accum_shape), None
+
+
+def evaluate(graph: Graph, accum: torch.Tensor, operands: dict, dtype=torch.float32,
+             accum_imag: torch.Tensor | None = None) -> dict:
+    """Return {output name: tensor} for `graph` applied to `accum` (shape (M,N) or (L,M,N));
+    `accum_imag` is the imaginary part of a planar complex GEMM's accumulator, which the
+    graph's ACCUM_IMAG leaf reads."""
     rank = accum.dim()
     values: dict[int, torch.Tensor] = {}
     for node in graph.nodes():
+        if node.op is ACCUM_IMAG:
+            if accum_imag is None:
+                raise InternalError("the graph reads the imaginary part of a planar complex accumulator, "
+                                    "and none was given")
+            values[id(node)] = accum_imag.to(dtype)
+            continue
         values[id(node)] = _evaluate_node(node, [values[id(s)] for s in node.src],
                                           accum, operands, dtype, rank)
     results = {}

@@ -285,7 +285,20 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     if memory_a != memory_b:
         return False
     a1, b1 = a0 + span(a) * a.element_size(), b0 + span(b) * b.element_size()
-    return a0 < b1 and b0 < a1
+    return a0 < b1 and b0 < a1 and not _interleaved(a, a0, b, b0)
+
+
+def _interleaved(a: torch.Tensor, a0: int, b: torch.Tensor, b0: int) -> bool:
+    """Whether spans that meet still share no byte: every element of each starts at its first
+    byte plus a multiple of g (the gcd of both tensors' strides in bytes), and the elements of
+    one fill byte offsets modulo g that the other's never reach. The real and imaginary planes
+    of one complex tensor (torch.view_as_real(z).unbind(-1)) are such a pair."""
+    steps = [s * t.element_size() for t in (a, b) for s, n in zip(t.stride(), t.shape) if n > 1]
+    g = math.gcd(*steps) if steps else 0
+    if g == 0:
+        return False
+    d = (b0 - a0) % g
+    return a.element_size() <= d and d + b.element_size() <= g
 
 
 def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -22,7 +22,7 @@ import torch
 
 from .arguments import check_arguments
 from .errors import EpilogueArgumentError
-from .reference import evaluate, reference_accum, saturate
+from .reference import evaluate, gemm_accumulators, saturate
 
 _RTOL = {torch.float64: 1e-5, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2,
          torch.float8_e4m3fn: 0.13, torch.float8_e5m2: 0.26}
@@ -107,9 +107,9 @@ def reference_outputs(args, dtype: torch.dtype = torch.float64) -> dict[str, tor
     if args.A.device.type == "meta":
         raise EpilogueArgumentError("verify=True compares values, and tensors on the meta device have none.",
                                     hint="Run without verify, or on cpu or cuda tensors.")
-    accum = reference_accum(args.A, args.B, dtype, args.accumulator_type).to(dtype).reshape(args.accum_shape)
+    accum, accum_imag = gemm_accumulators(args, dtype)
     operands = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else v) for k, v in args.operands.items()}
-    results = evaluate(args.graph, accum, operands, dtype)
+    results = evaluate(args.graph, accum, operands, dtype, accum_imag)
     out = {}
     for name, value in results.items():
         dest = args.outputs[name]

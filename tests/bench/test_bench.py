@@ -148,3 +148,18 @@ def test_a_child_forked_after_cpu_work_does_not_hang(monkeypatch):
     (a @ a).sum()
     result = first_call.in_child(_parallel_matmul)
     assert "sum" in result, result
+
+
+def test_planar_benchmark_runs_end_to_end_on_cpu(tmp_path, capsys):
+    """bench.planar's plumbing at a tiny size under the interpreter: its three ways agree
+    with the float64 reference (fp16 planes round D once, the four real GEMMs each product)."""
+    import json
+
+    from bench import planar
+    assert planar.main(["--device", "cpu", "--size", "40", "--dtypes", "fp16,fp32", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("planar_*_cpu.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["dtype"] for r in rows] == ["float16", "float32"]
+    for row in rows:
+        bound = 2e-3 if row["dtype"] == "float16" else 1e-5
+        assert all(0 < e < bound for e in row["rel_error"].values()), row

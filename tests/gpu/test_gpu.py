@@ -514,3 +514,48 @@ def test_row_and_col_large_in_every_triton_kernel():
         D.fill_(float("nan"))
         kernel.run(args)
         assert torch.equal(D, expected) and torch.equal(t, picked), kernel
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_planar_complex_large_in_every_config(dtype):
+    """The planar complex kernel (issue 37) at a ragged size of many tiles, in every config it
+    is tried with: integer-valued planes, so accum and alpha * accum + beta * C are exact (fp32
+    planes multiply in tf32, which holds small integers exactly); D stored as a complex64
+    tensor through its strided planes."""
+    from epifuse.epilogues import LinearCombinationPlanarComplex
+    M, N, K = 1000, 1240, 1500
+    Ar, Ai = (integer_tensor(M, K, dtype=dtype, device="cuda") for _ in range(2))
+    Br, Bi = (integer_tensor(K, N, dtype=dtype, device="cuda") for _ in range(2))
+    C = torch.complex(*(integer_tensor(M, N, dtype=torch.float32, device="cuda") for _ in range(2)))
+    D = torch.empty(M, N, dtype=torch.complex64, device="cuda")
+    args = LinearCombinationPlanarComplex().arguments(Ar, Ai, Br, Bi, alpha=2 - 1j, beta=0.5j, C=C, D=D)
+    kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+    assert len(kernels) >= 2 and all(k.name == "triton_planar" for k in kernels), epifuse.kernel_statuses(args)
+    accum = torch.complex(Ar.double(), Ai.double()) @ torch.complex(Br.double(), Bi.double())
+    expected = ((2 - 1j) * accum + 0.5j * C.to(torch.complex128)).to(torch.complex64)
+    for kernel in kernels:
+        D.fill_(float("nan"))
+        kernel.run(args)
+        torch.cuda.synchronize()
+        assert torch.equal(D, expected), kernel
+
+
+def test_planar_complex_epilogue_that_rounds_against_complex128():
+    """exp, abs, division and a complex sum over N on random planes, through
+    epifuse.gemm_planar_complex (its chosen kernel), within fp32's rounding."""
+    M, N, K = 777, 1030, 640
+    Ar, Ai = (torch.randn(M, K, device="cuda") / 16 for _ in range(2))
+    Br, Bi = (torch.randn(K, N, device="cuda") / 16 for _ in range(2))
+    C = torch.complex(torch.rand(M, N, device="cuda") + 1, torch.rand(M, N, device="cuda"))
+    src = ("def epi(accum, C, bias):\n    P = exp(accum) / C + bias\n    m = abs(accum)\n"
+           "    s = sum(conj(accum) * C, dim=1)\n    return P, m, s\n")
+    bias = torch.randn(N, device="cuda")
+    P, m, s = epifuse.gemm_planar_complex(Ar, Ai, Br, Bi, src, C=C, bias=bias, precision="highest",
+                                          out_dtype=torch.complex64)
+    accum = torch.complex(Ar.double(), Ai.double()) @ torch.complex(Br.double(), Bi.double())
+    c = C.to(torch.complex128)
+    def parts(z):
+        return torch.view_as_real(z.to(torch.complex128))
+    assert rel_error(parts(P), parts(torch.exp(accum) / c + bias.double())) < 1e-5
+    assert rel_error(m.double(), accum.abs()) < 1e-5
+    assert rel_error(parts(s), parts((accum.conj() * c).sum(1))) < 1e-5

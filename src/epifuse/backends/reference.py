@@ -10,7 +10,7 @@ import torch
 
 from .. import verify as verification
 from ..arguments import check_arguments
-from ..reference import evaluate, reference_accum, saturate
+from ..reference import evaluate, gemm_accumulators, saturate
 from .base import Kernel, Status, supported
 
 
@@ -29,8 +29,8 @@ class ReferenceKernel(Kernel):
             return verification.run(self, args)
         args.check_current()
         dtype = torch.float64 if args.compute_dtype == torch.float64 else torch.float32
-        accum = reference_accum(args.A, args.B, dtype, args.accumulator_type).reshape(args.accum_shape)
-        write_results(args, evaluate(args.graph, accum, args.operands, dtype))
+        accum, accum_imag = gemm_accumulators(args, dtype)
+        write_results(args, evaluate(args.graph, accum, args.operands, dtype, accum_imag))
 
 
 class GroupedReference(Kernel):

@@ -14,6 +14,7 @@ from .elementwise import *  # noqa: F401,F403  (the op objects)
 from .reduce import *  # noqa: F401,F403
 from .indices import *  # noqa: F401,F403
 from .composite import *  # noqa: F401,F403
+from .complex import *  # noqa: F401,F403
 
 __all__ = ["OPS", "OpDef", "Cost", "Reduction", "Symbolic", "lookup", "register", "spellings", "reductions",
            "dtype_from_name", "dtype_name", "rounding_dtype", *OPS]

@@ -50,16 +50,77 @@ def _multiply_add(a, b, c):
     return a * b + c
 
 
-def _unary(name, ref, doc, flops=1, special=0, aliases=(), vjp=None):
-    return register(OpDef(name, 1, ref, doc=doc, aliases=aliases, cost=Cost(flops, special), vjp=vjp))
+def _unary(name, ref, doc, flops=1, special=0, aliases=(), vjp=None, complex=None):
+    return register(OpDef(name, 1, ref, doc=doc, aliases=aliases, cost=Cost(flops, special), vjp=vjp,
+                          complex=complex))
 
 
 def _binary(name, ref, doc, aliases=(), commutative=False, identity=None, kind="elementwise",
-            vjp=None, selects=()):
+            vjp=None, selects=(), complex=None):
     if kind in ("compare", "logical"):
         vjp = _no_gradient
     return register(OpDef(name, 2, ref, doc=doc, aliases=aliases, kind=kind,
-                          commutative=commutative, identity=identity, vjp=vjp, selects=selects))
+                          commutative=commutative, identity=identity, vjp=vjp, selects=selects,
+                          complex=complex))
+
+
+# Complex meanings (`complex=`), for a planar complex GEMM's epilogue: each input is an (re, im)
+# pair of real values, None where a part is exactly zero (epifuse.complex_parts's `call` drops
+# the terms a zero part makes, as C99's mixed real and complex arithmetic does).
+
+def _complex_mul(call, a, b):
+    (ar, ai), (br, bi) = a, b
+    return (call("sub", call("mul", ar, br), call("mul", ai, bi)),
+            call("add", call("mul", ar, bi), call("mul", ai, br)))
+
+
+def _complex_div(call, a, b):
+    """(a / b) as a * conj(b) / |b|^2; by a real b, each part divided."""
+    (ar, ai), (br, bi) = a, b
+    if bi is None:
+        return call("div", ar, br), call("div", ai, br)
+    norm = call("add", call("mul", br, br), call("mul", bi, bi))
+    return (call("div", call("add", call("mul", ar, br), call("mul", ai, bi)), norm),
+            call("div", call("sub", call("mul", ai, br), call("mul", ar, bi)), norm))
+
+
+def _complex_exp(call, x):
+    """e^(a + ib) = e^a (cos b + i sin b)."""
+    xr, xi = x
+    if xi is None:
+        return call("exp", xr), None
+    scale = call("exp", xr) if xr is not None else None
+    cos_, sin_ = call("cos", xi), call("sin", xi)
+    return (cos_, sin_) if scale is None else (call("mul", scale, cos_), call("mul", scale, sin_))
+
+
+def _complex_abs(call, x):
+    """|a + ib| = sqrt(a^2 + b^2) (a real result)."""
+    xr, xi = x
+    if xi is None or xr is None:
+        return call("abs", xr if xi is None else xi)
+    return call("sqrt", call("add", call("mul", xr, xr), call("mul", xi, xi)))
+
+
+def _complex_where(call, c, a, b):
+    if c[1] is not None:
+        raise TypeError("where's condition must be real")
+    return tuple(None if x is None and y is None else call("where", c[0], x, y) for x, y in zip(a, b))
+
+
+def _each_part(name):
+    """An op that applies to the real and imaginary parts alike (+, -, negation, rounding)."""
+    def rule(call, *inputs, **params):
+        return tuple(call(name, *parts, **params) for parts in zip(*inputs))
+    return rule
+
+
+def _complex_eq(call, a, b):
+    return call("logical_and", call("eq", a[0], b[0]), call("eq", a[1], b[1]))
+
+
+def _complex_ne(call, a, b):
+    return call("logical_or", call("ne", a[0], b[0]), call("ne", a[1], b[1]))
 
 
 def _no_gradient(g, *inputs_and_result, **params):
@@ -110,13 +171,15 @@ def _mish_vjp(g, x, y):
     return (g * (t + x * sigmoid(x) * (1.0 - t * t)),)
 
 
-add = _binary("add", torch.add, "a + b", commutative=True, identity=-0.0,
+add = _binary("add", torch.add, "a + b", commutative=True, identity=-0.0, complex=_each_part("add"),
     vjp=lambda g, a, b, y: (g, g))  # x + -0.0 == x, even x = -0.0
-sub = _binary("sub", torch.sub, "a - b", aliases=("subtract",), identity=0.0,
+sub = _binary("sub", torch.sub, "a - b", aliases=("subtract",), identity=0.0, complex=_each_part("sub"),
     vjp=lambda g, a, b, y: (g, -g))
 mul = _binary("mul", torch.mul, "a * b", aliases=("multiply",), commutative=True, identity=1.0,
+              complex=_complex_mul,
     vjp=lambda g, a, b, y: (g * b, g * a))
 div = _binary("div", torch.div, "a / b (true division)", aliases=("divide", "true_divide"), identity=1.0,
+              complex=_complex_div,
     vjp=lambda g, a, b, y: (g / b, -g * a / (b * b)))
 pow = _binary("pow", torch.pow, "a ** b; pow(finite negative, non-integer) is NaN; infinities as IEEE pow "
               "((-inf) ** -0.5 = 0)", aliases=("float_power",), vjp=_pow_vjp)
@@ -131,8 +194,9 @@ lt = _binary("lt", torch.lt, "a < b", aliases=("less",), kind="compare")
 le = _binary("le", torch.le, "a <= b", aliases=("less_equal",), kind="compare")
 gt = _binary("gt", torch.gt, "a > b", aliases=("greater",), kind="compare")
 ge = _binary("ge", torch.ge, "a >= b", aliases=("greater_equal",), kind="compare")
-eq = _binary("eq", torch.eq, "a == b", kind="compare", commutative=True)
-ne = _binary("ne", torch.ne, "a != b", aliases=("not_equal",), kind="compare", commutative=True)
+eq = _binary("eq", torch.eq, "a == b", kind="compare", commutative=True, complex=_complex_eq)
+ne = _binary("ne", torch.ne, "a != b", aliases=("not_equal",), kind="compare", commutative=True,
+             complex=_complex_ne)
 logical_and = _binary("logical_and", torch.logical_and, "a & b on conditions", kind="logical",
                       commutative=True)
 logical_or = _binary("logical_or", torch.logical_or, "a | b on conditions", kind="logical",
@@ -141,21 +205,22 @@ logical_not = register(OpDef("logical_not", 1, torch.logical_not, kind="logical"
                              doc="~a on a condition",
     vjp=_no_gradient))
 
-neg = _unary("neg", torch.neg, "-x", aliases=("negative",),
+neg = _unary("neg", torch.neg, "-x", aliases=("negative",), complex=_each_part("neg"),
     vjp=lambda g, x, y: (-g,))
-abs = _unary("abs", torch.abs, "|x|", aliases=("absolute",),
+abs = _unary("abs", torch.abs, "|x|", aliases=("absolute",), complex=_complex_abs,
     vjp=lambda g, x, y: (g * sign(x),))
 sqrt = _unary("sqrt", lambda x: torch.sqrt(_as_float(x)), "square root", special=1,
     vjp=lambda g, x, y: (g / (2.0 * y),))
 rsqrt = _unary("rsqrt", lambda x: torch.rsqrt(_as_float(x)), "1 / sqrt(x)", special=1,
     vjp=lambda g, x, y: (-0.5 * g * (y * y * y),))
-square = _unary("square", torch.square, "x * x",
+square = _unary("square", torch.square, "x * x", complex=lambda call, x: _complex_mul(call, x, x),
     vjp=lambda g, x, y: (g * 2.0 * x,))
 reciprocal = _unary("reciprocal", lambda x: torch.reciprocal(_as_float(x)), "1 / x",
+                    complex=lambda call, x: _complex_div(call, (1.0, None), x),
     vjp=lambda g, x, y: (-g * (y * y),))
 sign = _unary("sign", torch.sign, "-1, 0 or 1 (0 for NaN, as torch)",
     vjp=lambda g, x, y: (None,))
-exp = _unary("exp", lambda x: torch.exp(_as_float(x)), "e ** x", special=1,
+exp = _unary("exp", lambda x: torch.exp(_as_float(x)), "e ** x", special=1, complex=_complex_exp,
     vjp=lambda g, x, y: (g * y,))
 exp2 = _unary("exp2", lambda x: torch.exp2(_as_float(x)), "2 ** x", special=1,
     vjp=lambda g, x, y: (g * y * _LN2,))
@@ -195,8 +260,10 @@ mish = _unary("mish", lambda x: F.mish(_as_float(x)), "x * tanh(softplus(x))", s
     vjp=_mish_vjp)
 
 where = register(OpDef("where", 3, torch.where, doc="cond ? a : b", cost=Cost(1), selects=(1, 2),
+    complex=_complex_where,
     vjp=lambda g, c, a, b, y: (None, where(c, g, 0.0), where(c, 0.0, g))))
 multiply_add = register(OpDef("multiply_add", 3, _multiply_add, doc="a * b + c", cost=Cost(2),
+    complex=lambda call, a, b, c: _each_part("add")(call, _complex_mul(call, a, b), c),
     vjp=lambda g, a, b, c, y: (g * b, g * a, g)))
 prelu = register(OpDef("prelu", 2, _prelu, doc="x if x >= 0 else weight * x (weight an operand)",
     vjp=lambda g, x, w, y: (where(x >= 0.0, g, g * w), where(x >= 0.0, 0.0, g * x))))
@@ -224,6 +291,7 @@ softplus = register(OpDef("softplus", 1, lambda x, beta=1.0, threshold=20.0:
     vjp=lambda g, x, y, beta=1.0, threshold=20.0: (where(x * beta > threshold, g, g * sigmoid(x * beta)),)))
 to = register(OpDef("to", 1, _round_through, params=(("dtype", "float32"),), kind="cast",
                     doc="round through a narrower type (x.to(torch.float16)); math stays in the compute dtype",
+                    complex=_each_part("to"),
     vjp=lambda g, x, y, dtype="float32": (g,)))
 
 

@@ -58,8 +58,17 @@ def _logsumexp_vjp(g, x, y, dim=None, keepdim=False, count=None):
 
 
 def _reduction(name, reduction: Reduction, doc: str, vjp, cost=None) -> OpDef:
+    # sums and means are linear: over complex values, those of the real and imaginary parts
+    linear = reduction.combine == "add" and not reduction.magnitude
     return register(OpDef(name, 1, _reference(reduction), params=_PARAMS, kind="reduce", doc=doc,
-                          cost=cost or Cost(), vjp=vjp, reduction=reduction))
+                          cost=cost or Cost(), vjp=vjp, reduction=reduction,
+                          complex=_each_part(name) if linear else None))
+
+
+def _each_part(name):
+    def rule(call, x, **params):
+        return tuple(None if part is None else call(name, part, **params) for part in x)
+    return rule
 
 
 sum = _reduction("sum", Reduction("add", 0.0), "sum over dim (fp32 accumulation)", _sum_vjp)

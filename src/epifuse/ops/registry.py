@@ -108,6 +108,12 @@ class OpDef:
     axis       for kind "index": the accum axis ("M" or "N") it counts along
     expand     for kind "composite": expand(call, *inputs, **params) builds the op from others
                with call(name, *args, **params), in the parser, so nothing after it sees the op
+    complex    the op's meaning on complex values (a planar complex GEMM's epilogue, rewritten
+               over real and imaginary parts by epifuse.complex_parts): complex(call, *inputs,
+               **params), each input an (re, im) pair, builds the result from real ops with
+               call(name, *args, **params) and returns an (re, im) pair, or one value where the
+               result is real (abs). A part that is None is exactly zero (a real value's
+               imaginary part). None here: the op refuses complex inputs.
     """
 
     name: str
@@ -125,6 +131,7 @@ class OpDef:
     reduction: Reduction | None = None
     axis: str | None = None
     expand: Callable[..., Any] | None = None
+    complex: Callable[..., Any] | None = None
 
     def __post_init__(self):
         if (self.kind == "reduce") != (self.reduction is not None):
@@ -212,6 +219,7 @@ _KINDS = {"elementwise": "an elementwise op", "compare": "a comparison (a boolea
           "logical": "logic on conditions (a boolean result)", "cast": "a rounding through a narrower type",
           "reduce": "a reduction over accum's dims", "index": "an index (where each element of accum is)",
           "composite": "a composite (the parser writes it as other ops)",
+          "complex": "a part of a complex value (complex epilogues only: epifuse.gemm_planar_complex)",
           "leaf": "an IR leaf (not an op a user writes)"}
 
 
@@ -265,12 +273,16 @@ def op_doc(op: OpDef) -> str:
                      "inside an epilogue the name is parsed, never called.")
     if op.aliases:
         lines.append("Also spelled: " + ", ".join(op.aliases) + ".")
+    if op.complex is not None and op.kind != "complex":
+        lines.append("Complex values: yes (in a planar complex GEMM's epilogue).")
     if op.makes_bool:
         lines.append("Derivative: none (a boolean result carries no gradient).")
     elif op.kind == "index":
         lines.append("Derivative: none (a position carries no gradient).")
     elif op.kind == "composite":
         lines.append("Derivative: that of the ops it is written as.")
+    elif op.kind == "complex":
+        lines.append("Derivative: none (complex epilogues run without autograd).")
     elif op.kind != "leaf":
         lines.append("Derivative: " + ("yes (autograd through epifuse differentiates it)." if op.vjp
                                        else "none (autograd through it raises)."))

@@ -27,6 +27,7 @@ _GROUPS = (
     ("reduce", "Reductions"),
     ("index", "Indices (where each element of accum is)"),
     ("composite", "Composites (the parser writes them as other ops)"),
+    ("complex", "Parts of complex values (planar complex GEMMs' epilogues only)"),
 )
 _SYMBOLS = {ast.Add: "a + b", ast.Sub: "a - b", ast.Mult: "a * b", ast.Div: "a / b",
             ast.Pow: "a ** b", ast.BitAnd: "a & b", ast.BitOr: "a | b", ast.Lt: "a < b",
@@ -79,6 +80,8 @@ def _triton_status(name: str) -> str:
         return "yes (reduction stage)"
     if OPS[name].kind == "composite":
         return "as the ops it is written as"
+    if OPS[name].kind == "complex":
+        return "as real and imaginary parts (complex_parts)"
     missing = {op.name: reason for op, reason in missing_rules().items()}
     return "yes" if name not in missing else f"no: {missing[name]}"
 
@@ -90,6 +93,8 @@ def _grad(d) -> str:
         return "none (a position)"
     if d.kind == "composite":
         return "through its ops"
+    if d.kind == "complex":
+        return "none (no autograd in complex epilogues)"
     return "yes" if d.vjp else "no"
 
 
@@ -138,6 +143,11 @@ def render_ops_reference() -> str:
     lines = HEADER.splitlines() + [""] + _operators()
     for kind, title in _GROUPS:
         lines += [f"## {title}", ""] + _op_table(kind) + [""]
+    takes_complex = sorted(n for n, d in OPS.items() if d.complex is not None and d.kind != "complex")
+    lines += ["In a planar complex GEMM's epilogue (`epifuse.gemm_planar_complex`), these ops take complex "
+              "values (each as torch's, with a real value's zero imaginary part left out of the arithmetic): "
+              + ", ".join(f"`{n}`" for n in takes_complex) + ". Any other op refuses a complex input "
+              "by name.", ""]
     lines += _named_epilogues()
     return "\n".join(lines).rstrip() + "\n"
 

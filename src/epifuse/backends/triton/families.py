@@ -14,6 +14,8 @@ what the launch owns (split-K's workspace) or converts (the Gluon kernels' TMA d
                  under the other's main loop (Hopper, one GEMM, 16-bit or 8-bit inputs)
     cooperative  Gluon: both warpgroups on one 128 x 256 tile
     grouped      the tiled kernel over many GEMMs of different sizes in one launch
+    planar       the tiled kernel over a planar complex GEMM: four real products per K step into
+                 two accumulators, the real and imaginary parts of accum
 """
 from __future__ import annotations
 
@@ -66,6 +68,7 @@ class Family:
     before_launch: Callable | None = None  # called in the launching thread before every launch
     gluon: bool = False                  # written in Gluon (tuning's tie-break prefers it)
     grouped: bool = False                # runs a GroupedGemmArguments
+    planar: bool = False                 # runs planar complex GEMMs (and only those)
 
     def __repr__(self) -> str:
         return f"Family({self.name})"
@@ -146,6 +149,28 @@ def _said(label: str):
 
 TILED = Family("triton_tiled", lambda config: SourceSpec("pointer", "tiled", zeroes=True),
                lambda args, config, cc: None, _tiled_launch, _said("tiled"), interpreter_config=configs.INTERPRETER)
+
+
+# ---- planar complex -----------------------------------------------------------------------------
+
+def _planar_check(args, config, cc) -> Status | None:
+    if args.A.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return unsupported(f"the planar complex kernel takes fp16, bf16 or fp32 planes, not {args.A.dtype}")
+    if args.accumulator_type != torch.float32:
+        return unsupported("the planar complex kernel accumulates in fp32 only")
+    return None
+
+
+def _planar_launch(args, config, layout) -> Launch:
+    """The tiled launch, and the imaginary planes, which share the real planes' strides."""
+    meta = dict(triton_meta(args, config, 1), EVEN_K=args.K % config.block_k == 0)
+    values = dict(_pointer_values(args), ai_ptr=args.A_imag, bi_ptr=args.B_imag)
+    return Launch(values, meta, _tile_grid(args, config))
+
+
+PLANAR = Family("triton_planar", lambda config: SourceSpec("pointer", "planar", zeroes=True), _planar_check,
+                _planar_launch, _said("planar complex (4 real MMAs per K step)"),
+                interpreter_config=configs.INTERPRETER, planar=True)
 
 
 # ---- split-K ------------------------------------------------------------------------------------

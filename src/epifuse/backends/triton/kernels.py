@@ -28,7 +28,7 @@ from ...arguments import check_arguments, check_real
 from ...errors import UnsupportedError
 from ...runtime import compiled as compiled_index
 from ...shapes import is_stand_in, misalignment
-from ..base import Kernel, Status, supported, supported_before
+from ..base import Kernel, Status, supported, supported_before, unsupported
 from . import configs
 from . import device as target
 from . import plan as plans
@@ -59,6 +59,9 @@ class TritonKernel(Kernel):
     def supports(self, args, cc: int | None = None) -> Status:
         # the Gluon and grouped checks ask their own questions first (a Hopper GPU; each group)
         refusal = None if self.family.gluon or self.family.grouped else common_check(args, cc)
+        if refusal is None and getattr(args, "planar", False) != self.family.planar:
+            refusal = unsupported("planar complex GEMMs run in the planar kernel only (triton_planar)"
+                                  if self.family.planar is False else "this kernel runs planar complex GEMMs only")
         if refusal is None:  # (a refusal is a Status, which is falsy)
             refusal = self.family.check(args, self.config, cc)
         return refusal if refusal is not None else supported(self.family.describe(args, self.config))

@@ -493,6 +493,7 @@ def helper_source(names, target: str) -> str:
 def missing_rules() -> dict[OpDef, str]:
     """Every elementwise registry op without a rule, with the reason (UNSUPPORTED or 'no
     lowering yet'); reductions are lowered by the epilogue's reduction stage instead, and
-    composites never reach a kernel (the parser writes them as other ops)."""
+    composites and the parts of complex values never reach a kernel (the parser and
+    epifuse.complex_parts write them as other ops)."""
     return {op: UNSUPPORTED.get(op, "no Triton lowering yet")
-            for op in OPS.values() if op not in TRITON and not op.is_reduction and op.kind != "composite"}
+            for op in OPS.values() if op not in TRITON and not op.is_reduction and op.kind not in ("composite", "complex")}
