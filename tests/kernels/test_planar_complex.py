@@ -240,3 +240,20 @@ def test_real_arguments_never_take_the_planar_kernel_and_planar_ones_take_no_oth
         assert bool(status) == (kernel.name in ("triton_planar", "reference")), (kernel, status)
     refused = [s for k, s in epifuse.kernel_statuses(args) if k.name == "triton_tiled"]
     assert all("planar kernel only" in s.reason for s in refused)
+
+
+def test_tuning_times_planar_arguments_on_their_planes():
+    """Tuning runs each candidate on scratch outputs of the same problem: for planar arguments
+    that problem keeps its imaginary planes (a real copy would be refused)."""
+    from epifuse.runtime import tune
+    Ar, Ai = planes(40, 50)
+    Br, Bi = planes(50, 30)
+    args, (D,) = epifuse.planar.planar_arguments(Ar, Ai, Br, Bi, AFFINE, alpha=1j, beta=2.0, C=1 - 1j,
+                                                 precision="highest")
+    scratch = tune._scratch_args(args)
+    assert scratch.planar and scratch.A_imag is Ai and scratch.B_imag is Bi
+    assert scratch.signature == args.signature
+    kernel = epifuse.get_kernels(scratch)[0]
+    kernel.run(scratch)
+    expected = 1j * exact_accum(Ar, Ai, Br, Bi) + 2 * (1 - 1j)
+    assert torch.equal(as_complex((scratch.outputs["D_re"], scratch.outputs["D_im"])), expected)

@@ -152,7 +152,7 @@ def _scratch_args(args):
     scratch = EpilogueArguments(epi.program, accumulate=False, deterministic=epi.deterministic,
                                 compute_dtype=epi.compute_dtype, **epi.operands, **outputs)
     return GemmArguments(args.A, args.B, epilogue=scratch, accumulator_type=args.accumulator_type,
-                         precision=args.precision)
+                         precision=args.precision, A_imag=args.A_imag, B_imag=args.B_imag)
 
 
 POLICIES = ("fast", "full", "background", "0")
