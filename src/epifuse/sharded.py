@@ -23,7 +23,8 @@ On a sharded weight the epilogue must return one output: torch's styles (Colwise
 RowwiseParallel) lay out one output tensor. Tensor operands other than the layer's bias are
 refused for now (their layouts would have to follow the output's); numbers are fine.
 Gradients flow as torch's for nn.Linear under the same styles: the replicated x of a
-column-parallel layer gets Partial gradients.
+column-parallel layer gets Partial gradients. DTensors passed straight to epifuse.gemm take
+another road, DTensor's dispatch with the rules of epifuse.sharding.
 """
 from __future__ import annotations
 
@@ -36,11 +37,7 @@ from . import reference, torch_ops
 from .arguments import bound_graph, default_compute_dtype, output_specs
 from .errors import UnsupportedError
 from .shapes import classify_operand
-
-
-def is_dtensor(t) -> bool:
-    """Whether `t` is a DTensor (without importing torch.distributed where no DTensor is)."""
-    return type(t).__name__ == "DTensor" and type(t).__module__.startswith("torch.distributed")
+from .sharding import is_dtensor
 
 
 def forward(layer, x, operands: dict, local_forward: Callable, autocast_dtype: torch.dtype | None = None):
