@@ -18,13 +18,12 @@ import torch
 
 from . import staging, torch_ops
 from .arguments import (EpilogueArguments, GemmArguments, GroupedGemmArguments, allocate_outputs,
-                        check_keywords, check_out_dtype, epilogue_program)
+                        check_keywords, check_out_dtype, epilogue_accum_shape, epilogue_program)
 from .backends.select import choose_kernel, get_kernels, kernel_statuses
 from .errors import EpilogueArgumentError, ShapeError
 from .frontend import Program
 from .planar import gemm_planar_complex
 from .runtime import callsite, tune
-from .shapes import accum_shape_of
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | None = None, /, *,
@@ -101,7 +100,7 @@ def _gemm_in_passes(program: Program, A, B, tensors: dict, accumulate: bool, opt
         raise ShapeError("A and B must be torch tensors.")
     outputs = tuple(name for name, _ in program.outputs)
     check_keywords(program, tensors, required=program.operands, allowed=(*program.operands, *outputs))
-    accum_shape = tuple(accum_shape_of(A, B)[0])
+    accum_shape = epilogue_accum_shape(program, A, B)
     stats, results = {}, {}
     for step in staging.passes(program):
         names = [name for name, _ in step.program.outputs]

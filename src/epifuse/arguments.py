@@ -189,9 +189,16 @@ class GemmArguments:
                                         hint="Pass the same tensor as out=D and D=... (or leave out `out`).")
         if precision not in ("default", "highest"):
             raise EpilogueArgumentError(f"precision must be 'default' or 'highest', got {precision!r}.")
-        self.A, self.B = A, B
         self.A_imag, self.B_imag = A_imag, B_imag
         self.planar = _check_planes(A, B, A_imag, B_imag)
+        self.gated = "accum_up" in epilogue.program.params
+        self.B_up = None
+        if self.gated:   # accum.chunk(2, dim=-1): B's columns in two halves, each a GEMM of its own
+            if self.planar:
+                raise EpilogueArgumentError("A planar complex GEMM cannot also chunk accum into gated halves.")
+            B, self.B_up = _halves(B)
+        self.A, self.B = A, B
+        self.form = "planar" if self.planar else "gated" if self.gated else "real"
         self.out = out
         self.epilogue = epilogue
         if accumulator_type is None:
@@ -232,8 +239,7 @@ class GemmArguments:
                 out_.name, dest, self.accum_shape, A.device,
                 out_.node.dims if reduction else None, reduction)
         self._check_aliasing()
-        planes = (("A_imag", A_imag), ("B_imag", B_imag)) if self.planar else ()
-        self._labeled = (("A", A), ("B", B), *planes,
+        self._labeled = (("A", A), ("B", B), *self._second_inputs(),
                          *((f"Operand {n}", v) for n, v in self.operands.items() if isinstance(v, torch.Tensor)),
                          *((f"Output {n}", t) for n, t in self.outputs.items()))
         tensors = [t for _, t in self._labeled]
@@ -251,12 +257,20 @@ class GemmArguments:
         outputs = ", ".join(f"{n}: {self._output_kind(n)} {_describe_value(t)}" for n, t in self.outputs.items())
         device = "" if self.stand_in or self.A.device.type == "cpu" else f", device={self.A.device}"
         planes = (f", planar complex (A_imag={_describe_value(self.A_imag)}, "
-                  f"B_imag={_describe_value(self.B_imag)})") if self.planar else ""
+                  f"B_imag={_describe_value(self.B_imag)})") if self.planar else \
+            ", gated (B is the first half of B's columns, B_up the second)" if self.gated else ""
         return (f"GemmArguments({sizes}, A={_describe_value(self.A)}, B={_describe_value(self.B)}{planes}, "
                 f"epilogue={self.epilogue.program.name}({operands}) -> {outputs}, "
                 f"accumulator={_dtype(self.accumulator_type)}, compute={_dtype(self.compute_dtype)}, "
                 f"precision={self.precision!r}{device}"
                 f"{_options(None, self.accumulate, self.deterministic)}{_stand_in_note(self.stand_in)})")
+
+    def _second_inputs(self) -> tuple:
+        """The inputs of the second accumulator, by label: the imaginary planes of a planar
+        complex GEMM, the second half of B's columns of a gated one."""
+        if self.planar:
+            return (("A_imag", self.A_imag), ("B_imag", self.B_imag))
+        return (("B_up", self.B_up),) if self.gated else ()
 
     def _output_kind(self, name: str) -> str:
         op = self.reduction_op(name)
@@ -337,8 +351,7 @@ class GemmArguments:
 
     def _check_aliasing(self) -> None:
         outs = list(self.outputs.items())
-        inputs = (("A", self.A), ("B", self.B),
-                  *((("A_imag", self.A_imag), ("B_imag", self.B_imag)) if self.planar else ()))
+        inputs = (("A", self.A), ("B", self.B), *self._second_inputs())
         for i, (name, dest) in enumerate(outs):
             for label, t in inputs:
                 if overlaps(dest, t):
@@ -362,8 +375,8 @@ class GemmArguments:
         operands enter by kind only: no kernel's support or speed depends on their values."""
         sig = self.__dict__.get("_signature")
         if sig is None:
-            planes = [("A_imag", self.A_imag), ("B_imag", self.B_imag)] if self.planar else []
-            tensors = [("A", self.A), ("B", self.B), *planes, *self.operands.items(), *self.outputs.items()]
+            tensors = [("A", self.A), ("B", self.B), *self._second_inputs(), *self.operands.items(),
+                       *self.outputs.items()]
             sig = (self.key, self.rank, self.accumulator_type, self.precision, self.accumulate,
                    self.deterministic, self.compute_dtype,
                    tuple((name, tuple(t.shape), t.stride(), t.dtype, t.device, misalignment(t) == 0)
@@ -418,6 +431,18 @@ def _check_planes(A, B, A_imag, B_imag) -> bool:
     return True
 
 
+def _halves(B) -> tuple:
+    """B's columns as the gate and up halves of a gated GEMM (views)."""
+    if not isinstance(B, torch.Tensor):
+        raise ShapeError(f"B must be a torch.Tensor, but got {type(B).__name__}.")
+    if B.dim() not in (2, 3) or B.shape[-1] % 2:
+        raise ShapeError(f"A gated epilogue (accum.chunk(2, dim=-1)) splits B's columns into two halves, and B "
+                         f"has shape {tuple(B.shape)}: its last dimension must be even.",
+                         hint="Pass the merged [gate | up] weight: gate's columns first, then up's.")
+    half = B.shape[-1] // 2
+    return B[..., :half], B[..., half:]
+
+
 def _gemm_strides(t: torch.Tensor) -> tuple[int, int, int]:
     """(batch, row, column) strides; batch 0 when the operand is shared across L."""
     if t.dim() == 3:
@@ -450,10 +475,9 @@ class GroupedGemmArguments:
         self.problems = tuple(problems)   # checked together once: not to be changed after
         first = self.problems[0]
         for i, p in enumerate(self.problems):
-            if p.planar:
-                raise EpilogueArgumentError(f"Group {i} is a planar complex GEMM; grouped GEMMs are real.",
-                                            hint="Run planar complex GEMMs one at a time "
-                                                 "(epifuse.gemm_planar_complex).")
+            if p.form != "real":
+                raise EpilogueArgumentError(f"Group {i} is a {p.form} GEMM; grouped GEMMs take one accumulator.",
+                                            hint=f"Run {p.form} GEMMs one at a time.")
             _check_two_dimensional(i, p)
             if i:
                 _check_same_setup(i, p, first)
@@ -471,7 +495,8 @@ class GroupedGemmArguments:
         self.reductions = dict(first.reductions)
         self.largest_span = max(p.largest_span for p in self.problems)
         self.stand_in = any(p.stand_in for p in self.problems)
-        self.planar = False
+        self.planar = self.gated = False
+        self.form = "real"
 
     def current(self) -> bool:
         """Whether every group's tensors are as they were checked (GemmArguments.current)."""
@@ -773,6 +798,12 @@ def allocate_outputs(program: Program, A: torch.Tensor, B: torch.Tensor, tensors
     return out
 
 
+def epilogue_accum_shape(program: Program, A: torch.Tensor, B: torch.Tensor) -> tuple:
+    """accum's shape as `program` sees it: A @ B's, or for a gated epilogue (accum.chunk(2,
+    dim=-1)) that of either half of its columns."""
+    return tuple(accum_shape_of(A, _halves(B)[0] if "accum_up" in program.params else B)[0])
+
+
 def output_specs_of(program: Program, A: torch.Tensor, B: torch.Tensor, tensors: dict,
                     out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None) -> dict:
     """(shape, dtype, whether it is a reduction) of every output of `program` that `tensors`
@@ -784,7 +815,7 @@ def output_specs_of(program: Program, A: torch.Tensor, B: torch.Tensor, tensors:
         return {}
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise ShapeError("A and B must be torch tensors.")
-    accum_shape, _ = accum_shape_of(A, B)
+    accum_shape = epilogue_accum_shape(program, A, B)
     roles = tuple(classify_operand(n, tensors[n], accum_shape, A.device)[0] for n in program.operands)
     graph, _ = bound_graph(program, roles, len(accum_shape))
     if compute_dtype is None:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from .errors import EpilogueError, EpilogueSyntaxError, Location
 from .frontend import CallSite, Expr, Program, fold_expr
-from .ir import AXES, Graph, Node, Operand, Output, accum, accum_imag, const, input_node
+from .ir import AXES, SECOND_ACCUMULATORS, Graph, Node, Operand, Output, accum, const, input_node
 from .ops import OPS
 
 
 def bind(program: Program, operands: dict[str, Operand], rank: int) -> Graph:
     """Build the Graph of `program` with `operands` (name -> Operand) for a rank-2/3 accum."""
     env: dict[str, Node] = {"accum": accum()}
-    if "accum_imag" in program.params:   # a complex epilogue, rewritten (epifuse.complex_parts)
-        env["accum_imag"] = accum_imag()
+    for name, leaf in SECOND_ACCUMULATORS.items():   # planar complex (complex_parts) or gated (chunk)
+        if name in program.params:
+            env[name] = Node(leaf)
     names: dict[Node, str] = {}
     locs: dict[Node, Location] = {}
     for name in program.operands:

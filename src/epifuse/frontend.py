@@ -34,10 +34,11 @@ MAX_SOURCE_CHARS = 100_000
 # and .arguments). None of those names can be an operand or output, whichever entry point the
 # epilogue later goes through; tests/unit/test_api.py checks that every keyword parameter of
 # those entry points is listed here. (GemmArguments' `out` is not: it takes no operands.)
-# The parameters the GEMM fills rather than the caller: accum, and in a planar complex GEMM the
-# imaginary part of its accumulator, which only epifuse.complex_parts writes into a program
-# (a complex epilogue spells it accum.imag).
-ACCUMULATORS = ("accum", "accum_imag")
+# The parameters the GEMM fills rather than the caller: accum; in a planar complex GEMM the
+# imaginary part of its accumulator, which only epifuse.complex_parts writes into a program (a
+# complex epilogue spells it accum.imag); in a gated GEMM the second half of accum's columns,
+# which the parser writes for `gate, up = accum.chunk(2, dim=-1)` (accum is then the first).
+ACCUMULATORS = ("accum", "accum_imag", "accum_up")
 RESERVED_KEYWORDS = frozenset({
     "A", "B", "epilogue", "out_dtype", "accumulate", "deterministic", "compute_dtype", "precision",
     "recompute", "accumulator_type",
@@ -254,6 +255,8 @@ class _Visitor:
         self.reserved = RESERVED_KEYWORDS if keywords else frozenset()
         self.defined: dict[str, Location] = {}
         self.conditions: set[str] = set()   # names of boolean values (comparisons and logic)
+        self.gated: ast.Assign | None = None   # the `gate, up = accum.chunk(2, dim=-1)` statement
+        self.accum_reads: list[ast.AST] = []   # where accum is read (by name)
 
     # ---- places and errors -------------------------------------------------------------
     def loc(self, node: ast.AST) -> Location:
@@ -296,11 +299,12 @@ class _Visitor:
         params = tuple(a.arg for a in args.args)
         for a in args.args:
             self.check_identifier(a.arg, a)
-            if a.arg == "accum_imag":
-                self.fail(a, "The name 'accum_imag' is reserved: epifuse gives it to the imaginary part "
-                             "of a planar complex GEMM's accumulator.",
-                          hint="In a complex epilogue (epifuse.gemm_planar_complex) write accum.imag; "
-                               "rename an operand called accum_imag.")
+            if a.arg in ACCUMULATORS[1:]:
+                self.fail(a, f"The name '{a.arg}' is reserved: epifuse gives it to a part of the GEMM's "
+                             "accumulator (the imaginary part of a planar complex one, the second half of a "
+                             "gated one).",
+                          hint="Write accum.imag in a complex epilogue, `gate, up = accum.chunk(2, dim=-1)` "
+                               f"in a gated one; rename an operand called {a.arg}.")
             self.check_not_reserved(a.arg, a)
             if a.arg in self.defined:
                 self.fail(a, f"Variable '{a.arg}' cannot be defined twice.",
@@ -323,7 +327,18 @@ class _Visitor:
                     self.fail(stmt, "The return statement must be the last statement of the epilogue.")
                 outputs = self.returned(stmt)
                 continue
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                    and isinstance(stmt.targets[0], (ast.Tuple, ast.List)):
+                statements.extend(self.chunk(stmt))
+                continue
             statements.append(self.statement(stmt))
+        if self.gated is not None and self.accum_reads:
+            self.fail(self.accum_reads[0], "After `gate, up = accum.chunk(2, dim=-1)` the epilogue reads the "
+                                           "halves, not accum itself (twice their width).",
+                      hint="Use the two names the chunk gives.")
+        if self.gated is not None:
+            params = (params[0], "accum_up", *params[1:])
+            self.defined["accum_up"] = self.loc(self.gated)
         if outputs is None:
             self.fail(fn, "The epilogue returns nothing.",
                       hint="End it with `return D` (or `return D, F`): each returned name is an output.")
@@ -354,6 +369,46 @@ class _Visitor:
         if self.is_condition(expr):
             self.conditions.add(name)
         return Statement(name, expr, self.loc(stmt))
+
+    def chunk(self, stmt: ast.Assign) -> list[Statement]:
+        """`gate, up = accum.chunk(2, dim=-1)` (or torch.chunk(accum, 2, -1)): the two halves of
+        accum's columns, which come from the two halves of B's (a gated GEMM: the kernel
+        multiplies both and the epilogue's width is N / 2). `gate` is then accum, `up` the
+        second accumulator `accum_up`; accum itself may not be read again."""
+        hint = "Write `gate, up = accum.chunk(2, dim=-1)`: the one tuple assignment epilogues take."
+        names = stmt.targets[0].elts
+        if len(names) != 2 or not all(isinstance(n, ast.Name) for n in names):
+            self.fail(stmt, "Unpack exactly two names from accum.chunk(2, dim=-1).", hint=hint)
+        call = stmt.value
+        if not isinstance(call, ast.Call) or _called_name(call) != "chunk":
+            self.fail(stmt, "Assign exactly one name per statement (`x = ...`); a tuple assignment must unpack "
+                            "accum.chunk(2, dim=-1).", hint=hint)
+        receiver = call.func.value if isinstance(call.func, ast.Attribute) and \
+            _attribute_chain(call.func.value) not in [list(p) for p in MODULE_PREFIXES] else None
+        args = ([receiver] if receiver is not None else []) + list(call.args)
+        keywords = {k.arg: k.value for k in call.keywords}
+        if set(keywords) - {"chunks", "dim", "input"} or len(args) + len(keywords) != 3:
+            self.fail(call, "chunk takes accum, the number of chunks (2) and dim (-1).", hint=hint)
+        ordered = dict(zip(("input", "chunks", "dim"), args))
+        ordered.update(keywords)
+        if not (isinstance(ordered.get("input"), ast.Name) and ordered["input"].id == "accum"):
+            self.fail(call, "Only accum can be chunked, into the gate and up halves of its columns.", hint=hint)
+        if _literal_int(ordered.get("chunks")) != 2:
+            self.fail(call, "accum.chunk takes 2 chunks: the gate and up halves.", hint=hint)
+        if _literal_int(ordered.get("dim")) != -1:
+            self.fail(call, "accum.chunk splits the last dimension (dim=-1), the columns of B.", hint=hint)
+        if self.gated is not None:
+            self.fail(stmt, "accum can be chunked once.", hint=hint)
+        self.gated = stmt
+        statements = []
+        for target, part in zip(names, ("accum", "accum_up")):
+            self.check_identifier(target.id, target)
+            if target.id in self.defined:
+                self.fail(target, f"Variable '{target.id}' cannot be defined twice.",
+                          hint="Epilogues are in SSA form: give the new value a new name.")
+            self.defined[target.id] = self.loc(stmt)
+            statements.append(Statement(target.id, Expr("name", part, loc=self.loc(call)), self.loc(stmt)))
+        return statements
 
     def is_condition(self, expr: Expr) -> bool:
         """Whether `expr` is boolean: a comparison or logic, or a name bound to one (operands and
@@ -403,6 +458,8 @@ class _Visitor:
         if isinstance(node, ast.Name):
             if node.id not in self.defined:
                 self.undefined(node)
+            if node.id == "accum":
+                self.accum_reads.append(node)
             return Expr("name", node.id, loc=loc)
         if isinstance(node, ast.Constant):
             value = node.value
@@ -650,6 +707,11 @@ def _attribute_chain(node: ast.expr) -> list[str] | None:
     if not isinstance(node, ast.Name):
         return None
     return [node.id] + parts[::-1]
+
+
+def _called_name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
 
 
 def _signed(node: ast.expr) -> tuple[int, ast.expr]:

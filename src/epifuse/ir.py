@@ -2,10 +2,12 @@
 
 A `Node` is (op, src, arg), `op` an `OpDef`. Nodes are interned: building a node equal to an
 existing one returns the existing object, so common-subexpression elimination is construction
-and node equality is identity. Four leaf ops are not in the user-visible registry:
+and node equality is identity. Five leaf ops are not in the user-visible registry:
 
-    ACCUM                       the GEMM accumulator tile
+    ACCUM                       the GEMM accumulator tile (in a gated GEMM, its first half)
     ACCUM_IMAG                  its imaginary part, in a planar complex GEMM (epifuse.complex_parts)
+    ACCUM_UP                    the second half of its columns, in a gated GEMM (`gate, up =
+                                accum.chunk(2, dim=-1)`)
     CONST   arg=float           a literal (folded in double precision, emitted as fp32)
     INPUT   arg=Operand         an epilogue operand (scalar, row, column, tile, per-batch scalar)
 
@@ -28,6 +30,10 @@ AXES = ("L", "M", "N")
 ACCUM = OpDef("accum", 0, None, kind="leaf", doc="the GEMM accumulator")
 ACCUM_IMAG = OpDef("accum_imag", 0, None, kind="leaf",
                    doc="the imaginary part of a planar complex GEMM's accumulator (accum is its real part)")
+ACCUM_UP = OpDef("accum_up", 0, None, kind="leaf",
+                 doc="the second half of a gated GEMM's accumulator columns (accum is the first)")
+# The leaves a kernel fills from a second accumulator, by the parameter name that binds them.
+SECOND_ACCUMULATORS = {"accum_imag": ACCUM_IMAG, "accum_up": ACCUM_UP}
 CONST = OpDef("const", 0, None, kind="leaf", doc="a literal")
 INPUT = OpDef("input", 0, None, kind="leaf", doc="an epilogue operand")
 
@@ -105,7 +111,7 @@ class Node:
 
 def _infer(op: OpDef, src: tuple[Node, ...], arg: Any) -> tuple[frozenset, str]:
     """Shape and dtype propagation: which accum axes a value varies along, and its type."""
-    if op is ACCUM or op is ACCUM_IMAG:
+    if op is ACCUM or op is ACCUM_IMAG or op is ACCUM_UP:
         return frozenset(AXES), "float"
     if op is CONST:
         return frozenset(), "float"
@@ -129,6 +135,10 @@ def accum() -> Node:
 
 def accum_imag() -> Node:
     return Node(ACCUM_IMAG)
+
+
+def accum_up() -> Node:
+    return Node(ACCUM_UP)
 
 
 def const(value: float) -> Node:

@@ -12,7 +12,7 @@ import torch
 
 from . import ops
 from .errors import InternalError
-from .ir import ACCUM, ACCUM_IMAG, AXES, CONST, INPUT, Graph, Node
+from .ir import ACCUM, AXES, CONST, INPUT, SECOND_ACCUMULATORS, Graph, Node
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
@@ -39,27 +39,32 @@ def planar_accum(A: torch.Tensor, Ai: torch.Tensor, B: torch.Tensor, Bi: torch.T
 
 
 def gemm_accumulators(args, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """accum of GemmArguments `args` in `dtype` and accum's shape, and for planar complex
-    arguments its imaginary part (else None)."""
+    """accum of GemmArguments `args` in `dtype` and accum's shape, and the second accumulator
+    of planar complex arguments (its imaginary part) or gated ones (accum is B's first half
+    of columns, the second half's product), else None."""
     if args.planar:
         re, im = planar_accum(args.A, args.A_imag, args.B, args.B_imag, dtype, args.accumulator_type)
         return re.to(dtype).reshape(args.accum_shape), im.to(dtype).reshape(args.accum_shape)
-    return reference_accum(args.A, args.B, dtype, args.accumulator_type).to(dtype).reshape(args.accum_shape), None
+    accum = reference_accum(args.A, args.B, dtype, args.accumulator_type).to(dtype).reshape(args.accum_shape)
+    if args.gated:
+        up = reference_accum(args.A, args.B_up, dtype, args.accumulator_type).to(dtype).reshape(args.accum_shape)
+        return accum, up
+    return accum, None
 
 
 def evaluate(graph: Graph, accum: torch.Tensor, operands: dict, dtype=torch.float32,
-             accum_imag: torch.Tensor | None = None) -> dict:
+             accum2: torch.Tensor | None = None) -> dict:
     """Return {output name: tensor} for `graph` applied to `accum` (shape (M,N) or (L,M,N));
-    `accum_imag` is the imaginary part of a planar complex GEMM's accumulator, which the
-    graph's ACCUM_IMAG leaf reads."""
+    `accum2` is the second accumulator (gemm_accumulators), which the graph's ACCUM_IMAG or
+    ACCUM_UP leaf reads."""
     rank = accum.dim()
     values: dict[int, torch.Tensor] = {}
     for node in graph.nodes():
-        if node.op is ACCUM_IMAG:
-            if accum_imag is None:
-                raise InternalError("the graph reads the imaginary part of a planar complex accumulator, "
-                                    "and none was given")
-            values[id(node)] = accum_imag.to(dtype)
+        if node.op in SECOND_ACCUMULATORS.values():
+            if accum2 is None:
+                raise InternalError(f"the graph reads {node.op.name}, the second accumulator of a planar "
+                                    "complex or gated GEMM, and none was given")
+            values[id(node)] = accum2.to(dtype)
             continue
         values[id(node)] = _evaluate_node(node, [values[id(s)] for s in node.src],
                                           accum, operands, dtype, rank)

@@ -65,11 +65,12 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from . import sharding
 from .arguments import (EpilogueArguments, GemmArguments, bound_graph, check_keywords, default_compute_dtype,
                         epilogue_program, output_specs, reduction_dtype)
 from .autodiff import derive, restrict
 from .backends.select import choose_kernel
-from .errors import EpilogueArgumentError, ShapeError
+from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
 from .frontend import IDENTIFIER, RESERVED_KEYWORDS, Expr, Program, Statement
 from .ir import AXES
 from .ops import dtype_from_name, dtype_name
@@ -123,6 +124,11 @@ def register_epilogue(epilogue: Callable | str | Program | None, save_accum: boo
     if isinstance(epilogue, int):
         epilogue = _TABLE[epilogue].user
     program = epilogue_program(epilogue)
+    if "accum_up" in program.params:
+        raise UnsupportedError(
+            "A gated epilogue (gate, up = accum.chunk(2, dim=-1)) has no backward and no torch.compile path "
+            "yet: the custom ops refuse it.",
+            hint="Call epifuse.gemm on tensors that do not require grad (torch.no_grad()), outside torch.compile.")
     key = (program, save_accum)
     eid = _IDS.get(key)
     if eid is not None:
@@ -526,7 +532,7 @@ class _Step:
         self.axes = AXES[3 - len(accum_shape):]
         self.reductions = {o.name: o.node.dims for o in graph.outputs if o.node.op.is_reduction}
         if accum is not None:
-            self.A, self.B = accum[..., :0], accum[..., :0, :]  # K = 0: accum is an operand
+            self.A, self.B = sharding.zero_k_factors(accum)     # K = 0: accum is an operand
             self.accum_dtype = accum.dtype
         else:
             self.A, self.B = A, B                                # the kernel recomputes A @ B
@@ -622,6 +628,22 @@ _dynamo_disabled_once_imported(_gemm)
 _dynamo_disabled_once_imported(_gemm_out)
 
 
+# ---- DTensors ------------------------------------------------------------------------------------
+
+def _dtensor_rules(op: str, key: str, A, B, operands: list, kinds: str, outputs) -> None:
+    """Where a DTensor reaches the op: its sharding rules registered with DTensor's dispatch
+    (once; epifuse.sharding) and the placements checked against the epilogue before DTensor
+    dispatches, so a refusal is epifuse's own error. Nothing while torch.compile traces."""
+    if torch.compiler.is_compiling() or not sharding.any_dtensor(A, B, *operands, *outputs):
+        return
+    sharding.register(resolve)
+    sharding.check(op, resolve(key).program, kinds, A, B, operands, list(outputs))
+
+
+if sharding.distributed_tensor_loaded():   # already imported: registering costs nothing
+    sharding.register(resolve)
+
+
 # ---- the Python entry points --------------------------------------------------------------------
 
 def _check_tensors(A, B, tensors: dict, outputs) -> None:
@@ -679,6 +701,7 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
                                         hint=f"The epilogue's outputs are: {', '.join(output_names[:visible])}.")
         key, _, output_names, visible = _describe(epilogue, False)
         outs = [tensors[n] for n in output_names]
+        _dtensor_rules("epifuse::gemm_out", key, A, B, operands, kinds, outs)
         torch.ops.epifuse.gemm_out(key, A, B, operands, numbers, kinds, outs, compute_dtype,
                                    accumulate, deterministic, precision)
     else:
@@ -686,6 +709,7 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
             raise EpilogueArgumentError("accumulate=True needs the output tensors to fold into.",
                                         hint="Pass them as keyword arguments (D=..., r=...).")
         dtypes = f"tiles={dtype_name(out_dtype)}" if out_dtype is not None else ""
+        _dtensor_rules("epifuse::gemm", key, A, B, operands, kinds, ())
         outs = torch.ops.epifuse.gemm(key, A, B, operands, numbers, kinds, dtypes, compute_dtype,
                                       deterministic, precision)[:visible]
     outs = tuple(outs)

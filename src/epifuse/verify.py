@@ -107,9 +107,9 @@ def reference_outputs(args, dtype: torch.dtype = torch.float64) -> dict[str, tor
     if args.A.device.type == "meta":
         raise EpilogueArgumentError("verify=True compares values, and tensors on the meta device have none.",
                                     hint="Run without verify, or on cpu or cuda tensors.")
-    accum, accum_imag = gemm_accumulators(args, dtype)
+    accum, accum2 = gemm_accumulators(args, dtype)
     operands = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else v) for k, v in args.operands.items()}
-    results = evaluate(args.graph, accum, operands, dtype, accum_imag)
+    results = evaluate(args.graph, accum, operands, dtype, accum2)
     out = {}
     for name, value in results.items():
         dest = args.outputs[name]

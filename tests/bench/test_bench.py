@@ -163,3 +163,14 @@ def test_planar_benchmark_runs_end_to_end_on_cpu(tmp_path, capsys):
     for row in rows:
         bound = 2e-3 if row["dtype"] == "float16" else 1e-5
         assert all(0 < e < bound for e in row["rel_error"].values()), row
+
+
+def test_gated_benchmark_runs_end_to_end_on_cpu(tmp_path):
+    import json
+
+    from bench import gated
+    assert gated.main(["--device", "cpu", "--tokens", "40", "--hidden", "32", "--inner", "48",
+                       "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("gated_*_cpu.json")
+    (row,) = json.loads(path.read_text())["rows"]
+    assert set(row["rel_error"]) == {"epifuse", "eager"} and all(0 < e < 1e-2 for e in row["rel_error"].values())

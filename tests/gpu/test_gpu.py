@@ -559,3 +559,36 @@ def test_planar_complex_epilogue_that_rounds_against_complex128():
     assert rel_error(parts(P), parts(torch.exp(accum) / c + bias.double())) < 1e-5
     assert rel_error(m.double(), accum.abs()) < 1e-5
     assert rel_error(parts(s), parts((accum.conj() * c).sum(1))) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gated_large_in_every_config(dtype):
+    """The gated kernel (issue 36) at a ragged LLaMA-like size in every config it is tried
+    with: gate * up + bias of integer-valued inputs is exact (fp32 output)."""
+    M, N, K = 1000, 1500, 1024
+    A = integer_tensor(M, K, dtype=dtype, device="cuda")
+    W = integer_tensor(K, 2 * N, low=-1, high=2, dtype=dtype, device="cuda")
+    bias = integer_tensor(N, dtype=torch.float32, device="cuda")
+    src = "def g(accum, bias):\n    gate, up = accum.chunk(2, dim=-1)\n    D = gate * up + bias\n    return D\n"
+    D = torch.empty(M, N, device="cuda")
+    args = epifuse.GemmArguments(A, W, epilogue=epifuse.EpilogueArguments(src, bias=bias, D=D))
+    kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+    assert len(kernels) >= 2 and all(k.name == "triton_gated" for k in kernels), epifuse.kernel_statuses(args)
+    full = A.double() @ W.double()
+    expected = (full[:, :N] * full[:, N:] + bias.double()).float()
+    for kernel in kernels:
+        D.fill_(float("nan"))
+        kernel.run(args)
+        torch.cuda.synchronize()
+        assert torch.equal(D, expected), kernel
+
+
+def test_swiglu_through_gemm_against_float64():
+    M, N, K = 2048, 2752, 1024
+    x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(K, 2 * N, device="cuda") / K ** 0.5).to(torch.bfloat16)
+    src = "def swiglu(accum):\n    gate, up = accum.chunk(2, dim=-1)\n    D = silu(gate) * up\n    return D\n"
+    D = epifuse.gemm(x, w, src)
+    full = x.double() @ w.double()
+    expected = torch.nn.functional.silu(full[:, :N]) * full[:, N:]
+    assert D.shape == (M, N) and rel_error(D, expected) < 8e-3

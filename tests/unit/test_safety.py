@@ -147,7 +147,6 @@ def hostile_sources(marker) -> list[tuple[str, str]]:
         ("ellipsis", src("D = ...", "return D")),
         ("none", src("D = None", "return D")),
         ("bytes", src("D = b'x'", "return D")),
-        ("complex-literal", src("D = accum * 1j", "return D")),
         ("list-literal", src("D = [accum]", "return D")),
         ("dunder-name", src("__builtins__ = accum", "return __builtins__")),
         ("dunder-parameter", src("D = accum", "return D", params="accum, __class__")),

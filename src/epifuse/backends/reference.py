@@ -29,8 +29,8 @@ class ReferenceKernel(Kernel):
             return verification.run(self, args)
         args.check_current()
         dtype = torch.float64 if args.compute_dtype == torch.float64 else torch.float32
-        accum, accum_imag = gemm_accumulators(args, dtype)
-        write_results(args, evaluate(args.graph, accum, args.operands, dtype, accum_imag))
+        accum, accum2 = gemm_accumulators(args, dtype)
+        write_results(args, evaluate(args.graph, accum, args.operands, dtype, accum2))
 
 
 class GroupedReference(Kernel):

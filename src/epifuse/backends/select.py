@@ -20,7 +20,7 @@ from .base import remember_supported
 from .reference import GroupedReference, ReferenceKernel
 from .triton import configs
 from .triton import device as target
-from .triton.families import COOPERATIVE, PERSISTENT, PINGPONG, PLANAR, SPLIT_K, TILED
+from .triton.families import COOPERATIVE, GATED, PERSISTENT, PINGPONG, PLANAR, SPLIT_K, TILED
 from .triton.grouped import GROUPED
 from .triton.kernels import TritonKernel
 
@@ -58,11 +58,13 @@ def candidates(args) -> list:
     all of B fits in a quarter of L2; split-K last, or first where the usual tiles leave SMs
     idle and K is long; and there the 64-row ping-pong before all."""
     dtype = args.A.dtype
-    if args.planar:
+    if args.form != "real":   # two accumulators: the planar complex or the gated kernel
+        family = PLANAR if args.planar else GATED
         if target.uses_interpreter(args.A.device):
-            return [TritonKernel(PLANAR, configs.INTERPRETER)]
-        return [TritonKernel(PLANAR, c) for c in configs.by_dtype(dtype, configs.PLANAR, configs.PLANAR,
-                                                                  configs.PLANAR_FP32)]
+            return [TritonKernel(family, configs.INTERPRETER)]
+        return [TritonKernel(family, c) for c in configs.by_dtype(dtype, configs.TWO_ACCUMULATORS,
+                                                                  configs.TWO_ACCUMULATORS_BYTES,
+                                                                  configs.TWO_ACCUMULATORS_FP32)]
     cooperative = () if dtype == torch.int8 else configs.by_dtype(dtype, configs.COOPERATIVE, configs.COOPERATIVE_BYTES)
     if target.uses_interpreter(args.A.device):
         return [TritonKernel(PERSISTENT, configs.INTERPRETER), TritonKernel(TILED, configs.INTERPRETER),

@@ -49,11 +49,13 @@ def _byte_sized(configs) -> tuple:
     return tuple(replace(c, block_k=2 * c.block_k) for c in configs)
 
 
-# The planar complex kernel holds two accumulators and loads four tiles per K step: 128 x 128
-# tiles at most (a 128 x 256 pair would spill), and K tiles of 32 for fp32 planes, whose four
-# 128 x 64 tiles would fill a stage's shared memory.
-PLANAR = (TileConfig(128, 128, 64, 8, 8, 3), TileConfig(128, 128, 32, 8, 8, 4), TileConfig(64, 128, 64, 8, 4, 3))
-PLANAR_FP32 = (TileConfig(128, 128, 32, 8, 8, 3), TileConfig(64, 128, 32, 8, 4, 3))
+# The planar complex and gated kernels hold two accumulators and load three or four tiles per K
+# step: 128 x 128 tiles at most (a 128 x 256 pair would spill), and K tiles of 32 for fp32 inputs,
+# whose four 128 x 64 tiles would fill a stage's shared memory.
+TWO_ACCUMULATORS = (TileConfig(128, 128, 64, 8, 8, 3), TileConfig(128, 128, 32, 8, 8, 4),
+                    TileConfig(64, 128, 64, 8, 4, 3))
+TWO_ACCUMULATORS_FP32 = (TileConfig(128, 128, 32, 8, 8, 3), TileConfig(64, 128, 32, 8, 4, 3))
+TWO_ACCUMULATORS_BYTES = _byte_sized(TWO_ACCUMULATORS[:1] + TWO_ACCUMULATORS[2:])
 
 # Under Triton's interpreter small tiles keep CPU tests fast (each program and K step costs
 # milliseconds); the persistent kernel runs INTERPRETER_PROGRAMS programs, fewer than its

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ... import ops
 from ...errors import InternalError
-from ...ir import ACCUM, ACCUM_IMAG, AXES, CONST, INPUT, Graph, Node
+from ...ir import ACCUM, ACCUM_IMAG, ACCUM_UP, AXES, CONST, INPUT, Graph, Node
 from .gluon_api import gluon_api
 from .layout import Layout, OperandParams, OutputParams
 from .rules import LOG_OF_NORMAL, LogSum, _f, log_sum, rule_for
@@ -45,8 +45,8 @@ def emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tuple
         names[id(node)] = var
         if node.op is ACCUM:
             lines.append(f"{var} = acc_e.to(tl.float32)")
-        elif node.op is ACCUM_IMAG:   # only the planar template defines it (families.PLANAR)
-            lines.append(f"{var} = acc_im_e.to(tl.float32)")
+        elif node.op is ACCUM_IMAG or node.op is ACCUM_UP:   # the planar and gated templates' second
+            lines.append(f"{var} = acc2_e.to(tl.float32)")
         elif node.op is CONST:
             names[id(node)] = _f(node.arg)
         elif node.op is INPUT:

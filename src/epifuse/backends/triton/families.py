@@ -16,6 +16,8 @@ what the launch owns (split-K's workspace) or converts (the Gluon kernels' TMA d
     grouped      the tiled kernel over many GEMMs of different sizes in one launch
     planar       the tiled kernel over a planar complex GEMM: four real products per K step into
                  two accumulators, the real and imaginary parts of accum
+    gated        the tiled kernel over a gated GEMM (`gate, up = accum.chunk(2, dim=-1)`): each
+                 A tile times both halves of B's columns, into two accumulators
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ class Family:
     before_launch: Callable | None = None  # called in the launching thread before every launch
     gluon: bool = False                  # written in Gluon (tuning's tie-break prefers it)
     grouped: bool = False                # runs a GroupedGemmArguments
-    planar: bool = False                 # runs planar complex GEMMs (and only those)
+    form: str = "real"                   # the GEMMs it runs, and only those: "real", "planar", "gated"
 
     def __repr__(self) -> str:
         return f"Family({self.name})"
@@ -170,7 +172,21 @@ def _planar_launch(args, config, layout) -> Launch:
 
 PLANAR = Family("triton_planar", lambda config: SourceSpec("pointer", "planar", zeroes=True), _planar_check,
                 _planar_launch, _said("planar complex (4 real MMAs per K step)"),
-                interpreter_config=configs.INTERPRETER, planar=True)
+                interpreter_config=configs.INTERPRETER, form="planar")
+
+
+# ---- gated ----------------------------------------------------------------------------------------
+
+def _gated_launch(args, config, layout) -> Launch:
+    """The tiled launch over B's first half of columns (args.B) and the second (args.B_up,
+    the same strides)."""
+    meta = dict(triton_meta(args, config, 1), EVEN_K=args.K % config.block_k == 0)
+    return Launch(dict(_pointer_values(args), bu_ptr=args.B_up), meta, _tile_grid(args, config))
+
+
+GATED = Family("triton_gated", lambda config: SourceSpec("pointer", "gated", zeroes=True),
+               lambda args, config, cc: None, _gated_launch, _said("gated (two halves of B's columns)"),
+               interpreter_config=configs.INTERPRETER, form="gated")
 
 
 # ---- split-K ------------------------------------------------------------------------------------

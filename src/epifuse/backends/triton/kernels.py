@@ -59,9 +59,9 @@ class TritonKernel(Kernel):
     def supports(self, args, cc: int | None = None) -> Status:
         # the Gluon and grouped checks ask their own questions first (a Hopper GPU; each group)
         refusal = None if self.family.gluon or self.family.grouped else common_check(args, cc)
-        if refusal is None and getattr(args, "planar", False) != self.family.planar:
-            refusal = unsupported("planar complex GEMMs run in the planar kernel only (triton_planar)"
-                                  if self.family.planar is False else "this kernel runs planar complex GEMMs only")
+        if refusal is None and args.form != self.family.form:
+            refusal = unsupported(f"{args.form} GEMMs run in the {args.form} kernel only (triton_{args.form})"
+                                  if self.family.form == "real" else f"this kernel runs {self.family.form} GEMMs only")
         if refusal is None:  # (a refusal is a Status, which is falsy)
             refusal = self.family.check(args, self.config, cc)
         return refusal if refusal is not None else supported(self.family.describe(args, self.config))

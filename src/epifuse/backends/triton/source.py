@@ -71,11 +71,13 @@ GEMM_PARAMS = {
 }
 GEMM_PARAMS["splitk"] = GEMM_PARAMS["tiled"] + ("ws_ptr", "counter_ptr")
 GEMM_PARAMS["planar"] = GEMM_PARAMS["tiled"] + ("ai_ptr", "bi_ptr")
+GEMM_PARAMS["gated"] = GEMM_PARAMS["tiled"] + ("bu_ptr",)
 _TRITON_META = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UPCAST", "PRECISION", "EPI_N", "ACC_INT",
                 "ACC_F16", "EVEN_M", "EVEN_N")
 META = {
     "tiled": _TRITON_META + ("EVEN_K",),
     "planar": _TRITON_META + ("EVEN_K",),
+    "gated": _TRITON_META + ("EVEN_K",),
     "splitk": _TRITON_META + ("EVEN_K", "SPLIT_K"),
     "grouped": ("ROW",) + _TRITON_META[:7] + ("ACC_INT", "ACC_F16", "EVEN_K", "EVEN_M", "EVEN_N"),
     "persistent": _TRITON_META + ("A_BATCHED", "B_BATCHED", "B_KMAJOR", "NUM_SMS", "FLATTEN", "WARP_SPECIALIZE"),

@@ -1,0 +1,98 @@
+"""Gated MLP epilogues (issue 36): SwiGLU over a merged [gate | up] weight, forward only.
+
+    PYTHONPATH=src:. python -m bench.gated [--tokens 8192] [--hidden 4096] [--inner 11008]
+
+D = silu(x @ Wg) * (x @ Wu), x (tokens, hidden) and W = [Wg | Wu] (hidden, 2 * inner), bf16,
+timed alternately in one process (do_bench medians, L2 flushed):
+  epifuse   epifuse.gemm(x, W, swiglu): one kernel, two accumulators, D of width inner
+  gemm      x @ W alone (cuBLAS): the floor, what a fused kernel cannot beat by much
+  eager     h = x @ W; silu(h[:, :inner]) * h[:, inner:]
+  compiled  the eager function under torch.compile (default mode)
+`--device cpu` runs the plumbing at a tiny size under Triton's interpreter (for the tests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SWIGLU = "def swiglu(accum):\n    gate, up = accum.chunk(2, dim=-1)\n    D = silu(gate) * up\n    return D\n"
+
+
+def measure(tokens: int, hidden: int, inner: int, device: str, warmup: float, rep: float, rounds: int) -> dict:
+    import epifuse
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=g, device=device).to(torch.bfloat16)
+    w = (torch.randn(hidden, 2 * inner, generator=g, device=device) / hidden ** 0.5).to(torch.bfloat16)
+
+    def eager(x, w):
+        h = x @ w
+        return torch.nn.functional.silu(h[:, :inner]) * h[:, inner:]
+
+    calls = {"epifuse": lambda: epifuse.gemm(x, w, SWIGLU), "gemm": lambda: x @ w,
+             "eager": lambda: eager(x, w)}
+    if device == "cuda":
+        compiled = torch.compile(eager)
+        calls["compiled"] = lambda: compiled(x, w)
+    first, results = {}, {}
+    for name, call in calls.items():
+        start = time.perf_counter()
+        results[name] = call()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        first[name] = time.perf_counter() - start
+    rows = min(tokens, 256)
+    full = x[:rows].double() @ w.double()
+    expected = torch.nn.functional.silu(full[:, :inner]) * full[:, inner:]
+    error = {name: float(((results[name][:rows].double() - expected).norm() / expected.norm()).item())
+             for name in calls if name != "gemm"}
+    row = {"tokens": tokens, "hidden": hidden, "inner": inner, "dtype": "bfloat16", "first_call_s": first,
+           "rel_error": error}
+    if device == "cuda":
+        from bench.timing import alternate_ms
+        times = alternate_ms(calls, rounds, warmup, rep)
+        row["ms"] = {name: min(t) for name, t in times.items()}
+        row["ms_rounds"] = times
+        flops = 2 * tokens * hidden * 2 * inner
+        row["tflops"] = {name: flops / (ms * 1e-3) / 1e12 for name, ms in row["ms"].items()}
+        row["kernel"] = epifuse.debug.which_kernel(epifuse.GemmArguments(
+            x, w, epilogue=epifuse.EpilogueArguments(SWIGLU, D=torch.empty(tokens, inner, device=device,
+                                                                          dtype=torch.bfloat16))))
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--inner", type=int, default=11008)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--warmup", type=float, default=50.0)
+    p.add_argument("--rep", type=float, default=200.0)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default="bench/results")
+    ns = p.parse_args(argv)
+    if ns.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    row = measure(ns.tokens, ns.hidden, ns.inner, ns.device, ns.warmup, ns.rep, ns.rounds)
+    gpu = torch.cuda.get_device_name() if ns.device == "cuda" else "cpu"
+    out = {"benchmark": "gated_swiglu", "gpu": gpu, "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "rows": [row],
+           "when": time.strftime("%Y%m%d-%H%M%S", time.gmtime())}
+    path = Path(ns.out) / f"gated_{out['when']}_{gpu.replace(' ', '-')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    if "ms" in row:
+        print(" ".join(f"{name} {ms:.3f} ms ({row['tflops'][name]:.0f} TFLOP/s)" for name, ms in row["ms"].items()))
+    print(json.dumps(row["rel_error"]))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

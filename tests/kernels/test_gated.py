@@ -1,0 +1,123 @@
+"""Gated epilogues (issue 36): `gate, up = accum.chunk(2, dim=-1)` over a merged [gate | up]
+weight, one kernel multiplying each A tile by both halves of B's columns into two
+accumulators; SwiGLU and GeGLU of width N / 2, against float64 references."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import epifuse
+from epifuse.errors import EpilogueSyntaxError, ShapeError
+from epifuse.frontend import parse
+from helpers import integer_tensor
+
+SWIGLU = "def swiglu(accum):\n    gate, up = accum.chunk(2, dim=-1)\n    D = silu(gate) * up\n    return D\n"
+PRODUCT = ("def product(accum, bias, C):\n    gate, up = torch.chunk(accum, 2, -1)\n"
+           "    D = gate * up + bias + C\n    s = sum(up, dim=-1)\n    return D, s\n")
+
+
+def halves(A, W):
+    full = A.double() @ W.double()
+    half = W.shape[-1] // 2
+    return full[..., :half], full[..., half:]
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gated_product_is_exact_in_the_gated_kernel(dtype, batched):
+    """Integer-valued: gate * up + bias + C and a row sum of up are exact in fp32, over ragged
+    tiles each way (interpreter tiles are 32), batched A and B too."""
+    M, N, K = 45, 70, 40
+    lead = (2,) if batched else ()
+    A = integer_tensor(*lead, M, K, dtype=dtype)
+    W = integer_tensor(*lead, K, 2 * N, dtype=dtype)
+    bias = integer_tensor(N, dtype=torch.float32)
+    C = integer_tensor(*lead, M, N, dtype=torch.float32)
+    D, s = torch.empty(*lead, M, N), torch.empty(*lead, M)
+    args = epifuse.GemmArguments(A, W, epilogue=epifuse.EpilogueArguments(PRODUCT, bias=bias, C=C, D=D, s=s),
+                                 precision="highest")
+    assert args.gated and (args.N, args.K) == (N, K)
+    kernels = epifuse.get_kernels(args)
+    assert [k.name for k in kernels] == ["triton_gated", "reference"]
+    gate, up = halves(A, W)
+    for kernel in kernels:
+        D.fill_(float("nan"))
+        s.fill_(float("nan"))
+        kernel.run(args)
+        assert torch.equal(D.double(), gate * up + bias.double() + C.double()), kernel
+        assert torch.equal(s.double(), up.sum(-1)), kernel
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_swiglu_and_geglu_through_gemm(act):
+    """epifuse.gemm allocates D of width N / 2 in A's dtype; silu (SwiGLU) and gelu (GeGLU) of
+    the gate half times the up half, within bf16's rounding of the float64 result."""
+    M, N, K = 64, 96, 80
+    x = torch.randn(M, K).to(torch.bfloat16)
+    w = (torch.randn(K, 2 * N) / K ** 0.5).to(torch.bfloat16)
+    src = SWIGLU.replace("silu", act)
+    D = epifuse.gemm(x, w, src)
+    assert D.shape == (M, N) and D.dtype == torch.bfloat16
+    gate, up = halves(x, w)
+    expected = getattr(F, act)(gate) * up
+    torch.testing.assert_close(D.double(), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_a_gated_softmax_runs_in_passes():
+    """A reduction of a half that feeds later math (a softmax over the gate half) runs as
+    passes of the same gated GEMM (staging), each of width N / 2."""
+    M, N, K = 40, 50, 30
+    A, W = torch.randn(M, K), torch.randn(K, 2 * N)
+    src = ("def g(accum):\n    gate, up = accum.chunk(2, dim=-1)\n    P = softmax(gate, dim=-1) * up\n"
+           "    return P\n")
+    P = epifuse.gemm(A, W, src, precision="highest")
+    gate, up = halves(A, W)
+    torch.testing.assert_close(P.double(), torch.softmax(gate, -1) * up, rtol=1e-5, atol=1e-6)
+
+
+def test_chunk_is_parsed_into_two_accumulators():
+    program = parse(SWIGLU)
+    assert program.params == ("accum", "accum_up") and program.operands == ()
+    assert [(s.target, s.expr.value) for s in program.statements][:2] == [("gate", "accum"), ("up", "accum_up")]
+
+
+@pytest.mark.parametrize("src, message", [
+    ("def e(accum):\n    g, u = accum.chunk(2, dim=-1)\n    D = g * u + accum\n    return D\n",
+     "reads the halves, not accum itself"),
+    ("def e(accum):\n    g, u = accum.chunk(3, dim=-1)\n    D = g\n    return D\n", "takes 2 chunks"),
+    ("def e(accum):\n    g, u = accum.chunk(2, dim=0)\n    D = g\n    return D\n", "splits the last dimension"),
+    ("def e(accum, x):\n    g, u = x.chunk(2, dim=-1)\n    D = g\n    return D\n", "Only accum can be chunked"),
+    ("def e(accum):\n    g, u, v = accum.chunk(2, dim=-1)\n    D = g\n    return D\n", "exactly two names"),
+    ("def e(accum):\n    g, u = accum, accum\n    D = g\n    return D\n", "must unpack accum.chunk"),
+    ("def e(accum):\n    g, u = accum.chunk(2, dim=-1)\n    h, v = accum.chunk(2, dim=-1)\n    D = g\n    return D\n",
+     "chunked once"),
+    ("def e(accum, accum_up):\n    D = accum\n    return D\n", "'accum_up' is reserved"),
+])
+def test_what_chunk_refuses(src, message):
+    with pytest.raises(EpilogueSyntaxError, match=message):
+        parse(src)
+
+
+def test_an_odd_number_of_columns_is_refused():
+    A, W = integer_tensor(8, 8, dtype=torch.float32), integer_tensor(8, 7, dtype=torch.float32)
+    with pytest.raises(ShapeError, match="its last dimension must be even"):
+        epifuse.gemm(A, W, SWIGLU)
+
+
+def test_the_second_half_of_b_is_an_input_no_output_may_overlap():
+    A = integer_tensor(8, 8, dtype=torch.float32)
+    W = integer_tensor(16, 8, dtype=torch.float32).t()   # K-major: each half's columns are a block of its own
+    before = W.clone()
+    with pytest.raises(ShapeError, match="Output D overlaps the GEMM input B_up"):
+        epifuse.gemm(A, W, SWIGLU, D=W[:, 8:])
+    assert torch.equal(W, before)
+
+
+def test_autograd_and_the_custom_ops_refuse_a_gated_epilogue():
+    A = integer_tensor(8, 8, dtype=torch.float32).requires_grad_()
+    W = integer_tensor(8, 16, dtype=torch.float32)
+    with pytest.raises(epifuse.errors.UnsupportedError, match="gated epilogue .* has no backward"):
+        epifuse.gemm(A, W, SWIGLU)
+    with pytest.raises(epifuse.errors.UnsupportedError, match="gated epilogue"):
+        epifuse.torch_ops.gemm(A.detach(), W, SWIGLU)
+    with torch.no_grad():
+        assert epifuse.gemm(A, W, SWIGLU).shape == (8, 8)
