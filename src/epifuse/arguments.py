@@ -192,7 +192,7 @@ class GemmArguments:
         self.A_imag, self.B_imag = A_imag, B_imag
         self.planar = _check_planes(A, B, A_imag, B_imag)
         self.gated = "accum_up" in epilogue.program.params
-        self.B_up = None
+        self.B_given, self.B_up = B, None   # B as passed: a gated GEMM's both halves
         if self.gated:   # accum.chunk(2, dim=-1): B's columns in two halves, each a GEMM of its own
             if self.planar:
                 raise EpilogueArgumentError("A planar complex GEMM cannot also chunk accum into gated halves.")

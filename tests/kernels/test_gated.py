@@ -121,3 +121,17 @@ def test_autograd_and_the_custom_ops_refuse_a_gated_epilogue():
         epifuse.torch_ops.gemm(A.detach(), W, SWIGLU)
     with torch.no_grad():
         assert epifuse.gemm(A, W, SWIGLU).shape == (8, 8)
+
+
+def test_tuning_times_gated_arguments_on_both_halves():
+    """Tuning's scratch copy of gated arguments is built from B as given (both halves), not
+    from the first half the arguments keep as B (which a gated program would halve again)."""
+    from epifuse.runtime import tune
+    A, W = integer_tensor(40, 30, dtype=torch.float32), integer_tensor(30, 60, dtype=torch.float32)
+    args = epifuse.GemmArguments(A, W, epilogue=epifuse.EpilogueArguments(SWIGLU.replace("silu(gate)", "gate"),
+                                                                          D=torch.empty(40, 30)))
+    scratch = tune._scratch_args(args)
+    assert scratch.gated and scratch.signature == args.signature
+    epifuse.get_kernels(scratch)[0].run(scratch)
+    gate, up = halves(A, W)
+    assert torch.equal(scratch.outputs["D"].double(), gate * up)

@@ -151,7 +151,7 @@ def _scratch_args(args):
     outputs = {name: torch.empty_like(t) for name, t in epi.outputs.items()}
     scratch = EpilogueArguments(epi.program, accumulate=False, deterministic=epi.deterministic,
                                 compute_dtype=epi.compute_dtype, **epi.operands, **outputs)
-    return GemmArguments(args.A, args.B, epilogue=scratch, accumulator_type=args.accumulator_type,
+    return GemmArguments(args.A, args.B_given, epilogue=scratch, accumulator_type=args.accumulator_type,
                          precision=args.precision, A_imag=args.A_imag, B_imag=args.B_imag)
 
 

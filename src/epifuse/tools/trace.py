@@ -99,6 +99,9 @@ def trace(args, tile: tuple[int, int] = (0, 0), tile_shape: tuple[int, int] | No
         if (pair is not None or what == "tile") and not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(
                 isinstance(v, int) and not isinstance(v, bool) and v >= low for v in pair)):
             raise EpilogueArgumentError(f"{what} must be two ints of {low} or more, not {pair!r}.")
+    if getattr(args, "form", "real") != "real":
+        raise EpilogueArgumentError(f"trace follows one accumulator, and these are {args.form} GEMM arguments "
+                                    "(two accumulators).", hint="Trace a real GEMM's arguments.")
     bm, bn = tile_shape or _default_tile_shape(args)
     grid = (math.ceil(args.M / bm), math.ceil(args.N / bn))
     i, j = tile
