@@ -36,8 +36,9 @@ LAYERS = [
     ("PyTorch integration and kept launches: custom ops, their sharding rules on DTensors",
      ["sharding", "torch_ops", "runtime.callsite"]),
     ("the facade: gemm, and planar complex GEMMs", ["api", "planar"]),
-    ("built on the facade: nn.FusedLinear (and its shards under tensor parallelism), class-based and "
-     "named epilogues, the demo", ["sharded", "nn", "fused", "epilogues", "demo"]),
+    ("built on the facade: nn.FusedLinear (and its shards under tensor parallelism), the fused linear "
+     "cross-entropy, class-based and named epilogues, the demo",
+     ["sharded", "losses", "nn", "fused", "epilogues", "demo"]),
     ("tools: trace, draw, problems, profiler output, the ops reference", ["tools."]),
     ("entry points", ["debug", "cli", "commands", "__main__", "__init__"]),
 ]

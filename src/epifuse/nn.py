@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from . import sharded, torch_ops
+from . import losses, sharded, torch_ops
 from .activations import ACTIVATIONS, activation_source, named_activation, of_module
 from .errors import EpilogueArgumentError, ShapeError, flag
 from .frontend import Expr, Program, Statement, parse, rename
@@ -221,4 +221,25 @@ def _hooked(module: nn.Module) -> bool:
                 or getattr(module, "_backward_pre_hooks", None))
 
 
-__all__ = ["FusedLinear", "fuse_linear_activations", "ACTIVATIONS", "activation_source"]
+class LinearCrossEntropyLoss(nn.Module):
+    """epifuse.linear_cross_entropy as a module: `loss(x, weight, target, bias=None)` with the
+    options given here (ignore_index, reduction, label_smoothing, z_loss, softcap). It holds no
+    parameters: pass the LM head's weight (and bias), as Liger's and torch's fused losses take it."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                 z_loss: float = 0.0, softcap: float | None = None):
+        super().__init__()
+        self.ignore_index, self.reduction = ignore_index, reduction
+        self.label_smoothing, self.z_loss, self.softcap = label_smoothing, z_loss, softcap
+
+    def forward(self, x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None) -> Tensor:
+        return losses.linear_cross_entropy(x, weight, target, bias, ignore_index=self.ignore_index,
+                                           reduction=self.reduction, label_smoothing=self.label_smoothing,
+                                           z_loss=self.z_loss, softcap=self.softcap)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, softcap={self.softcap}")
+
+
+__all__ = ["FusedLinear", "LinearCrossEntropyLoss", "fuse_linear_activations", "ACTIVATIONS", "activation_source"]

@@ -1,0 +1,135 @@
+"""epifuse.linear_cross_entropy (issue 36): a linear layer and cross-entropy whose logits are
+never written, forward and backward, against torch's F.cross_entropy(F.linear(...).float())
+in float64 (the reference kernel, exact to roundoff) and in float32 through the interpreted
+Triton kernels."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import epifuse
+from epifuse import losses
+from epifuse.errors import EpilogueArgumentError, ShapeError
+
+
+def torch_loss(x, weight, target, bias=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+               z_loss=0.0, softcap=None):
+    logits = F.linear(x, weight, bias).float() if x.dtype != torch.float64 else F.linear(x, weight, bias)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    flat, t = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
+    loss = F.cross_entropy(flat, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing)
+    valid = t != ignore_index
+    loss = loss + torch.where(valid, z_loss * torch.logsumexp(flat, -1) ** 2, 0.0)
+    if reduction == "mean":
+        return loss.sum() / valid.sum()
+    return loss.sum() if reduction == "sum" else loss.reshape(target.shape)
+
+
+def problem(tokens=(6, 7), hidden=24, vocab=70, dtype=torch.float64, bias=True, ignored=3):
+    x = torch.randn(*tokens, hidden, dtype=dtype, requires_grad=True)
+    weight = (torch.randn(vocab, hidden, dtype=dtype) / hidden ** 0.5).requires_grad_()
+    b = torch.randn(vocab, dtype=dtype, requires_grad=True) if bias else None
+    target = torch.randint(0, vocab, tokens)
+    target.view(-1)[torch.randperm(target.numel())[:ignored]] = -100
+    return x, weight, b, target
+
+
+def grads(loss, tensors):
+    return torch.autograd.grad(loss, [t for t in tensors if t is not None])
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"reduction": "sum"}, {"reduction": "none"}, {"label_smoothing": 0.1},
+    {"z_loss": 1e-3}, {"softcap": 5.0}, {"label_smoothing": 0.2, "z_loss": 1e-2, "softcap": 3.0, "reduction": "sum"},
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_loss_and_gradients_match_torch_in_float64(options, bias):
+    x, weight, b, target = problem(bias=bias)
+    ours = epifuse.linear_cross_entropy(x, weight, target, bias=b, **options)
+    theirs = torch_loss(x, weight, target, bias=b, **options)
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+    seed = torch.randn_like(ours) if ours.dim() else torch.tensor(1.7, dtype=ours.dtype)
+    for g_ours, g_theirs in zip(grads((ours * seed).sum(), (x, weight, b)), grads((theirs * seed).sum(), (x, weight, b))):
+        torch.testing.assert_close(g_ours, g_theirs, rtol=1e-9, atol=1e-12)
+
+
+def test_float32_runs_the_triton_kernels_and_matches_torch():
+    """Through the interpreted Triton kernels (the forward's three row reductions, the backward's
+    logit gradient and its column sum), several tiles each way, in chunks of rows."""
+    x, weight, b, target = problem(tokens=(70,), hidden=40, vocab=90, dtype=torch.float32, ignored=5)
+    old = losses.CHUNK_BYTES
+    losses.CHUNK_BYTES = 33 * 90 * 4   # chunks of 33 rows: three, the last short
+    try:
+        ours = epifuse.linear_cross_entropy(x, weight, target, bias=b, label_smoothing=0.1, z_loss=1e-3)
+        got = grads(ours, (x, weight, b))
+    finally:
+        losses.CHUNK_BYTES = old
+    theirs = torch_loss(x.double(), weight.double(), target, b.double(), label_smoothing=0.1, z_loss=1e-3)
+    want = grads(theirs, (x, weight, b))
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours.double(), theirs, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w.double(), rtol=1e-4, atol=1e-5)
+
+
+def test_bfloat16_inputs_give_a_float32_loss_close_to_torch():
+    x, weight, b, target = problem(tokens=(40,), hidden=32, vocab=64, dtype=torch.bfloat16, ignored=0)
+    ours = epifuse.linear_cross_entropy(x, weight, target, bias=b)
+    theirs = torch_loss(x, weight, target, b)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs, rtol=2e-3, atol=2e-3)
+    for g, w in zip(grads(ours, (x, weight, b)), grads(theirs, (x, weight, b))):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g.float(), w.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_every_token_ignored_gives_nan_as_torch():
+    x, weight, b, target = problem(tokens=(5,), ignored=5)
+    assert torch.isnan(epifuse.linear_cross_entropy(x, weight, target, bias=b))
+    assert torch.isnan(torch_loss(x, weight, target, b))
+
+
+def test_the_module_is_the_function():
+    x, weight, b, target = problem()
+    module = epifuse.nn.LinearCrossEntropyLoss(label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(module(x, weight, target, b),
+                               epifuse.linear_cross_entropy(x, weight, target, b, label_smoothing=0.1, reduction="sum"))
+    assert "label_smoothing=0.1" in repr(module)
+
+
+def test_a_double_backward_raises():
+    x, weight, b, target = problem()
+    loss = epifuse.linear_cross_entropy(x, weight, target, bias=b)
+    with pytest.raises(epifuse.errors.UnsupportedError, match="differentiable once"):
+        torch.autograd.grad(loss, (x,), create_graph=True)
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(reduction="avg"), EpilogueArgumentError, "reduction must be one of"),
+    (dict(label_smoothing=1.5), EpilogueArgumentError, "label_smoothing must be in"),
+    (dict(z_loss=-1.0), EpilogueArgumentError, "z_loss must be 0 or more"),
+    (dict(softcap=0.0), EpilogueArgumentError, "softcap must be a positive number"),
+    (dict(target="probabilities"), ShapeError, "target holds class indices outside|must hold class indices"),
+    (dict(target="wrong shape"), ShapeError, "target has shape"),
+    (dict(target="out of range"), ShapeError, "outside \\[0, 70\\)"),
+    (dict(weight="wrong hidden"), ShapeError, "do not multiply"),
+    (dict(bias="wrong size"), ShapeError, "bias must be a \\(70,\\) tensor"),
+])
+def test_bad_arguments_get_clear_errors(change, error, message):
+    x, weight, b, target = problem()
+    kwargs = dict(bias=b)
+    if change.get("target") == "probabilities":
+        target = torch.rand(6, 7)
+    elif change.get("target") == "wrong shape":
+        target = target[:, :3]
+    elif change.get("target") == "out of range":
+        target = target.clone()
+        target[0, 0] = 70
+    elif change.get("weight") == "wrong hidden":
+        weight = weight[:, :5]
+    elif change.get("bias") == "wrong size":
+        kwargs["bias"] = b[:3]
+    else:
+        kwargs.update(change)
+    with pytest.raises(error, match=message):
+        epifuse.linear_cross_entropy(x, weight, target, **kwargs)
