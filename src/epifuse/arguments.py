@@ -407,6 +407,9 @@ def _check_planes(A, B, A_imag, B_imag) -> bool:
     strides (the kernel walks both with one set of strides)."""
     if A_imag is None and B_imag is None:
         return False
+    for label, t in (("A", A), ("B", B)):
+        if not isinstance(t, torch.Tensor):
+            raise ShapeError(f"{label} must be a torch.Tensor, but got {type(t).__name__}.")
     if A_imag is None or B_imag is None:
         given, missing = ("A_imag", "B_imag") if B_imag is None else ("B_imag", "A_imag")
         raise EpilogueArgumentError(f"{given} is given and {missing} is not: a planar complex GEMM needs "

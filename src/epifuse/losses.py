@@ -86,6 +86,9 @@ def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, z_
     if softcap is not None and not float(softcap) > 0.0:
         raise EpilogueArgumentError(f"softcap must be a positive number or None, not {softcap!r}.")
     vocab = weight.shape[0]
+    if vocab > 2 ** 24:   # col() and the target column are exact in fp32 up to here
+        raise ShapeError(f"linear_cross_entropy takes a vocabulary of at most 2**24 classes, not {vocab}: "
+                         "class indices are compared in fp32, exact only that far.")
     valid = target != ignore_index
     if bool(((target[valid] < 0) | (target[valid] >= vocab)).any()):
         raise ShapeError(f"target holds class indices outside [0, {vocab}) (other than ignore_index "

@@ -84,6 +84,9 @@ def planar_arguments(Ar, Ai, Br, Bi, epilogue=None, /, *, out_dtype=None, determ
                                hint="Run it under torch.no_grad(), or detach the inputs.")
     planes_dtype = _out_planes(out_dtype)
     program = epilogue_program(epilogue)
+    if "accum_up" in program.params:
+        raise UnsupportedError("A planar complex GEMM cannot also chunk accum into gated halves.",
+                               hint="Run the gated epilogue through epifuse.gemm on real tensors.")
     outputs = tuple(name for name, _ in program.outputs)
     check_keywords(program, tensors, required=program.operands, allowed=(*program.operands, *outputs))
     parts_of = {name: _parts(name, tensors[name], output=False) for name in program.operands}
@@ -116,7 +119,8 @@ def planar_arguments(Ar, Ai, Br, Bi, epilogue=None, /, *, out_dtype=None, determ
             stored[name] = whole
             real.update(zip(names, torch.view_as_real(whole).unbind(-1)))
         else:
-            real.update({part: torch.empty(shape, device=Ar.device, dtype=dtype) for part in names})
+            real.update({part: torch.empty(specs[part][0], device=Ar.device, dtype=specs[part][1])
+                         for part in names})
     epi = EpilogueArguments(halves.program, deterministic=deterministic, compute_dtype=compute_dtype, **real)
     args = GemmArguments(Ar, Br, epilogue=epi, precision=precision, accumulator_type=accumulator_type,
                          A_imag=Ai, B_imag=Bi)
@@ -154,6 +158,11 @@ def _parts(name: str, value, output: bool) -> tuple:
                                             f"not {type(part).__name__}.")
         return tuple(value)
     if isinstance(value, torch.Tensor) and value.is_complex():
+        if value.is_conj():
+            if output:
+                raise ShapeError(f"Output {name} is a conjugated view (its conjugate bit is set): its planes "
+                                 "cannot be written in place.", hint="Pass a tensor without the bit (not z.conj()).")
+            value = value.resolve_conj()   # an operand is read: its conjugate, materialized
         if value.dtype not in COMPLEX_PLANES:
             raise ShapeError(f"{what} {name} is {value.dtype}, which torch.view_as_real does not take.")
         return tuple(torch.view_as_real(value).unbind(-1))

@@ -135,3 +135,22 @@ def test_tuning_times_gated_arguments_on_both_halves():
     epifuse.get_kernels(scratch)[0].run(scratch)
     gate, up = halves(A, W)
     assert torch.equal(scratch.outputs["D"].double(), gate * up)
+
+
+def test_background_tuning_leaves_gated_arguments_to_the_caller(monkeypatch):
+    """The background worker rebuilds real GEMMs from their layouts; gated arguments are timed
+    in the call instead (the worker would halve B's gate half again)."""
+    from epifuse.runtime import tune
+    A, W = integer_tensor(40, 30, dtype=torch.float32), integer_tensor(30, 60, dtype=torch.float32)
+    args = epifuse.GemmArguments(A, W, epilogue=epifuse.EpilogueArguments(SWIGLU, D=torch.empty(40, 30)))
+    queued = []
+    monkeypatch.setenv("EPIFUSE_TUNE", "background")
+    monkeypatch.setattr(tune, "_on_gpu", lambda args: True)
+    monkeypatch.setattr(tune, "_gpu_name", lambda args: "NVIDIA H200")
+    monkeypatch.setattr(tune, "tune_in_background", lambda *a: queued.append(a))
+    monkeypatch.setattr(tune, "_tune", lambda args, kernels, key, mode: kernels[0])
+    monkeypatch.setattr(tune.shipped, "ranked", lambda *a: [])
+    monkeypatch.setattr(tune.shipped, "short_list", lambda *a: [])
+    kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+    tune.choose(args, kernels + kernels)
+    assert queued == []

@@ -133,3 +133,9 @@ def test_bad_arguments_get_clear_errors(change, error, message):
         kwargs.update(change)
     with pytest.raises(error, match=message):
         epifuse.linear_cross_entropy(x, weight, target, **kwargs)
+
+
+def test_a_vocabulary_past_fp32s_exact_integers_is_refused():
+    weight = torch.zeros(1, 4).expand(2 ** 24 + 2, 4)   # no memory: only the size is read
+    with pytest.raises(ShapeError, match="at most 2\\*\\*24 classes"):
+        epifuse.linear_cross_entropy(torch.randn(3, 4), weight, torch.tensor([0, 1, 2]))

@@ -257,3 +257,30 @@ def test_tuning_times_planar_arguments_on_their_planes():
     kernel.run(scratch)
     expected = 1j * exact_accum(Ar, Ai, Br, Bi) + 2 * (1 - 1j)
     assert torch.equal(as_complex((scratch.outputs["D_re"], scratch.outputs["D_im"])), expected)
+
+
+def test_review_findings_reductions_of_a_known_zero_part_scaled_abs_and_division_conj_views():
+    """A complex reduction whose real part is known to be zero has the reduced shape in both
+    parts; abs and / stay finite for |z| near 1e20 and 1e-25 (torch's complex64 does); a
+    conjugated complex operand is read as its conjugate, a conjugated output is refused; a gated
+    epilogue is refused by name."""
+    Ar, Ai = planes(12, 10)
+    Br, Bi = planes(10, 14)
+    acc = exact_accum(Ar, Ai, Br, Bi)
+    s = epifuse.gemm_planar_complex(Ar, Ai, Br, Bi, "def e(accum):\n    s = sum(1j * accum.real, dim=1)\n    return s\n",
+                                    precision="highest")
+    assert s[0].shape == (12,) and torch.equal(as_complex(s), (1j * acc.real).sum(1))
+    C = torch.complex(*(p + 0.5 for p in planes(12, 14)))
+    for scale in (1e20, 1e-25):
+        src = "def e(accum, C):\n    m = abs(accum)\n    Q = C / accum\n    return m, Q\n"
+        m, Q = epifuse.gemm_planar_complex(Ar * scale, Ai * scale, Br, Bi, src, C=C, precision="highest")
+        big = acc * scale
+        keep = big.abs() > 0
+        torch.testing.assert_close(m.double()[keep], big.abs()[keep], rtol=1e-5, atol=0)
+        torch.testing.assert_close(as_complex(Q)[keep], (C.to(torch.complex128) / big)[keep], rtol=1e-5, atol=0)
+    D = epifuse.gemm_planar_complex(Ar, Ai, Br, Bi, AFFINE, alpha=1.0, beta=1.0, C=C.conj(), precision="highest")
+    assert torch.equal(as_complex(D), acc + C.conj().to(torch.complex128))
+    with pytest.raises(ShapeError, match="conjugated view"):
+        epifuse.gemm_planar_complex(Ar, Ai, Br, Bi, None, D=torch.empty(12, 14, dtype=torch.complex64).conj())
+    with pytest.raises(UnsupportedError, match="cannot also chunk"):
+        epifuse.gemm_planar_complex(Ar, Ai, Br, Bi, "def e(accum):\n    g, u = accum.chunk(2, dim=-1)\n    D = g\n    return D\n")

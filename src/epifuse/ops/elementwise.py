@@ -75,13 +75,18 @@ def _complex_mul(call, a, b):
 
 
 def _complex_div(call, a, b):
-    """(a / b) as a * conj(b) / |b|^2; by a real b, each part divided."""
+    """(a / b) as a * conj(b') / (|b'|^2 s), b' = b / s with s = max(|b.re|, |b.im|), so |b|^2
+    neither overflows nor underflows where |b| is far from 1; by a real b, each part divided."""
     (ar, ai), (br, bi) = a, b
     if bi is None:
         return call("div", ar, br), call("div", ai, br)
-    norm = call("add", call("mul", br, br), call("mul", bi, bi))
-    return (call("div", call("add", call("mul", ar, br), call("mul", ai, bi)), norm),
-            call("div", call("sub", call("mul", ai, br), call("mul", ar, bi)), norm))
+    if br is None:
+        return call("div", ai, bi), call("neg", call("div", ar, bi))
+    scale = call("maximum", call("abs", br), call("abs", bi))
+    sr, si = call("div", br, scale), call("div", bi, scale)
+    denominator = call("mul", call("add", call("mul", sr, sr), call("mul", si, si)), scale)
+    return (call("div", call("add", call("mul", ar, sr), call("mul", ai, si)), denominator),
+            call("div", call("sub", call("mul", ai, sr), call("mul", ar, si)), denominator))
 
 
 def _complex_exp(call, x):
@@ -95,11 +100,15 @@ def _complex_exp(call, x):
 
 
 def _complex_abs(call, x):
-    """|a + ib| = sqrt(a^2 + b^2) (a real result)."""
+    """|a + ib| (a real result), scaled as hypot is: m sqrt((a/m)^2 + (b/m)^2) with m the larger
+    of |a| and |b| (0 where both are), so the squares neither overflow nor underflow."""
     xr, xi = x
     if xi is None or xr is None:
         return call("abs", xr if xi is None else xi)
-    return call("sqrt", call("add", call("mul", xr, xr), call("mul", xi, xi)))
+    m = call("maximum", call("abs", xr), call("abs", xi))
+    safe = call("where", call("eq", m, 0.0), 1.0, m)
+    ur, ui = call("div", xr, safe), call("div", xi, safe)
+    return call("mul", m, call("sqrt", call("add", call("mul", ur, ur), call("mul", ui, ui))))
 
 
 def _complex_where(call, c, a, b):

@@ -66,8 +66,13 @@ def _reduction(name, reduction: Reduction, doc: str, vjp, cost=None) -> OpDef:
 
 
 def _each_part(name):
+    """Each part folded; a part known to be zero stays a reduction of the reduced shape (of the
+    other part times 0.0), so the result's two parts are outputs of one shape."""
     def rule(call, x, **params):
-        return tuple(None if part is None else call(name, part, **params) for part in x)
+        if x[0] is None and x[1] is None:
+            return None, None
+        return tuple(call(name, part if part is not None else call("mul", other, 0.0), **params)
+                     for part, other in zip(x, x[::-1]))
     return rule
 
 

@@ -211,7 +211,7 @@ def choose(args, kernels: list):
     if mode == "full":
         return _tune(args, generated, key, "full")
     order = shipped.ranked(args, generated, _gpu_name(args))
-    if mode == "background" and not args.planar:   # the worker rebuilds real GEMMs only: planar ones time now
+    if mode == "background" and args.form == "real":   # the worker rebuilds real GEMMs only: two-accumulator ones time now
         tune_in_background(args, generated, key)
         return order[0] if order else generated[0]
     if order:
