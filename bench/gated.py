@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -80,13 +79,8 @@ def main(argv=None) -> int:
     if ns.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     row = measure(ns.tokens, ns.hidden, ns.inner, ns.device, ns.warmup, ns.rep, ns.rounds)
-    gpu = torch.cuda.get_device_name() if ns.device == "cuda" else "cpu"
-    out = {"benchmark": "gated_swiglu", "gpu": gpu, "torch": torch.__version__,
-           "triton": __import__("triton").__version__, "rows": [row],
-           "when": time.strftime("%Y%m%d-%H%M%S", time.gmtime())}
-    path = Path(ns.out) / f"gated_{out['when']}_{gpu.replace(' ', '-')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    from bench.timing import save_rows
+    path = save_rows("gated_swiglu", "gated", [row], ns.out, ns.device)
     if "ms" in row:
         print(" ".join(f"{name} {ms:.3f} ms ({row['tflops'][name]:.0f} TFLOP/s)" for name, ms in row["ms"].items()))
     print(json.dumps(row["rel_error"]))

@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -135,13 +134,8 @@ def main(argv=None) -> int:
     for name in ns.dtypes.split(","):
         rows.append(measure(ns.size, DTYPES[name], ns.device, ns.warmup, ns.rep, ns.rounds))
         print(json.dumps(rows[-1].get("ms", rows[-1]["rel_error"])), flush=True)
-    gpu = torch.cuda.get_device_name() if ns.device == "cuda" else "cpu"
-    out = {"benchmark": "planar_complex", "gpu": gpu, "torch": torch.__version__,
-           "triton": __import__("triton").__version__, "rows": rows,
-           "when": time.strftime("%Y%m%d-%H%M%S", time.gmtime())}
-    path = Path(ns.out) / f"planar_{out['when']}_{gpu.replace(' ', '-')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    from bench.timing import save_rows
+    path = save_rows("planar_complex", "planar", rows, ns.out, ns.device)
     print(f"{'dtype':6} {'epifuse ms':>11} {'complex64 ms':>13} {'4 real ms':>10} {'vs cplx':>8} {'vs 4 real':>9}")
     for r in rows:
         if "ms" in r:

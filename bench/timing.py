@@ -227,3 +227,19 @@ def collect_env(epifuse=None) -> dict:
         "fp16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
         "env_vars": {k: v for k, v in os.environ.items() if k.startswith(prefixes)},
     }
+
+
+def save_rows(benchmark: str, stem: str, rows: list, out_dir, device: str):
+    """Write a small benchmark's rows as JSON under `out_dir` (named by stem, time and GPU), with
+    the GPU and the torch and Triton versions; returns the path."""
+    import json
+    from pathlib import Path
+    import triton
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    when = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out = {"benchmark": benchmark, "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
+           "rows": rows, "when": when}
+    path = Path(out_dir) / f"{stem}_{when}_{gpu.replace(' ', '-')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return path

@@ -198,7 +198,6 @@ class GemmArguments:
                 raise EpilogueArgumentError("A planar complex GEMM cannot also chunk accum into gated halves.")
             B, self.B_up = _halves(B)
         self.A, self.B = A, B
-        self.form = "planar" if self.planar else "gated" if self.gated else "real"
         self.out = out
         self.epilogue = epilogue
         if accumulator_type is None:
@@ -264,6 +263,12 @@ class GemmArguments:
                 f"accumulator={_dtype(self.accumulator_type)}, compute={_dtype(self.compute_dtype)}, "
                 f"precision={self.precision!r}{device}"
                 f"{_options(None, self.accumulate, self.deterministic)}{_stand_in_note(self.stand_in)})")
+
+    @property
+    def form(self) -> str:
+        """The GEMM's accumulators: "real" (one), "planar" (complex: real and imaginary
+        parts), "gated" (the two halves of B's columns)."""
+        return "planar" if self.planar else "gated" if self.gated else "real"
 
     def _second_inputs(self) -> tuple:
         """The inputs of the second accumulator, by label: the imaginary planes of a planar

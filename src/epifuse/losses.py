@@ -68,7 +68,7 @@ def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, z_
     if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise ShapeError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply: x's last "
                          f"dimension must be weight's hidden size {weight.shape[1]}.")
-    if target.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) or target.dtype == torch.bool:
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         raise ShapeError(f"target must hold class indices (an integer tensor), not {target.dtype}; "
                          "probabilities as targets are not supported.")
     if tuple(target.shape) != tuple(x.shape[:-1]):

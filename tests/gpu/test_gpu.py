@@ -533,11 +533,16 @@ def test_planar_complex_large_in_every_config(dtype):
     assert len(kernels) >= 2 and all(k.name == "triton_planar" for k in kernels), epifuse.kernel_statuses(args)
     accum = torch.complex(Ar.double(), Ai.double()) @ torch.complex(Br.double(), Bi.double())
     expected = ((2 - 1j) * accum + 0.5j * C.to(torch.complex128)).to(torch.complex64)
+    _each_kernel_writes(kernels, args, D, expected)
+
+
+def _each_kernel_writes(kernels, args, out, expected):
+    """Every kernel of `kernels`, run on `args`, writes exactly `expected` into `out`."""
     for kernel in kernels:
-        D.fill_(float("nan"))
+        out.fill_(float("nan"))
         kernel.run(args)
         torch.cuda.synchronize()
-        assert torch.equal(D, expected), kernel
+        assert torch.equal(out, expected), kernel
 
 
 def test_planar_complex_epilogue_that_rounds_against_complex128():
@@ -576,11 +581,7 @@ def test_gated_large_in_every_config(dtype):
     assert len(kernels) >= 2 and all(k.name == "triton_gated" for k in kernels), epifuse.kernel_statuses(args)
     full = A.double() @ W.double()
     expected = (full[:, :N] * full[:, N:] + bias.double()).float()
-    for kernel in kernels:
-        D.fill_(float("nan"))
-        kernel.run(args)
-        torch.cuda.synchronize()
-        assert torch.equal(D, expected), kernel
+    _each_kernel_writes(kernels, args, D, expected)
 
 
 def test_swiglu_through_gemm_against_float64():
