@@ -155,7 +155,10 @@ def test_signature_refuses_what_it_cannot_key():
     assert callsite.signature("src", A, B, {"alpha": 2.0}, opts) is not None
     assert callsite.signature("src", A, B, {"alpha": True}, opts) is None          # a bool
     assert callsite.signature("src", A, B, {"alpha": [1.0]}, opts) is None         # not a number
-    assert callsite.signature("src", torch.ones(0, 3), B, {}, opts) is None        # empty
+    empty = callsite.signature("src", torch.ones(0, 3), B, {}, opts)              # empty: keyed by
+    assert empty is not None and empty != callsite.signature("src", A, B, {}, opts)  # its metadata
+    accum = torch.ones(4, 5)   # K = 0 factors: empty views sharing the operand's storage
+    assert callsite.signature("src", accum[:, :0], accum[:0, :], {"C": accum}, opts) is not None
     assert callsite.signature("src", A, B, {"C": A}, opts) is None                 # shared storage
     assert callsite.signature("src", A, B, {"C": A[1:]}, opts) is None             # a view of A
     assert callsite.signature("src", [[1.0]], B, {}, opts) is None                 # not a tensor
@@ -389,3 +392,26 @@ def test_a_number_that_differs_only_in_its_sign_is_another_signature():
     for _ in range(2):
         assert bool((epifuse.gemm(A, B, src, s=0.0) == float("inf")).all())
         assert bool((epifuse.gemm(A, B, src, s=-0.0) == float("-inf")).all())
+
+
+def test_training_steps_keep_the_ops_launches_and_stay_exact(device):
+    """The custom ops (the path of inputs that require grad: FusedLinear, torch.compile) keep
+    their launches too: from the second step on, the forward GEMM and the backward's epilogue
+    pass (a K = 0 GEMM over the saved accum, with the bias gradient as a column sum) take kept
+    launches, each step with new inputs and gradients exact against float64."""
+    src = "def epi(accum, bias):\n    D = relu(accum + bias) * 2.0\n    return D\n"
+    weight = torch.nn.Parameter(integer_tensor(24, 40, low=-2, high=3, dtype=torch.float32, device=device))
+    bias = torch.nn.Parameter(integer_tensor(40, dtype=torch.float32, device=device))
+    for step in range(3):
+        A = integer_tensor(48, 24, low=-2, high=3, dtype=torch.float32, device=device)
+        seed = integer_tensor(48, 40, low=-2, high=3, dtype=torch.float32, device=device)
+        weight.grad = bias.grad = None
+        hits = callsite.HITS[0]
+        D = epifuse.gemm(A, weight, src, bias=bias, precision="highest")
+        (D * seed).sum().backward()
+        assert callsite.HITS[0] - hits == (0 if step == 0 else 2), step
+        accum = A.double() @ weight.detach().double() + bias.detach().double()
+        assert torch.equal(D.double(), torch.relu(accum) * 2.0)
+        d_accum = (accum > 0).double() * 2.0 * seed.double()
+        assert torch.equal(bias.grad.double(), d_accum.sum(0))
+        assert torch.equal(weight.grad.double(), A.double().t() @ d_accum)

@@ -11,9 +11,11 @@ positions of the caller's tensors, and with the plan's reduction steps (initiali
 reductions, sums and amax, that the kernel does not zero itself before the launch; fold the
 partials into the destinations after it). A later call with the same signature copies the
 list, puts its own tensors in those positions, and runs the steps and the launch. Tensors that
-share storage (an in-place update, an output aliasing an input), empty tensors, and tensors the
+share storage (an in-place update, an output aliasing an input), and tensors the
 checks refuse (a sign bit, a storage too small for the view, other layouts) always take the full
-path, which checks them.
+path, which checks them. An empty tensor is keyed by its metadata alone: nothing is read through
+it (the K = 0 factors of the backward's epilogue pass are empty views of the accum it reads),
+and a launch whose grid is empty is never kept.
 
 Calls of one site may run at once, from threads, on streams, or into a CUDA graph. Each call
 gets reduction work buffers of its own (the fp32 buffers and per-program partials its before-
@@ -69,7 +71,7 @@ def epilogue_identity(epilogue):
 
 def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
     """The call's signature, or None when it must take the full path: an unhashable epilogue,
-    anything but plain tensors and numbers (bools, tensor subclasses), an empty tensor, tensors
+    anything but plain tensors and numbers (bools, tensor subclasses), non-empty tensors
     sharing storage, a tensor the checks refuse (a negative bit, a storage that does not hold
     the view, sparse and other layouts), a tensor that requires grad while grad is enabled
     (that call goes through epifuse.torch_ops), or a stream capturing a CUDA graph. Keyword
@@ -96,8 +98,12 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
             if kind in PLAIN_TENSOR_TYPES:
                 requires_grad = t.requires_grad
                 numel = t.numel()
-                if (grad and requires_grad) or numel == 0 or t.is_neg():
+                if (grad and requires_grad) or t.is_neg():
                     return None
+                if numel == 0:   # nothing is read or written through it: no storage to check
+                    parts.append((name, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0,
+                                  requires_grad))
+                    continue
                 storage = t.untyped_storage()   # sparse, mkldnn and nested tensors raise here or below
                 base = storage.data_ptr()
                 if base in storages:
