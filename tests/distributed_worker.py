@@ -417,8 +417,46 @@ def op_sharding(rank, world, port, run):
     for name, got, w, placement in (("D", D3, D3_want, S0), ("per", per, D3_want.sum((1, 2)), S0),
                                     ("over", over, D3_want.sum(0), Partial("sum"))):
         _check(got, w, (placement,), tol, (rank, "split L", name))
+    _log_sum_exps(put, A, B, run, tol, rank)
     _op_gradients(mesh, run, tol, rank)
     _finish()
+
+
+def _log_sum_exps(put, A, B, run: Run, tol: float, rank: int):
+    """A log-sum-exp over a vocabulary split across ranks (B Shard along N): one pass gives
+    each rank the log-sum-exp of its columns, a LogSumExpPartial whose full value is the whole
+    row's; softmax and log-softmax normalized by it run as two passes, the second reading the
+    combined statistic; the gradient of a loss through the log-sum-exp is the row softmax."""
+    from torch.distributed.tensor import Replicate, Shard
+    import epifuse
+    from epifuse import sharding, torch_ops
+    R, S1 = Replicate(), Shard(1)
+    LSE = sharding.log_sum_exp_partial()
+    accum = A.double() @ B.double()
+    lse = "def lse(accum, t):\n    D = relu(accum)\n    r = logsumexp(accum * t, dim=1)\n    return D, r\n"
+    D, r = epifuse.gemm(put(A, R), put(B, S1), lse, t=0.5)
+    _check(D, torch.relu(accum), (S1,), tol, (rank, "lse D"))
+    _check(r, torch.logsumexp(accum * 0.5, 1), (LSE,), tol, (rank, "lse r"))
+    # the statistic redistributed straight to a Shard of rows (reduce-scatter of its parts)
+    rows = r.redistribute(r.device_mesh, [Shard(0)])
+    _check(rows, torch.logsumexp(accum * 0.5, 1), (Shard(0),), tol, (rank, "lse r to Shard(0)"))
+    normalized = ("def normalized(accum):\n    z = logsumexp(accum, dim=1)\n    P = exp(accum - z)\n"
+                  "    logp = accum - z\n    return P, logp\n")
+    P, logp = epifuse.gemm(put(A, R), put(B, S1), normalized)
+    _check(P, torch.softmax(accum, 1), (S1,), tol, (rank, "softmax"))
+    _check(logp, torch.log_softmax(accum, 1), (S1,), tol, (rank, "log_softmax"))
+    # gradients: d(sum(g * lse)) / dB = A^T (g * softmax), through the combined statistic
+    g = _draw(run.seed + 30, A.shape[0])
+    a = A.detach().double()
+    b = B.detach().double().requires_grad_()
+    (torch.logsumexp(a @ b, 1) * g).sum().backward()
+    dB = put(B, S1).requires_grad_()
+    only = "def only(accum):\n    r = logsumexp(accum, dim=1)\n    return r\n"
+    r = torch_ops.gemm(put(A, R), dB, only)
+    (r.full_tensor().double() * g).sum().backward()
+    full = dB.grad.full_tensor().double()
+    error = float((full - b.grad).abs().max()) / float(b.grad.abs().max())
+    assert error <= 4 * tol, (rank, "lse gradient", error)
 
 
 def _op_gradients(mesh, run: Run, tol: float, rank: int):
@@ -459,7 +497,7 @@ def _op_gradients(mesh, run: Run, tol: float, rank: int):
 def op_refusals(rank, world, port, run):
     """What the ops cannot split is refused with epifuse's UnsupportedError, naming the op and
     the reason, before anything runs (on every rank alike): col() split along N, row() along M,
-    a log-sum-exp over the split axis, an uneven mean, a non-identity epilogue split along K,
+    an uneven mean, a non-identity epilogue split along K,
     DTensors mixed with plain tensors. A straight call of the op gets the same refusal inside
     DTensor's RuntimeError. Replicated inputs run the same epilogues; gemm_out writes outputs
     placed as the op gives them, and refuses others."""
@@ -479,15 +517,12 @@ def op_refusals(rank, world, port, run):
 
     by_col = "def by_col(accum):\n    D = accum + col()\n    return D\n"
     by_row = "def by_row(accum):\n    D = accum * row()\n    return D\n"
-    lse = "def lse(accum):\n    D = relu(accum)\n    r = logsumexp(accum, dim=1)\n    return D, r\n"
     averaged = "def averaged(accum):\n    m = mean(accum, dim=0)\n    return m\n"
     for label, call, words in (
             ("col() split N", lambda: epifuse.gemm(put(A, R), put(B, S1), by_col),
              "cannot split N (columns) across ranks, as B is sharded along it on mesh dim 0: the epilogue reads col()"),
             ("row() split M", lambda: epifuse.gemm(put(A, S0), put(B, R), by_row),
              "cannot split M (rows) across ranks, as A is sharded along it on mesh dim 0: the epilogue reads row()"),
-            ("logsumexp split N", lambda: epifuse.gemm(put(A, R), put(B, S1), lse),
-             "logsumexp(dim=N) (r) folds N, and no DTensor Partial combines"),
             ("uneven mean", lambda: epifuse.gemm(put(A[:M - 1 - M % 2], S0), put(B, R), averaged),
              f"mean over M={M - 1 - M % 2}, which does not split evenly over {world} ranks"),
             ("relu split K", lambda: epifuse.gemm(put(A, S1), put(B, S0), "relu"),

@@ -16,11 +16,15 @@ tensors and wraps the outputs. Along one mesh dim an op runs in one of these way
 
 A reduction over the split axis combines across ranks as a DTensor Partial: sum -> "sum",
 max and amax -> "max", min -> "min", mean -> "avg" (the mean of the ranks' means, exact only
-when the axis splits evenly). An axis is refused when the epilogue reads its global index
-(`col()` along N, `row()` along M: each rank would count from 0), folds it by log-sum-exp
-(no Partial combines log-sum-exps), takes a mean over it that splits unevenly, folds a
-max/min over a shard that is empty on some rank, or feeds a value reduced over it into more
-math (the whole reduction is on no rank).
+when the axis splits evenly), logsumexp -> `LogSumExpPartial`, a Partial whose ranks hold the
+log-sum-exps of their parts and which combines them as the kernels combine tiles' (the
+maximum across ranks, then the log of the sum of exp relative to it): a vocabulary split
+across ranks gives each row's log-sum-exp over the whole vocabulary, and an epilogue that
+normalizes by it (softmax, log-softmax) runs as two passes (staging.py), the second reading
+the combined statistic. An axis is refused when the epilogue reads its global index (`col()`
+along N, `row()` along M: each rank would count from 0), takes a mean over it that splits
+unevenly, folds a max/min over a shard that is empty on some rank, or, in one pass, feeds a
+value reduced over it into more math (the whole reduction is on no rank).
 
 Refused, not replicated: when A and B are sharded only along axes the epilogue refuses, the
 op raises UnsupportedError naming the op and the reason, rather than offering DTensor the
@@ -45,6 +49,7 @@ straight call of `torch.ops.epifuse.gemm` on DTensors before either finds no str
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import threading
 from dataclasses import dataclass
@@ -63,7 +68,7 @@ from .shapes import accum_shape_of, classify_operand
 REPLICATE = ("R",)
 
 # How partial results of each Reduction.combine fold across ranks, as a DTensor Partial op.
-_PARTIAL = {"add": "sum", "maximum": "max", "minimum": "min"}
+_PARTIAL = {"add": "sum", "maximum": "max", "minimum": "min", "logsumexp": "logsumexp"}
 
 _AXIS_WORDS = {"L": "the batch", "M": "rows", "N": "columns", "K": "the inner dimension"}
 
@@ -168,7 +173,7 @@ def _split_refusal(p: Problem, axis: str, ranks: int) -> str | None:
         reduction = node.reduction
         if reduction.combine not in _PARTIAL:
             return (f"its {label} folds {axis}, and no DTensor Partial combines the ranks' parts of a "
-                    f"{reduction.combine} (Partial takes sum, avg, max and min)")
+                    f"{reduction.combine}")
         if reduction.mean and size % ranks:
             return (f"its {label} is a mean over {axis}={size}, which does not split evenly over "
                     f"{ranks} ranks; the mean of the ranks' means (Partial('avg')) is the whole mean only "
@@ -291,6 +296,8 @@ def _spell(outputs) -> str:
 
 
 def _name(placement: tuple) -> str:
+    if placement == ("P", "logsumexp"):
+        return "LogSumExpPartial()"
     return {"R": "Replicate()", "S": f"Shard({placement[-1]})", "P": f"Partial({placement[-1]!r})"}[placement[0]]
 
 
@@ -299,8 +306,10 @@ def _name(placement: tuple) -> str:
 def _of_placement(placement, ndim: int) -> tuple:
     if placement.is_shard():
         return ("S", placement.dim % ndim) if type(placement).__name__ == "Shard" else ("?",)
+    if getattr(placement, "combines_log_sum_exps", False):
+        return ("P", "logsumexp")
     if placement.is_partial():
-        return ("P", placement.reduce_op)
+        return ("P", placement.reduce_op) if type(placement).__name__ == "Partial" else ("?",)
     return REPLICATE
 
 
@@ -308,9 +317,72 @@ def _to_placement(placement: tuple):
     from torch.distributed.tensor import Partial, Replicate, Shard
     if placement[0] == "S":
         return Shard(placement[1])
+    if placement == ("P", "logsumexp"):
+        return log_sum_exp_partial()
     if placement[0] == "P":
         return Partial(placement[1])
     return Replicate()
+
+
+_LOG_SUM_EXP: list = []
+
+
+def log_sum_exp_partial():
+    """The DTensor placement of a log-sum-exp over a split axis (LogSumExpPartial; its class
+    is defined on first use, as it subclasses torch.distributed.tensor's Partial)."""
+    if not _LOG_SUM_EXP:
+        with _LOCK:
+            if not _LOG_SUM_EXP:
+                _LOG_SUM_EXP.append(_log_sum_exp_class())
+    return _LOG_SUM_EXP[0]()
+
+
+def _log_sum_exp_class():
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.tensor import Partial
+
+    def finite(top):   # a row with no finite value keeps its -inf / +inf / nan in the log term
+        return torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+
+    class LogSumExpPartial(Partial):
+        """Each rank holds the log-sum-exp of its part of the folded elements; the whole one is
+        m + log(sum over ranks of exp(part - m)), m the largest part. Replicate -> this
+        placement gives each rank v - log(ranks), whose combination is v. Gradients reach
+        the parts as Replicate (torch's rule for every Partial), which epifuse's backward
+        reads as the combined statistic: the softmax of the whole row."""
+
+        combines_log_sum_exps = True
+
+        def __init__(self):
+            super().__init__("sum")   # the collective of the second step
+
+        def _reduce_value(self, tensor, mesh, mesh_dim):
+            top = finite(funcol.all_reduce(tensor, reduceOp="max", group=(mesh, mesh_dim)))
+            total = funcol.all_reduce(torch.exp(tensor - top), reduceOp="sum", group=(mesh, mesh_dim))
+            return top + torch.log(total)
+
+        def _reduce_shard_value(self, tensor, mesh, mesh_dim, shard_spec):
+            top = finite(funcol.all_reduce(tensor, reduceOp="max", group=(mesh, mesh_dim)))
+            total = shard_spec._reduce_shard_tensor(torch.exp(tensor - top), mesh, "sum", mesh_dim)
+            # the shard of `top` this rank keeps: equal on every rank, so their maximum is it
+            return shard_spec._reduce_shard_tensor(top, mesh, "max", mesh_dim) + torch.log(total)
+
+        def _partition_value(self, tensor, mesh, mesh_dim):
+            return tensor - math.log(mesh.size(mesh_dim))
+
+        def __eq__(self, other) -> bool:
+            return getattr(other, "combines_log_sum_exps", False)
+
+        def __hash__(self) -> int:
+            return hash("epifuse.LogSumExpPartial")
+
+        def __repr__(self) -> str:
+            return "LogSumExpPartial()"
+
+        def __str__(self) -> str:
+            return "P(logsumexp)"
+
+    return LogSumExpPartial
 
 
 def check(op: str, program, kinds: str, A, B, operands: list, outputs: list = ()) -> None:
@@ -437,4 +509,4 @@ def _contiguous(shape: tuple) -> tuple:
 
 
 __all__ = ["Way", "Problem", "problem", "ways", "choose", "check", "register", "is_dtensor", "any_dtensor",
-           "zero_k_factors", "distributed_tensor_loaded"]
+           "zero_k_factors", "distributed_tensor_loaded", "log_sum_exp_partial"]

@@ -129,14 +129,12 @@ def test_rules_split_k_only_for_the_identity_and_l_for_batches():
 @pytest.mark.parametrize("source, shape, axis, words", [
     ("def e(accum):\n    D = accum + col()\n    return D\n", (8, 10), "N", "reads col(), the global index of columns"),
     ("def e(accum):\n    D = accum * row()\n    return D\n", (8, 10), "M", "reads row(), the global index of rows"),
-    ("def e(accum):\n    r = logsumexp(accum, dim=1)\n    return r\n", (8, 10), "N",
-     "logsumexp(dim=N) (r) folds N, and no DTensor Partial combines the ranks' parts of a logsumexp"),
     ("def e(accum):\n    m = mean(accum, dim=0)\n    return m\n", (7, 10), "M",
      "mean over M=7, which does not split evenly over 2 ranks"),
     ("def e(accum):\n    m = max(accum, dim=0)\n    return m\n", (5, 10), "M", None),
     ("def e(accum):\n    D = relu(accum)\n    return D\n", (8, 10), "K", "the epilogue is not the identity"),
     ("def e(accum):\n    D = relu(accum)\n    return D\n", (1, 10), "M", "M=1 is smaller than the 2 ranks"),
-], ids=["col", "row", "logsumexp", "uneven mean", "empty max shard", "nonlinear K", "too small"])
+], ids=["col", "row", "uneven mean", "empty max shard", "nonlinear K", "too small"])
 def test_rules_refuse_what_no_partial_combines(source, shape, axis, words):
     M, N = shape
     p = _problem(source, (M, 6), (6, N))
@@ -144,6 +142,14 @@ def test_rules_refuse_what_no_partial_combines(source, shape, axis, words):
     found, refused = sharding.ways(p, ranks)
     assert axis not in found
     assert (words or "would fold an empty shard on some rank (M=5 over 4 ranks)") in refused[axis], refused[axis]
+
+
+def test_a_log_sum_exp_over_the_split_axis_is_a_log_sum_exp_partial():
+    p = _problem("def e(accum):\n    D = relu(accum)\n    r = logsumexp(accum, dim=1)\n    return D, r\n",
+                 (8, 6), (6, 10))
+    found, _ = sharding.ways(p, 2)
+    assert found["N"].outputs == (("S", 1), ("P", "logsumexp"))
+    assert found["M"].outputs == (("S", 0), ("S", 0))
 
 
 def test_choose_refuses_inputs_split_only_where_the_epilogue_cannot_be():
