@@ -31,7 +31,11 @@ from typing import Sequence
 from . import ops
 from .errors import EpilogueError, InternalError
 from .printing import FreshNames
-from .ir import AXES, Graph, Node, Operand, Output, Sym, accum, input_node, op
+from .ir import AXES, Graph, Node, Operand, Output, Sym, accum, accum_up, input_node, op
+
+# The accumulator leaves one may differentiate with respect to: accum, and in a gated GEMM
+# (`gate, up = accum.chunk(2, dim=-1)`) accum_up, the second half of its columns.
+_ACCUMULATORS = {"accum": accum, "accum_up": accum_up}
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class Backward:
 
 
 def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -> Backward:
-    """The backward of `graph` w.r.t. `wrt` ("accum" and/or operand names) given gradients of
+    """The backward of `graph` w.r.t. `wrt` ("accum", "accum_up" and/or operand names) given gradients of
     the outputs named in `seeded`, for an accum of rank `rank` (2 or 3). An operand the graph
     no longer reads (optimized away) has a zero gradient."""
     axes = AXES[3 - rank:]
@@ -62,7 +66,7 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
         if name in operands and operands[name].kind != "tensor":
             raise InternalError(f"cannot differentiate w.r.t. {name!r}: not a tensor operand",
                                 str(graph))
-    names = FreshNames({"accum", *operands, *(o.name for o in graph.outputs)})
+    names = FreshNames({*_ACCUMULATORS, *operands, *(o.name for o in graph.outputs)})
     sources: dict[str, tuple] = {}
     extra: dict[str, Operand] = {}
 
@@ -72,7 +76,7 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
         sources[name] = source
         return Sym(input_node(extra[name]))
 
-    wrt_ids = {id(_leaf(name, operands)) for name in wrt if name == "accum" or name in operands}
+    wrt_ids = {id(_leaf(name, operands)) for name in wrt if name in _ACCUMULATORS or name in operands}
     nodes = graph.nodes()
     needs: set[int] = set()
     for node in nodes:
@@ -117,14 +121,14 @@ def derive(graph: Graph, wrt: Sequence[str], seeded: Sequence[str], rank: int) -
 
     results, grad_names = [], {}
     for name in wrt:
-        g = grads.get(id(_leaf(name, operands))) if name == "accum" or name in operands else None
+        g = grads.get(id(_leaf(name, operands))) if name in _ACCUMULATORS or name in operands else None
         if g is None:
             grad_names[name] = None
             continue
         out_name = names.fresh(f"grad_{name}")
         grad_names[name] = out_name
         node = g.node
-        if name != "accum":
+        if name not in _ACCUMULATORS:
             dims = tuple(a for a in axes if a not in operands[name].axes)
             node = op(ops.sum, node, dim=dims) if dims else node
         results.append(Output(out_name, node))
@@ -147,7 +151,7 @@ def restrict(graph: Graph, names: Sequence[str]) -> Graph:
 
 
 def _leaf(name: str, operands: dict) -> Node:
-    return accum() if name == "accum" else input_node(operands[name])
+    return _ACCUMULATORS[name]() if name in _ACCUMULATORS else input_node(operands[name])
 
 
 def _is_reduce(node: Node) -> bool:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from . import losses, sharded, torch_ops
 from .activations import ACTIVATIONS, activation_source, named_activation, of_module
-from .errors import EpilogueArgumentError, ShapeError, flag
+from .errors import EpilogueArgumentError, ShapeError, UnsupportedError, flag
 from .frontend import Expr, Program, Statement, parse, rename
 from .printing import FreshNames
 from .shapes import check_tensor
@@ -105,6 +105,12 @@ class FusedLinear(nn.Linear):
 
     def _set_epilogue(self, epilogue) -> None:
         program, bias_name, label = _program(epilogue, self.bias is not None)
+        if "accum_up" in program.params:
+            raise UnsupportedError(
+                f"FusedLinear does not take a gated epilogue ({label}: gate, up = accum.chunk(2, dim=-1)) yet: "
+                "its output would have half the layer's out_features, and its bias would apply to one half.",
+                hint="Call epifuse.gemm(x, w_gate_up.t(), epi) on the merged [gate | up] weight; it is "
+                     "differentiable.")
         self.epilogue_name = label
         self._program, self._bias_name = program, bias_name
         self._epilogue_id = torch_ops.register_epilogue(program)

@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import InternalError, Location
 from .frontend import IDENTIFIER, Expr, GeneratedSource, Program, Statement, fold_expr, param_rule
-from .ir import ACCUM, AXES, CONST, INPUT, Graph
+from .ir import ACCUM, ACCUM_UP, AXES, CONST, INPUT, Graph
 from .ops import OPS
 
 # ---- numbers and parameters ---------------------------------------------------------------
@@ -148,23 +148,30 @@ class FreshNames:
 
 # ---- Graphs --------------------------------------------------------------------------------
 
-def graph_source(graph: Graph, rank: int, name: str = "epilogue", accum: str = "accum") -> str:
+def graph_source(graph: Graph, rank: int, name: str = "epilogue", accum: str = "accum",
+                 up: str | None = None) -> str:
     """`graph` as the source of an epilogue function that parses and binds back to it.
 
     `accum` names what the graph's accum leaf reads: "accum" (the GEMM of the call), or an
     operand name, so the graph runs over a tensor saved earlier (the function still takes
-    `accum`, unused). Operands keep their names, so the same keyword arguments bind;
-    reductions print their dims for this `rank`.
+    `accum`, unused). `up` names the operand a gated GEMM's second accumulator (accum_up)
+    reads, saved likewise; a graph that reads accum_up needs it. Operands keep their names,
+    so the same keyword arguments bind; reductions print their dims for this `rank`.
     """
     axes = AXES[3 - rank:]
-    params = ["accum"] + ([accum] if accum != "accum" else []) + [o.name for o in graph.operands
-                                                                   if o.name != accum]
+    saved = [n for n in (accum, up) if n is not None and n != "accum"]
+    params = ["accum", *saved] + [o.name for o in graph.operands if o.name not in saved]
     names = FreshNames({*params, *(o.name for o in graph.outputs)})
     text: dict[int, str] = {}
     lines = []
     for node in graph.nodes():
         if node.op is ACCUM:
             text[id(node)] = accum
+        elif node.op is ACCUM_UP:
+            if up is None:
+                raise InternalError("graph_source: the graph reads a gated GEMM's accum_up, and no "
+                                    "operand was named to read it (up=...)", str(graph))
+            text[id(node)] = up
         elif node.op is CONST:
             text[id(node)] = number_literal(node.arg)
         elif node.op is INPUT:

@@ -118,6 +118,12 @@ class Problem:
 def problem(program, kinds: str, a_shape, b_shape, operand_shapes) -> Problem:
     """The Problem of `program` (its operands' kinds as the ops take them: "t" tensor, "n"
     number) over A, B and tensor operands of these global shapes."""
+    if "accum_up" in program.params:
+        raise UnsupportedError(
+            "A gated epilogue (gate, up = accum.chunk(2, dim=-1)) does not run on DTensors yet: its two "
+            "halves of B's columns would have to shard alike.",
+            hint="Run it on each rank's local tensors (.to_local()), with each rank's B holding its own "
+                 "gate and up columns.")
     A, B = torch.empty(tuple(a_shape), device="meta"), torch.empty(tuple(b_shape), device="meta")
     accum_shape, _ = accum_shape_of(A, B)
     shapes = iter(operand_shapes)

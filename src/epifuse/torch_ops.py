@@ -67,7 +67,7 @@ from torch import Tensor
 
 from . import sharding
 from .arguments import (EpilogueArguments, GemmArguments, bound_graph, check_keywords, default_compute_dtype,
-                        epilogue_program, output_specs, reduction_dtype)
+                        epilogue_accum_shape, epilogue_program, output_specs, reduction_dtype)
 from .autodiff import derive, restrict
 from .backends.select import choose_kernel
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
@@ -76,7 +76,7 @@ from .ir import AXES
 from .ops import dtype_from_name, dtype_name
 from .printing import FreshNames, dump_program, graph_source, load_program
 from .runtime import callsite, tune
-from .shapes import accum_shape_of, check_tensor, classify_operand
+from .shapes import check_tensor, classify_operand
 
 
 # ---- the epilogue table -----------------------------------------------------------------------
@@ -84,7 +84,8 @@ from .shapes import accum_shape_of, check_tensor, classify_operand
 @dataclass(frozen=True)
 class Entry:
     """A registered epilogue. `saves_accum`: its last output is accum itself, added by epifuse
-    so the backward can read it; callers see the first `visible` outputs."""
+    so the backward can read it (a gated epilogue's last two: the gate half, then the up half);
+    callers see the first `visible` outputs."""
 
     program: Program
     saves_accum: bool
@@ -95,6 +96,17 @@ class Entry:
     @property
     def output_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.program.outputs)
+
+    @property
+    def gated(self) -> bool:
+        """`gate, up = accum.chunk(2, dim=-1)`: accum is the first half of B's columns, accum_up
+        the second."""
+        return "accum_up" in self.user.params
+
+    @property
+    def saved(self) -> int:
+        """How many accumulators the last outputs save for the backward (0, 1, or 2 if gated)."""
+        return (2 if self.gated else 1) if self.saves_accum else 0
 
 
 _TABLE: list[Entry] = []
@@ -125,11 +137,6 @@ def register_epilogue(epilogue: Callable | str | Program | None, save_accum: boo
     if isinstance(epilogue, int):
         epilogue = _TABLE[epilogue].user
     program = epilogue_program(epilogue)
-    if "accum_up" in program.params:
-        raise UnsupportedError(
-            "A gated epilogue (gate, up = accum.chunk(2, dim=-1)) has no backward and no torch.compile path "
-            "yet: the custom ops refuse it.",
-            hint="Call epifuse.gemm on tensors that do not require grad (torch.no_grad()), outside torch.compile.")
     key = (program, save_accum)
     eid = _IDS.get(key)
     if eid is not None:
@@ -273,12 +280,13 @@ def _check_expr(expr: Expr, defined: set) -> None:
 
 
 def _with_accum_output(program: Program) -> Program:
-    taken = {*program.params, *(s.target for s in program.statements)}
-    name = FreshNames(taken).fresh("saved_accum")
+    """`program` that also returns accum (and a gated one's accum_up after it)."""
+    names = FreshNames({*program.params, *(s.target for s in program.statements)})
     loc = program.outputs[-1][1]
-    statement = Statement(name, Expr("name", "accum", loc=loc), loc)
-    return dataclasses.replace(program, statements=program.statements + (statement,),
-                               outputs=program.outputs + ((name, loc),))
+    saved = [("saved_accum", "accum")] + ([("saved_up", "accum_up")] if "accum_up" in program.params else [])
+    statements = tuple(Statement(names.fresh(prefix), Expr("name", leaf, loc=loc), loc) for prefix, leaf in saved)
+    return dataclasses.replace(program, statements=program.statements + statements,
+                               outputs=program.outputs + tuple((st.target, loc) for st in statements))
 
 
 def _constant_for_compile(fn):
@@ -292,10 +300,10 @@ def _constant_for_compile(fn):
 
 @_constant_for_compile
 def _describe(epilogue, save_accum: bool) -> tuple:
-    """(key, operand names, output names, visible count): a constant for torch.compile, which
-    runs this once while tracing instead of tracing the parser."""
+    """(key, operand names, output names, visible count, gated): a constant for torch.compile,
+    which runs this once while tracing instead of tracing the parser."""
     e = _TABLE[register_epilogue(epilogue, save_accum)]
-    return e.key, e.program.operands, e.output_names, e.visible
+    return e.key, e.program.operands, e.output_names, e.visible, e.gated
 
 
 # ---- planning: roles, bound graph, output shapes (shared by the real and the fake impls) -----
@@ -325,7 +333,7 @@ def unpack(names, tensors, numbers, kinds: str) -> dict:
 
 
 def _plan(program: Program, A: Tensor, B: Tensor, values: dict):
-    accum_shape, _ = accum_shape_of(A, B)
+    accum_shape = epilogue_accum_shape(program, A, B)
     roles = tuple(classify_operand(name, values[name], accum_shape, A.device)[0]
                   for name in program.operands)
     graph, _ = bound_graph(program, roles, len(accum_shape))
@@ -443,6 +451,7 @@ class _BackwardPlan:
     saved_name: str | None       # the operand that reads the saved accum (None: recompute)
     pre_key: str | None
     pre_outputs: tuple
+    saved_up_name: str | None = None   # a gated epilogue's: the operand reading the saved up half
 
 
 _PLANS: dict[tuple, _BackwardPlan] = {}
@@ -458,12 +467,14 @@ def _backward_plan(epilogue: str, roles, rank, wrt, seeded) -> _BackwardPlan:
     graph, _ = bound_graph(user, roles, rank)
     backward = derive(graph, wrt, seeded, rank)
     taken = {"accum", *user.params, *backward.sources, *(o.name for o in backward.graph.outputs)}
-    saved = FreshNames(taken).fresh("saved_accum") if e.saves_accum else None
-    source = graph_source(backward.graph, rank, f"{user.name}_backward", accum=saved or "accum")
+    fresh = FreshNames(taken)
+    saved = fresh.fresh("saved_accum") if e.saves_accum else None
+    saved_up = fresh.fresh("saved_up") if e.saves_accum and e.gated else None
+    source = graph_source(backward.graph, rank, f"{user.name}_backward", accum=saved or "accum", up=saved_up)
     kinds = []
     for out in backward.graph.outputs:
         wrt_name = next(n for n, o in backward.grads.items() if o == out.name)
-        if wrt_name == "accum":
+        if wrt_name in ("accum", "accum_up"):
             kinds.append("accum")
         elif out.node.op.is_reduction:
             kinds.append("reduce")
@@ -473,11 +484,11 @@ def _backward_plan(epilogue: str, roles, rank, wrt, seeded) -> _BackwardPlan:
     pre_key = None
     if extremes:
         pre = restrict(graph, extremes)
-        pre_source = graph_source(pre, rank, f"{user.name}_extremes", accum=saved or "accum")
+        pre_source = graph_source(pre, rank, f"{user.name}_extremes", accum=saved or "accum", up=saved_up)
         pre_key = _TABLE[register_epilogue(pre_source)].key
     key_b = _TABLE[register_epilogue(source)].key if backward.graph.outputs else None  # None: all zero
     plan = _BackwardPlan(key_b, backward.sources, backward.grads,
-                         tuple(kinds), saved, pre_key, extremes)
+                         tuple(kinds), saved, pre_key, extremes, saved_up)
     _PLANS[key] = plan
     return plan
 
@@ -489,8 +500,8 @@ def _setup_context(ctx, inputs, output):
     ctx.options = (compute_dtype, deterministic, precision)
     ctx.needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in tensors))
     saved = [A, B, *tensors]
-    if e.saves_accum:
-        saved.append(output[-1])
+    if e.saved:
+        saved.extend(output[-e.saved:])
     ctx.save_for_backward(*saved)
     ctx.set_materialize_grads(False)   # unused outputs stay None: their gradients are not read
 
@@ -498,35 +509,44 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grads):
     e = resolve(ctx.epilogue)
     A, B, *tensors = ctx.saved_tensors
-    accum = tensors.pop() if e.saves_accum else None
+    up = tensors.pop() if e.saved == 2 else None
+    accum = tensors.pop() if e.saved else None
     user = e.user
     values = unpack(user.operands, tensors, ctx.numbers, ctx.kinds)
     _, graph, accum_shape, values, roles = _plan(user, A, B, values)
     need_a, need_b, need_ops = ctx.needs
     tensor_names = [name for name, kind in zip(user.operands, ctx.kinds) if kind == "t"]
-    wrt = (("accum",) if need_a or need_b else ()) + tuple(
+    accumulators = ("accum", "accum_up") if e.gated else ("accum",)
+    wrt = (accumulators if need_a or need_b else ()) + tuple(
         name for name, need in zip(tensor_names, need_ops) if need)
     seeded = tuple(name for name, g in zip(e.output_names[:e.visible], grads) if g is not None)
     # The saved accum is an output too: differentiating the backward (create_graph=True) sends
-    # it a gradient, which is accum's own (saved_accum = accum).
-    saved_grad = grads[-1] if e.saves_accum else None
+    # it a gradient, which is accum's own (saved_accum = accum; a gated one's saved_up = accum_up).
+    saved_grads = dict(zip(accumulators, grads[len(grads) - e.saved:])) if e.saved else {}
+    saved_grads = {name: g for name, g in saved_grads.items() if g is not None}
     result_ops = [None] * len(tensors)
     # The structure must mirror the inputs': an empty float list reads as an empty tensor list.
     no_numbers = [] if not ctx.numbers else None
-    if not wrt or not (seeded or (saved_grad is not None and "accum" in wrt)):
+    if not wrt or not (seeded or (saved_grads and "accum" in wrt)):
         return (None, None, None, result_ops, no_numbers) + (None,) * 5
-    step = _Step(ctx.options, graph, accum_shape, values, accum, A, B)
+    step = _Step(ctx.options, graph, accum_shape, values, accum, A, B, up)
     plan, results = None, {}
     if seeded:
         plan = _backward_plan(ctx.epilogue, roles, len(accum_shape), wrt, seeded)
         results = step.run(plan, dict(zip(e.output_names, grads)))
     grad_a = grad_b = None
     if "accum" in wrt:
-        d_accum = results.get(plan.grads["accum"]) if plan is not None else None
-        if saved_grad is not None:
-            d_accum = saved_grad if d_accum is None else d_accum + saved_grad.to(d_accum.dtype)
-        if d_accum is None:
-            d_accum = torch.zeros(accum_shape, dtype=step.accum_dtype, device=A.device)
+        halves = []
+        for name in accumulators:   # a gated GEMM's accum is [gate | up] along B's columns
+            d = results.get(plan.grads[name]) if plan is not None and plan.grads[name] is not None else None
+            saved_grad = saved_grads.get(name)
+            if saved_grad is not None:
+                d = saved_grad if d is None else d + saved_grad.to(d.dtype)
+            halves.append(d)
+        dtype = next((d.dtype for d in halves if d is not None), step.accum_dtype)
+        halves = [torch.zeros(accum_shape, dtype=dtype, device=A.device) if d is None else d.to(dtype)
+                  for d in halves]
+        d_accum = halves[0] if len(halves) == 1 else torch.cat(halves, dim=-1)
         if need_a:
             grad_a = torch.matmul(d_accum, B.mT.to(d_accum.dtype)).sum_to_size(A.shape).to(A.dtype)
         if need_b:
@@ -542,8 +562,8 @@ def _backward(ctx, grads):
 class _Step:
     """One backward call: runs the backward epilogue (after the extremes it reads, if any)."""
 
-    def __init__(self, options, graph, accum_shape, values, accum, A, B):
-        self.options, self.values, self.accum = options, values, accum
+    def __init__(self, options, graph, accum_shape, values, accum, A, B, up=None):
+        self.options, self.values, self.accum, self.up = options, values, accum, up
         self.accum_shape = accum_shape
         self.axes = AXES[3 - len(accum_shape):]
         self.reductions = {o.name: o.node.dims for o in graph.outputs if o.node.op.is_reduction}
@@ -562,6 +582,8 @@ class _Step:
         if plan.key is None:
             return {}
         special = {plan.saved_name: self.accum} if plan.saved_name else {}
+        if plan.saved_up_name:
+            special[plan.saved_up_name] = self.up
         extremes = self.extremes(plan, special) if plan.pre_key is not None else {}
         for name, (kind, out_name) in plan.sources.items():
             if kind == "grad":
@@ -694,7 +716,12 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
                     if isinstance(t, Tensor) and t.requires_grad] if torch.is_grad_enabled() else []
     wants_grad = bool(needing_grad)
     save = wants_grad and not recompute
-    key, operand_names, output_names, visible = _describe(epilogue, save)
+    key, operand_names, output_names, visible, gated = _describe(epilogue, save)
+    if gated and wants_grad and recompute:
+        raise UnsupportedError(
+            "recompute=True with a gated epilogue (gate, up = accum.chunk(2, dim=-1)): its backward reads "
+            "both halves of accum, saved by the forward, and does not recompute them.",
+            hint="Leave recompute off for gated epilogues.")
     if not torch.compiler.is_compiling():   # dynamo cannot trace is_neg(): the fake impls check then
         _check_tensors(A, B, tensors, output_names[:visible])
     allowed = (*operand_names, *output_names[:visible])
@@ -715,7 +742,7 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
         if len(given) != visible:
             raise EpilogueArgumentError("Pass either every output tensor or none of them.",
                                         hint=f"The epilogue's outputs are: {', '.join(output_names[:visible])}.")
-        key, _, output_names, visible = _describe(epilogue, False)
+        key, _, output_names, visible, _ = _describe(epilogue, False)
         outs = [tensors[n] for n in output_names]
         _dtensor_rules("epifuse::gemm_out", key, A, B, operands, kinds, outs)
         torch.ops.epifuse.gemm_out(key, A, B, operands, numbers, kinds, outs, compute_dtype,

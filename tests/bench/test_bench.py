@@ -4,6 +4,8 @@ research/tests."""
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import run  # noqa: E402
@@ -174,3 +176,19 @@ def test_gated_benchmark_runs_end_to_end_on_cpu(tmp_path):
     (path,) = tmp_path.glob("gated_*_cpu.json")
     (row,) = json.loads(path.read_text())["rows"]
     assert set(row["rel_error"]) == {"epifuse", "eager"} and all(0 < e < 1e-2 for e in row["rel_error"].values())
+
+
+def test_lce_benchmark_runs_end_to_end_on_cpu(tmp_path):
+    """bench.lce's plumbing at a toy size: eager first (the reference), then epifuse with its
+    loss and gradients against eager's (float32 on the CPU: agreement to fp32 rounding)."""
+    import json
+
+    from bench import lce
+    assert lce.main(["--device", "cpu", "--tokens", "24", "--hidden", "16", "--vocab", "72", "--reps", "1",
+                     "--warmup", "0", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("lce_*_cpu.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["implementation"] for r in rows] == ["eager", "epifuse"]
+    errors = rows[1]["error_vs_eager"]
+    assert set(errors) == {"loss", "dx", "dw"} and all(0 <= e < 1e-5 for e in errors.values()), errors
+    assert rows[0]["loss"] == pytest.approx(rows[1]["loss"], rel=1e-5)

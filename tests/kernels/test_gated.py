@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import epifuse
+import epifuse.nn
 from epifuse.errors import EpilogueSyntaxError, ShapeError
 from epifuse.frontend import parse
 from helpers import integer_tensor
@@ -112,13 +113,86 @@ def test_the_second_half_of_b_is_an_input_no_output_may_overlap():
     assert torch.equal(W, before)
 
 
-def test_autograd_and_the_custom_ops_refuse_a_gated_epilogue():
+@pytest.mark.parametrize("batched", [False, True])
+def test_gated_gradients_are_exact_on_integers(batched):
+    """The backward of a gated epilogue: the forward saves both halves of accum, one
+    elementwise pass over them gives the gradient of each half, and dA, dB come from the two
+    halves side by side ([gate | up], B's column order). A product epilogue on integers has
+    integer gradients: every one exact, through the interpreted kernels (fp32, full products)."""
+    lead = (2,) if batched else ()
+    A = integer_tensor(*lead, 24, 16, low=-2, high=3, dtype=torch.float32).requires_grad_()
+    W = integer_tensor(16, 2 * 20, low=-2, high=3, dtype=torch.float32).requires_grad_()
+    bias = integer_tensor(20, low=-3, high=4, dtype=torch.float32).requires_grad_()
+    C = integer_tensor(*lead, 24, 20, low=-3, high=4, dtype=torch.float32)
+    D, s = epifuse.gemm(A, W, PRODUCT, bias=bias, C=C, precision="highest")
+    gD = integer_tensor(*D.shape, low=-2, high=3, dtype=torch.float32)
+    gs = integer_tensor(*s.shape, low=-2, high=3, dtype=torch.float32)
+    ((D * gD).sum() + (s * gs).sum()).backward()
+    a, w, b = (t.detach().double().requires_grad_() for t in (A, W, bias))
+    gate, up = (a @ w).chunk(2, dim=-1)
+    D_ref, s_ref = gate * up + b + C.double(), up.sum(-1)
+    ((D_ref * gD.double()).sum() + (s_ref * gs.double()).sum()).backward()
+    assert torch.equal(D.double(), D_ref) and torch.equal(s.double(), s_ref)
+    for name, got, want in (("A", A.grad, a.grad), ("W", W.grad, w.grad), ("bias", bias.grad, b.grad)):
+        assert torch.equal(got.double(), want), name
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_swiglu_and_geglu_gradients_against_float64(act):
+    src = SWIGLU.replace("silu", act)
+    A = torch.randn(40, 24).requires_grad_()
+    W = (torch.randn(24, 2 * 36) / 4).requires_grad_()
+    D = epifuse.gemm(A, W, src, precision="highest")
+    g = torch.randn_like(D)
+    (D * g).sum().backward()
+    a, w = (t.detach().double().requires_grad_() for t in (A, W))
+    gate, up = (a @ w).chunk(2, dim=-1)
+    ((getattr(F, act)(gate) * up) * g.double()).sum().backward()
+    for name, got, want in (("A", A.grad, a.grad), ("W", W.grad, w.grad)):
+        error = float((got.double() - want).abs().max() / want.abs().max())
+        assert error < 2e-6, (name, error)
+
+
+def test_gated_gradcheck_and_gradgradcheck_in_float64():
+    A = torch.randn(8, 6, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(6, 10, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    src = "def s(accum, bias):\n    gate, up = accum.chunk(2, dim=-1)\n    D = silu(gate + bias) * up\n    return D\n"
+    folds = ("def f(accum):\n    gate, up = accum.chunk(2, dim=-1)\n    D = gelu(gate) * up\n"
+             "    top = max(D, dim=1)\n    s = sum(up, dim=0)\n    return D, top, s\n")
+    assert torch.autograd.gradcheck(lambda A, W, bias: epifuse.gemm(A, W, src, bias=bias), (A, W, bias))
+    assert torch.autograd.gradgradcheck(lambda A, W, bias: epifuse.gemm(A, W, src, bias=bias), (A, W, bias))
+    assert torch.autograd.gradcheck(lambda A, W: epifuse.gemm(A, W, folds), (A, W))
+
+
+def test_gated_backward_under_torch_compile_matches_eager():
+    A = torch.randn(16, 8).requires_grad_()
+    W = torch.randn(8, 24).requires_grad_()
+    compiled = torch.compile(lambda A, W: epifuse.gemm(A, W, SWIGLU, precision="highest"),
+                             fullgraph=True, backend="aot_eager")
+    D = compiled(A, W)
+    g = torch.randn_like(D)
+    (D * g).sum().backward()
+    grads = A.grad.clone(), W.grad.clone()
+    A.grad = W.grad = None
+    D_eager = epifuse.gemm(A, W, SWIGLU, precision="highest")
+    (D_eager * g).sum().backward()
+    assert torch.equal(D, D_eager)
+    assert torch.equal(grads[0], A.grad) and torch.equal(grads[1], W.grad)
+
+
+def test_what_a_gated_epilogue_refuses_with_autograd():
+    """recompute=True (the backward reads the saved halves), FusedLinear (its out_features and
+    bias would not match the halves) and DTensors (the halves would have to shard alike) say so."""
     A = integer_tensor(8, 8, dtype=torch.float32).requires_grad_()
     W = integer_tensor(8, 16, dtype=torch.float32)
-    with pytest.raises(epifuse.errors.UnsupportedError, match="gated epilogue .* has no backward"):
-        epifuse.gemm(A, W, SWIGLU)
-    with pytest.raises(epifuse.errors.UnsupportedError, match="gated epilogue"):
-        epifuse.torch_ops.gemm(A.detach(), W, SWIGLU)
+    with pytest.raises(epifuse.errors.UnsupportedError, match="recompute=True with a gated epilogue"):
+        epifuse.gemm(A, W, SWIGLU, recompute=True)
+    with pytest.raises(epifuse.errors.UnsupportedError, match="FusedLinear does not take a gated epilogue"):
+        epifuse.nn.FusedLinear(8, 8, epilogue=SWIGLU)
+    from epifuse import sharding
+    with pytest.raises(epifuse.errors.UnsupportedError, match="does not run on DTensors yet"):
+        sharding.problem(parse(SWIGLU), "", (8, 8), (8, 16), [])
     with torch.no_grad():
         assert epifuse.gemm(A, W, SWIGLU).shape == (8, 8)
 
@@ -154,3 +228,33 @@ def test_background_tuning_leaves_gated_arguments_to_the_caller(monkeypatch):
     kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
     tune.choose(args, kernels + kernels)
     assert queued == []
+
+
+def test_repeated_gated_calls_keep_their_launch_and_stay_exact():
+    """A repeated gated call (inference through epifuse.gemm, and a training step through the
+    custom ops) takes its kept launch, which splits each call's own B into its halves: fresh
+    inputs every call, every result exact."""
+    from epifuse.runtime import callsite
+    for step in range(3):
+        A = integer_tensor(24, 16, low=-2, high=3, dtype=torch.float32)
+        W = integer_tensor(16, 2 * 20, low=-2, high=3, dtype=torch.float32)
+        bias = integer_tensor(20, low=-3, high=4, dtype=torch.float32)
+        C = integer_tensor(24, 20, low=-3, high=4, dtype=torch.float32)
+        hits = callsite.HITS[0]
+        D, s = epifuse.gemm(A, W, PRODUCT, bias=bias, C=C, precision="highest")
+        assert callsite.HITS[0] - hits == (0 if step == 0 else 1), step
+        gate, up = halves(A, W)
+        assert torch.equal(D.double(), gate * up + bias.double() + C.double()) and torch.equal(s.double(), up.sum(-1))
+    for step in range(3):
+        A = integer_tensor(24, 16, low=-2, high=3, dtype=torch.float32)
+        W = integer_tensor(16, 2 * 20, low=-2, high=3, dtype=torch.float32).requires_grad_()
+        g = integer_tensor(24, 20, low=-2, high=3, dtype=torch.float32)
+        hits = callsite.HITS[0]
+        D = epifuse.gemm(A, W, "def p(accum):\n    gate, up = accum.chunk(2, dim=-1)\n    D = gate * up\n    return D\n",
+                         precision="highest")
+        (D * g).sum().backward()
+        assert callsite.HITS[0] - hits == (0 if step == 0 else 2), step   # the forward and the backward pass
+        gate, up = halves(A, W.detach())
+        assert torch.equal(D.double(), gate * up)
+        expected = A.double().t() @ torch.cat((g.double() * up, g.double() * gate), dim=-1)
+        assert torch.equal(W.grad.double(), expected)

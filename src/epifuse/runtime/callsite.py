@@ -133,20 +133,24 @@ class Site:
     reduction work buffers each call gets (name, position in the list, shape, strides, dtype)."""
 
     __slots__ = ("values", "positions", "launch_with", "allocate", "returns", "device", "before", "after",
-                 "work")
+                 "work", "gated")
 
     def __init__(self, values, positions, launch_with, allocate, returns, device, before=None, after=None,
-                 work=()):
+                 work=(), gated=False):
         self.values, self.positions, self.launch_with = values, positions, launch_with
         self.allocate, self.returns, self.device = allocate, returns, device
         self.before, self.after = before, after  # the reductions' steps, given the outputs
         self.work = work
+        self.gated = gated   # the launch takes B's two column halves (a gated epilogue's gate and up)
 
     def call(self, A, B, tensors: dict):
         current = dict(tensors)
         for name, shape, dtype in self.allocate:
             current[name] = torch.empty(shape, dtype=dtype, device=self.device)
         current["\0A"], current["\0B"] = A, B
+        if self.gated:
+            half = B.shape[-1] // 2
+            current["\0B"], current["\0B_up"] = B[..., :half], B[..., half:]
         values = list(self.values)
         for index, name in self.positions:
             values[index] = current[name]
@@ -177,6 +181,9 @@ def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
     if plan is None or plan.launch_with is None or not all(g > 0 for g in plan.grid):
         return
     by_identity = {id(args.A): "\0A", id(args.B): "\0B"}
+    gated = getattr(args, "gated", False)
+    if gated:
+        by_identity[id(args.B_up)] = "\0B_up"
     by_identity.update({id(t): n for n, t in args.operands.items() if isinstance(t, torch.Tensor)})
     by_identity.update({id(t): n for n, t in args.outputs.items()})
     owned = {id(t) for t in plan.owned}
@@ -196,7 +203,7 @@ def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
     work = tuple((y.name, index[id(buffer)], tuple(buffer.shape), buffer.stride(), buffer.dtype)
                  for y, buffer in plan.finish)
     site = Site(list(plan.values), tuple(positions), plan.launch_with, allocate, returns, args.A.device, *steps,
-                work=work)
+                work=work, gated=gated)
     with _LOCK:
         _SITES[key] = site
         while len(_SITES) > MAX_SITES:
