@@ -26,6 +26,7 @@ if TYPE_CHECKING:   # the names below as type checkers see them; at run time eac
     from . import debug, epilogues, nn, ops
     from .api import (EpilogueArguments, GemmArguments, GroupedGemmArguments, gemm, gemm_planar_complex, get_kernels,
                       kernel_statuses)
+    from .backend import explain
     from .fused import FusedGemm
     from .losses import linear_cross_entropy
 
@@ -36,12 +37,12 @@ if TYPE_CHECKING:   # the names below as type checkers see them; at run time eac
 _SUBMODULES = ("debug", "epilogues", "nn", "ops")
 _NAMES = {"api": ("EpilogueArguments", "GemmArguments", "GroupedGemmArguments", "gemm", "gemm_planar_complex",
                   "get_kernels", "kernel_statuses"),
-          "fused": ("FusedGemm",), "losses": ("linear_cross_entropy",)}
+          "backend": ("explain",), "fused": ("FusedGemm",), "losses": ("linear_cross_entropy",)}
 _HOME = {**{name: module for module, names in _NAMES.items() for name in names},
          **{module: module for module in _SUBMODULES}}
 
 __all__ = ["EpilogueArguments", "GemmArguments", "GroupedGemmArguments", "get_kernels", "kernel_statuses",
-           "gemm", "gemm_planar_complex", "linear_cross_entropy", "EpilogueError", "InternalError", "FusedGemm", "ops", "nn", "torch_ops", "epilogues",
+           "gemm", "gemm_planar_complex", "linear_cross_entropy", "explain", "EpilogueError", "InternalError", "FusedGemm", "ops", "nn", "torch_ops", "epilogues",
            "debug", "__version__"]
 
 

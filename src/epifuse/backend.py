@@ -1,0 +1,101 @@
+"""`torch.compile(model, backend="epifuse")` and `epifuse.explain(fn, *example_inputs)`.
+
+The backend is Inductor with one more pass: after AOTAutograd has split the joint graph into
+forward and backward and Inductor has decomposed them (post-grad), epifuse.graph_fusion
+rewrites each GEMM and the pointwise ops and reductions consuming it into one epifuse GEMM with
+a generated epilogue; Inductor compiles everything else as it would. The backend is found by
+name through the `torch_dynamo_backends` entry point of the installed package, so `import
+epifuse` does not import torch._dynamo.
+
+`explain` compiles `fn` with the backend, runs it once on the example inputs (forward, and
+backward where an output requires grad), and returns what the pass fused (each region's
+epilogue source) and which GEMMs it left to Inductor, with why.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from . import graph_fusion
+from .graph_fusion import Report, fuse_gemms
+
+_RECORDING = threading.local()
+
+
+def _fusion_pass():
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+    class EpifuseFusion(CustomGraphPass):
+        def __call__(self, graph) -> None:
+            report = fuse_gemms(graph)
+            recording = getattr(_RECORDING, "reports", None)
+            if recording is not None:
+                recording.append(report)
+
+        def uuid(self):
+            return get_hash_for_files((graph_fusion.__file__, __file__))
+
+    return EpifuseFusion()
+
+
+def backend(gm, example_inputs, **options):
+    """The torch.compile backend: Inductor with epifuse's fusion pass after its post-grad passes."""
+    from torch._inductor.compile_fx import compile_fx
+    patches = {"post_grad_custom_post_pass": _fusion_pass()}
+    if getattr(_RECORDING, "reports", None) is not None:   # explain(): run the pass, not a cached result
+        patches.update(fx_graph_cache=False, fx_graph_remote_cache=False)
+    return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+@dataclass
+class Explanation:
+    """What the epifuse backend did with one function: `fused`, the epilogue source of each
+    fused region (one per GEMM), and `left`, (GEMM node, reason) for each GEMM left to Inductor."""
+
+    fused: list = field(default_factory=list)
+    left: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"epifuse fused {len(self.fused)} GEMM(s), left {len(self.left)} to Inductor."]
+        for k, source in enumerate(self.fused):
+            lines.append(f"-- fused region {k}:")
+            lines.append(source.rstrip())
+        for name, why in self.left:
+            lines.append(f"-- left {name}: {why}")
+        return "\n".join(lines)
+
+
+def explain(fn, *example_inputs, **example_kwargs) -> Explanation:
+    """Compile `fn` (a module or function) with the epifuse backend, run it once on the example
+    inputs (and backward through a sum of its floating outputs that require grad), and return
+    the Explanation, which is also printed."""
+    import torch
+    from torch._functorch import config as functorch_config
+    torch._dynamo.reset()   # compile afresh, so the pass runs and is recorded
+    compiled = torch.compile(fn, backend=backend)
+    reports: list[Report] = []
+    previous = getattr(_RECORDING, "reports", None)
+    _RECORDING.reports = reports
+    try:
+        with functorch_config.patch(enable_autograd_cache=False):
+            return _explained(compiled, example_inputs, example_kwargs, reports)
+    finally:
+        _RECORDING.reports = previous
+
+
+def _explained(compiled, example_inputs, example_kwargs, reports) -> Explanation:
+    import torch
+    out = compiled(*example_inputs, **example_kwargs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    loss = [o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+    if loss:
+        torch.autograd.backward(loss)
+    result = Explanation()
+    for report in reports:
+        result.fused.extend(f.source for f in report.fused)
+        result.left.extend(report.skipped)
+    print(result)
+    return result
+
+
+__all__ = ["backend", "explain", "Explanation"]

@@ -1,0 +1,365 @@
+"""GEMMs and the pointwise ops and reductions that consume them, found in an aten FX graph and
+rewritten as one `torch.ops.epifuse.gemm` call each: the fusion pass of the torch.compile
+backend (epifuse.backend), run on the forward and the backward graphs that AOTAutograd and
+Inductor's decompositions leave (post-grad), before Inductor lowers the rest.
+
+A region starts at a 2-D `mm` (or `addmm`, whose bias is one more operand added to accum) and
+grows through its users while each is an op of `POINTWISE` (or a reduction of `REDUCTIONS`,
+which ends its branch) and each of its other inputs is an operand the epilogue can read: a
+Python number, or a tensor computed outside the region that broadcasts to accum's (M, N) as a
+scalar, a row (N,) / (1, N), a column (M, 1), or a full (M, N) tile. Every region value used
+outside the region becomes an output of the epilogue, in its node's dtype (accum itself
+included, when something else reads it). The epilogue is printed as source, registered with
+the custom ops, and the region's nodes are replaced by the op's outputs. So the activation of a
+forward Linear joins its GEMM, and in the backward the activation's derivative and the bias
+gradient (a column sum) join the GEMM that produces the incoming gradient.
+
+Not fused (left to Inductor, with the reason `fuse_gemms` reports): batched GEMMs (`bmm`,
+`baddbmm`), GEMMs without a pointwise consumer, integer GEMMs, and values of dtypes the
+kernels do not store. A chain between two GEMMs always joins the producer's epilogue (no
+prologue fusion yet).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+
+from . import torch_ops
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# aten op -> (epifuse op, how its arguments map): "args" passes the tensor/number arguments in
+# order; a callable builds (op name, args, params) from the node itself.
+_UNARY = {
+    aten.relu.default: "relu", aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh",
+    aten.exp.default: "exp", aten.log.default: "log", aten.erf.default: "erf", aten.neg.default: "neg",
+    aten.abs.default: "abs", aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt",
+    aten.reciprocal.default: "reciprocal", aten.sin.default: "sin", aten.cos.default: "cos",
+    aten.expm1.default: "expm1", aten.log1p.default: "log1p", aten.sign.default: "sign",
+    aten.silu.default: "silu", aten.exp2.default: "exp2", aten.log2.default: "log2",
+}
+_BINARY = {
+    aten.add.Tensor: "add", aten.sub.Tensor: "sub", aten.mul.Tensor: "mul", aten.div.Tensor: "div",
+    aten.maximum.default: "maximum", aten.minimum.default: "minimum",
+    aten.eq.Tensor: "eq", aten.ne.Tensor: "ne", aten.gt.Tensor: "gt", aten.ge.Tensor: "ge",
+    aten.lt.Tensor: "lt", aten.le.Tensor: "le",
+    aten.eq.Scalar: "eq", aten.ne.Scalar: "ne", aten.gt.Scalar: "gt", aten.ge.Scalar: "ge",
+    aten.lt.Scalar: "lt", aten.le.Scalar: "le",
+    aten.pow.Tensor_Scalar: "pow", aten.pow.Tensor_Tensor: "pow",
+}
+POINTWISE = {*_UNARY, *_BINARY, aten.where.self, aten.gelu.default, aten.clamp.default,
+             aten.clamp_min.default, aten.clamp_max.default, prims.convert_element_type.default,
+             aten.add.Scalar, aten.mul.Scalar, aten.sub.Scalar, aten.div.Scalar}
+REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.amax.default: "max", aten.amin.default: "min",
+              aten.mean.dim: "mean"}
+
+# dtypes a fused output may be stored in, and what the epilogue computes in
+_STORED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass
+class Fused:
+    """One rewritten region: the epilogue's source and the nodes it replaced."""
+
+    source: str
+    gemm: str
+    replaced: list = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """What one run of the pass did: the fused regions, and each GEMM left as it was, with why."""
+
+    fused: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)   # (gemm node name, reason)
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _is_gemm(node) -> bool:
+    return node.op == "call_function" and node.target in (aten.mm.default, aten.addmm.default)
+
+
+def _role(value, M: int, N: int) -> str | None:
+    """How a tensor operand broadcasts to an (M, N) accum: "scalar", "row", "col", "tile", or None."""
+    shape = tuple(value.shape)
+    if len(shape) == 0 or all(s == 1 for s in shape):
+        return "scalar" if len(shape) <= 2 else None
+    if len(shape) == 1:
+        return "row" if shape[0] == N else None
+    if len(shape) == 2:
+        if shape == (M, N):
+            return "tile"
+        if shape == (1, N):
+            return "row"
+        if shape == (M, 1):
+            return "col"
+    return None
+
+
+class _Region:
+    """The nodes of one region, the operands they read, and the source being printed."""
+
+    def __init__(self, gemm, M: int, N: int):
+        self.gemm, self.M, self.N = gemm, M, N
+        self.nodes: list = [gemm]
+        self.names: dict = {gemm: "accum"}
+        self.operands: dict = {}   # outside node -> param name
+        self.lines: list[str] = []
+
+    def operand(self, node) -> str:
+        if node not in self.operands:
+            self.operands[node] = f"x{len(self.operands)}"
+        return self.operands[node]
+
+
+def _literal(value) -> str | None:
+    if isinstance(value, bool):
+        return "1.0" if value else "0.0"
+    if isinstance(value, (int, float)):
+        value = float(value)
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    return None
+
+
+def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | None:
+    """(the epilogue expression for `node`, whether it ends a branch: a reduction), or None
+    where the node cannot join the region (its reason is the caller's: not fused)."""
+    target = node.target
+
+    def arg(a):
+        if isinstance(a, torch.fx.Node):
+            if a in region.names:
+                return region.names[a]
+            if a in descendants:     # computed from the region outside it: would make a cycle
+                return None
+            v = _val(a)
+            if v is None or not isinstance(v, torch.Tensor) or not v.dtype.is_floating_point:
+                return None
+            if _role(v, region.M, region.N) is None:
+                return None
+            return region.operand(a)
+        return _literal(a)
+
+    if node.kwargs and target not in (aten.gelu.default, prims.convert_element_type.default,
+                                      aten.clamp.default, aten.where.self):
+        return None
+    if target in _UNARY:
+        x = arg(node.args[0])
+        return (f"{_UNARY[target]}({x})", False) if x is not None else None
+    if target in _BINARY or target in (aten.add.Scalar, aten.mul.Scalar, aten.sub.Scalar, aten.div.Scalar):
+        if len(node.args) != 2:
+            return None
+        name = _BINARY.get(target) or {aten.add.Scalar: "add", aten.mul.Scalar: "mul", aten.sub.Scalar: "sub",
+                                       aten.div.Scalar: "div"}[target]
+        a, b = arg(node.args[0]), arg(node.args[1])
+        return (f"{name}({a}, {b})", False) if a is not None and b is not None else None
+    if target is aten.where.self:
+        parts = [arg(a) for a in node.args]
+        return (f"where({', '.join(parts)})", False) if None not in parts and len(parts) == 3 else None
+    if target is aten.gelu.default:
+        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        x = arg(node.args[0])
+        return (f"gelu({x}, approximate={approximate!r})", False) if x is not None else None
+    if target in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default):
+        x = arg(node.args[0])
+        if x is None:
+            return None
+        if target is aten.clamp_min.default:
+            low, high = node.args[1], None
+        elif target is aten.clamp_max.default:
+            low, high = None, node.args[1]
+        else:
+            low = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+            high = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+        bounds = [f"{k}={_literal(v)}" for k, v in (("min", low), ("max", high)) if v is not None]
+        if any(_literal(v) is None for v in (low, high) if v is not None) or not bounds:
+            return None
+        return f"clamp({x}, {', '.join(bounds)})", False
+    if target is prims.convert_element_type.default:
+        x, dtype = arg(node.args[0]), node.args[1]
+        if x is None or dtype not in _STORED:
+            return None
+        if dtype in (torch.float32, torch.float64):   # the epilogue computes in float32 or float64
+            return x, False
+        return f"to({x}, dtype={str(dtype).removeprefix('torch.')!r})", False
+    if target in REDUCTIONS:
+        x = arg(node.args[0])
+        dims = node.args[1] if len(node.args) > 1 else None
+        keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
+        if x is None or not dims or node.kwargs.get("dtype") is not None:
+            return None
+        dims = tuple(sorted(d % 2 for d in dims))
+        return f"{REDUCTIONS[target]}({x}, dim={dims}, keepdim={keepdim})", True
+    return None
+
+
+def _descendants(node) -> set:
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        for user in n.users:
+            if user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return seen
+
+
+def _grow(gemm, M: int, N: int) -> _Region:
+    region = _Region(gemm, M, N)
+    descendants = _descendants(gemm)
+    if gemm.target is aten.addmm.default:   # bias + A @ B: the bias is an operand added to accum
+        bias = gemm.args[0]
+        v = _val(bias)
+        if not isinstance(bias, torch.fx.Node) or v is None or _role(v, M, N) is None or gemm.kwargs:
+            return region
+        region.lines.append(f"    t0 = add(accum, {region.operand(bias)})")
+        region.names[gemm] = "t0"
+    frontier = list(gemm.users)
+    ends: set = set()
+    progress = True
+    while progress:   # users join once every region input they read is in; order kept topological
+        progress = False
+        for node in list(frontier):
+            if node in region.names or node.op != "call_function" or \
+                    (node.target not in POINTWISE and node.target not in REDUCTIONS):
+                frontier.remove(node)
+                continue
+            if any(isinstance(a, torch.fx.Node) and a in descendants and a not in region.names
+                   for a in (*node.args, *node.kwargs.values())):
+                continue   # waits for another region input
+            v = _val(node)
+            if not isinstance(v, torch.Tensor) or v.dtype not in (*_STORED, torch.bool):
+                frontier.remove(node)
+                continue
+            if node.target not in REDUCTIONS and tuple(v.shape) != (M, N):
+                frontier.remove(node)
+                continue
+            found = _expression(node, region, descendants)
+            frontier.remove(node)
+            if found is None:
+                continue
+            text, end = found
+            name = f"t{len(region.lines)}"
+            region.lines.append(f"    {name} = {text}")
+            region.names[node] = name
+            region.nodes.append(node)
+            progress = True
+            if end:
+                ends.add(node)
+            else:
+                frontier.extend(u for u in node.users if u not in frontier)
+    return region
+
+
+def _outputs(region: _Region) -> list:
+    inside = set(region.nodes)
+    return [n for n in region.nodes if any(u not in inside for u in n.users)]
+
+
+def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
+    """Rewrite every fusible region of `graph` (in place); returns what was fused and what not."""
+    report = report if report is not None else Report()
+    for gemm in [n for n in graph.nodes if _is_gemm(n)]:
+        A, B = (gemm.args[1], gemm.args[2]) if gemm.target is aten.addmm.default else gemm.args[:2]
+        va, vb, vout = _val(A), _val(B), _val(gemm)
+        if va is None or vb is None or vout is None:
+            report.skipped.append((gemm.name, "no shape information on its inputs"))
+            continue
+        if not (va.dtype.is_floating_point and va.dtype in _STORED and va.dtype == vb.dtype):
+            report.skipped.append((gemm.name, f"inputs {va.dtype} x {vb.dtype}: not a float GEMM epifuse runs"))
+            continue
+        M, N = vout.shape
+        region = _grow(gemm, M, N)
+        if gemm.target is aten.addmm.default and region.names[gemm] == "accum":
+            report.skipped.append((gemm.name, "an addmm whose bias is not an operand an epilogue reads, or that "
+                                              "scales by beta or alpha"))
+            continue
+        if len(region.nodes) == 1 and gemm.target is aten.mm.default:
+            report.skipped.append((gemm.name, "no pointwise op or reduction consumes it"))
+            continue
+        outputs = _outputs(region)
+        dtypes = []
+        for out in outputs:
+            v = _val(out)
+            dtype = torch.float32 if v.dtype is torch.bool else v.dtype
+            dtypes.append(str(dtype).removeprefix("torch."))
+        params = ", ".join(["accum", *region.operands.values()])
+        returns = [region.names[o] if region.names[o] != "accum" else "accum" for o in outputs]
+        lines = list(region.lines)
+        out_names = []
+        for k, value in enumerate(returns):
+            out_names.append(f"out{k}")
+            lines.append(f"    out{k} = {value}")
+        source = (f"def fused_{gemm.name}({params}):\n" + "\n".join(lines)
+                  + f"\n    return {', '.join(out_names)}\n")
+        try:
+            key = torch_ops.entry(torch_ops.register_epilogue(source)).key
+        except Exception as error:   # an epilogue the parser or binder refuses: left unfused, said why
+            report.skipped.append((gemm.name, f"the epilogue it would get is refused: {error}"))
+            continue
+        compute = torch.float64 if va.dtype == torch.float64 else torch.float32
+        precision = "highest" if va.dtype in (torch.float32, torch.float64) and \
+            not torch.backends.cuda.matmul.allow_tf32 else "default"
+        operand_nodes = list(region.operands)
+        place = _first_user(region, outputs)
+        if place is None:
+            report.skipped.append((gemm.name, "an operand of its epilogue is computed after a value of the "
+                                              "region is first used"))
+            continue
+        with graph.inserting_before(place):
+            call = graph.call_function(torch.ops.epifuse.gemm.default, (
+                key, A, B, operand_nodes, [], "t" * len(operand_nodes), ",".join(dtypes), compute, False,
+                precision))
+            call.meta["val"] = _fake_outputs(call)
+            items = []
+            for k in range(len(outputs)):
+                item = graph.call_function(operator.getitem, (call, k))
+                item.meta["val"] = call.meta["val"][k]
+                items.append(item)
+        for out, item in zip(outputs, items):
+            replacement = item
+            if _val(out).dtype is torch.bool:   # a comparison stored as 0/1: back to bool
+                with graph.inserting_after(item):
+                    replacement = graph.call_function(prims.convert_element_type.default, (item, torch.bool))
+                    replacement.meta["val"] = _val(out)
+            out.replace_all_uses_with(replacement)
+        for node in reversed(region.nodes):
+            if not node.users:
+                graph.erase_node(node)
+        report.fused.append(Fused(source, gemm.name, [n.name for n in region.nodes]))
+    return report
+
+
+def _first_user(region: _Region, outputs: list):
+    """The first node (in graph order) that reads a region output from outside the region:
+    the fused call goes before it, after every operand; None where an operand comes later."""
+    inside = set(region.nodes)
+    users = [u for o in outputs for u in o.users if u not in inside]
+    order = {n: i for i, n in enumerate(region.gemm.graph.nodes)}
+    last_input = max((order[n] for n in (*region.operands, *region.gemm.all_input_nodes)), default=0)
+    first = min(users, key=lambda n: order[n])
+    return first if order[first] > last_input else None
+
+
+def _fake_outputs(call):
+    """The op's outputs as fake tensors, from its fake implementation under the graph's mode."""
+    from torch._guards import detect_fake_mode
+    args = call.args
+    fakes = [_val(a) for a in (args[1], args[2], *args[3])]
+    mode = detect_fake_mode(fakes)
+    with mode:
+        return torch.ops.epifuse.gemm.default(args[0], fakes[0], fakes[1], fakes[2:], list(args[4]), *args[5:])
+
+
+__all__ = ["fuse_gemms", "Report", "Fused", "POINTWISE", "REDUCTIONS"]

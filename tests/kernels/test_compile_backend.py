@@ -1,0 +1,93 @@
+"""torch.compile(model, backend="epifuse") and epifuse.explain (issue 33, first stage): the
+fusion pass (epifuse.graph_fusion) on the post-grad forward and backward graphs, Inductor for
+the rest, the fused kernels run through the interpreter; values and gradients against eager."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import epifuse
+
+
+def _mlp(seed: int = 0) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16), torch.nn.ReLU())
+
+
+def _close(a, b, what, tol=2e-5):
+    error = float((a.double() - b.double()).abs().max() / (b.double().abs().max() + 1e-30))
+    assert error <= tol, (what, error)
+
+
+def test_explain_shows_the_fused_forward_and_backward_epilogues():
+    model = _mlp()
+    x = torch.randn(48, 32)
+    found = epifuse.explain(model, x)
+    sources = "\n".join(found.fused)
+    # forward: each Linear's bias and activation in its GEMM (the pre-activation saved as an output)
+    assert "erf(" in sources and "relu(" in sources, sources
+    # backward: the GELU derivative times the incoming gradient, and the bias gradient as a
+    # column sum, in the epilogue of the GEMM that produces that gradient
+    assert "sum(" in sources and "dim=(0,)" in sources, sources
+    assert len(found.fused) >= 3, found
+    assert all(isinstance(name, str) and why for name, why in found.left), found.left
+    assert "epifuse fused" in str(found)
+
+
+@pytest.mark.slow   # three Inductor compiles on the CPU (about 20 s)
+def test_an_mlp_trains_as_eager_under_the_backend():
+    """Three SGD steps of the compiled model and of an eager copy from the same weights: the
+    losses and every parameter agree to fp32 rounding; a new batch size (a recompile) and
+    inference under no_grad too."""
+    eager, fused = _mlp(), _mlp()
+    compiled = torch.compile(fused, backend="epifuse")
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+    opt_f = torch.optim.SGD(fused.parameters(), lr=0.05)
+    for step, rows in enumerate((48, 48, 40)):
+        x = torch.randn(rows, 32)
+        target = torch.randn(rows, 16)
+        losses = []
+        for model, opt in ((eager, opt_e), (compiled, opt_f)):
+            opt.zero_grad()
+            loss = ((model(x) - target) ** 2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        _close(losses[1], losses[0], ("loss", step))
+        for (name, a), b in zip(eager.named_parameters(), fused.parameters()):
+            _close(b.detach(), a.detach(), (name, step))
+    with torch.no_grad():
+        x = torch.randn(8, 32)
+        _close(compiled(x), eager(x), "no_grad")
+
+
+def test_functions_without_a_gemm_compile_unchanged():
+    compiled = torch.compile(lambda x: torch.relu(x) * 2.0 + 1.0, backend="epifuse")
+    x = torch.randn(5, 3)
+    assert torch.equal(compiled(x), torch.relu(x) * 2.0 + 1.0)
+
+
+def test_the_backend_is_found_by_name_without_import_epifuse_loading_dynamo():
+    """`backend="epifuse"` resolves through the installed package's entry point; `import
+    epifuse` itself does not import torch._dynamo (the start-up budget)."""
+    code = ("import sys, epifuse\n"
+            "assert 'torch._dynamo' not in sys.modules\n"
+            "from importlib.metadata import entry_points\n"
+            "(ep,) = [e for e in entry_points(group='torch_dynamo_backends') if e.name == 'epifuse']\n"
+            "assert ep.load() is epifuse.backend.backend\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_addmm_with_beta_and_alpha_is_left_to_inductor_and_stays_right():
+    """addmm(bias, x, w, beta=, alpha=) scales its terms: the pass leaves it as it is (and says
+    so) rather than fuse the bias as a plain add; the result is eager's."""
+    x, w, bias = torch.randn(12, 8), torch.randn(8, 6), torch.randn(6)
+
+    def fn(x, w, bias):
+        return torch.relu(torch.addmm(bias, x, w, beta=0.5, alpha=2.0))
+
+    found = epifuse.explain(fn, x, w, bias)
+    assert any("scales by beta or alpha" in why for _, why in found.left), found.left
+    compiled = torch.compile(fn, backend="epifuse")
+    _close(compiled(x, w, bias), fn(x, w, bias), "addmm beta alpha", tol=1e-6)
