@@ -29,7 +29,7 @@ from .runtime import callsite, tune
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | None = None, /, *,
          out_dtype: torch.dtype | None = None, accumulate: bool = False,
          deterministic: bool = False, compute_dtype: torch.dtype | None = None,
-         precision: str = "default", **tensors):
+         precision: str = "default", recompute: bool = False, **tensors):
     """`A @ B` with the epilogue fused; allocates any output not passed; returns the outputs.
 
     The epilogue is a function, a string holding one `def`, or an activation's name, those
@@ -40,6 +40,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     The epilogue math runs in `compute_dtype`, float32 or float64, by default the promoted
     dtype of A, B and the tensor operands (float64 inputs compute in float64).
     `precision="highest"` makes float32 inputs multiply in full fp32 rather than tf32.
+    `recompute=True` (where autograd records the call): the backward recomputes A @ B rather
+    than read a saved accum; it changes nothing else.
 
     >>> import torch, epifuse
     >>> from epifuse.ops import relu
@@ -69,7 +71,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     if compiling or _through_torch_ops(A, B, tensors):
         return torch_ops.gemm(A, B, epilogue, out_dtype=out_dtype, accumulate=accumulate,
                        deterministic=deterministic, compute_dtype=compute_dtype,
-                       precision=precision, **tensors)
+                       precision=precision, recompute=recompute, **tensors)
     program = epilogue_program(epilogue)
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         raise ShapeError("A and B must be torch tensors.")

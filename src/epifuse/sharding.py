@@ -304,6 +304,8 @@ def _spell(outputs) -> str:
 def _name(placement: tuple) -> str:
     if placement == ("P", "logsumexp"):
         return "LogSumExpPartial()"
+    if placement[0] == "?":   # a placement of its own kind (a Shard or Partial subclass): its repr
+        return placement[1]
     return {"R": "Replicate()", "S": f"Shard({placement[-1]})", "P": f"Partial({placement[-1]!r})"}[placement[0]]
 
 
@@ -311,11 +313,11 @@ def _name(placement: tuple) -> str:
 
 def _of_placement(placement, ndim: int) -> tuple:
     if placement.is_shard():
-        return ("S", placement.dim % ndim) if type(placement).__name__ == "Shard" else ("?",)
+        return ("S", placement.dim % ndim) if type(placement).__name__ == "Shard" else ("?", repr(placement))
     if getattr(placement, "combines_log_sum_exps", False):
         return ("P", "logsumexp")
     if placement.is_partial():
-        return ("P", placement.reduce_op) if type(placement).__name__ == "Partial" else ("?",)
+        return ("P", placement.reduce_op) if type(placement).__name__ == "Partial" else ("?", repr(placement))
     return REPLICATE
 
 
@@ -360,7 +362,9 @@ def _log_sum_exp_class():
         combines_log_sum_exps = True
 
         def __init__(self):
-            super().__init__("sum")   # the collective of the second step
+            # its own reduce_op: DTensor's rules treat "sum" and "avg" partials as linear (a sum
+            # of the parts would be taken for the sum of the whole), this one as neither
+            super().__init__("logsumexp")
 
         def _reduce_value(self, tensor, mesh, mesh_dim):
             top = finite(funcol.all_reduce(tensor, reduceOp="max", group=(mesh, mesh_dim)))
@@ -381,6 +385,12 @@ def _log_sum_exp_class():
 
         def __hash__(self) -> int:
             return hash("epifuse.LogSumExpPartial")
+
+        def __reduce__(self):   # pickled (torch.save of a DTensor) as the call that makes it
+            return (log_sum_exp_partial, ())
+
+        def __fx_repr__(self):   # an FX graph that carries it rebuilds this placement, not a Partial
+            return ("epifuse_log_sum_exp_partial()", {"epifuse_log_sum_exp_partial": log_sum_exp_partial})
 
         def __repr__(self) -> str:
             return "LogSumExpPartial()"

@@ -170,6 +170,10 @@ def test_signature_refuses_what_it_cannot_key():
     aligned, misaligned = base[:20].view(4, 5), base[1:21].view(4, 5)   # 4 bytes apart
     assert callsite.signature("src", A, B, {"C": aligned}, opts) != \
         callsite.signature("src", A, B, {"C": misaligned}, opts)
+    # misaligned by different amounts: a view the launch takes (a gated B's second half) may be
+    # aligned for one and not the other
+    assert callsite.signature("src", A, B, {"C": base[1:21].view(4, 5)}, opts) != \
+        callsite.signature("src", A, B, {"C": base[2:22].view(4, 5)}, opts)
 
 
 def test_sites_are_bounded(monkeypatch, device):
@@ -415,3 +419,25 @@ def test_training_steps_keep_the_ops_launches_and_stay_exact(device):
         d_accum = (accum > 0).double() * 2.0 * seed.double()
         assert torch.equal(bias.grad.double(), d_accum.sum(0))
         assert torch.equal(weight.grad.double(), A.double().t() @ d_accum)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_a_kept_launch_does_not_keep_any_calls_tensors_alive(grad, device):
+    """A site keeps the launch, not the first call's tensors: once a call's inputs and outputs
+    (and, training, its autograd graph and the backward's tensors) are dropped, they are freed,
+    the first call's too (reductions included, whose steps read only the options)."""
+    import gc
+    import weakref
+    src = "def epi(accum, bias):\n    D = relu(accum + bias)\n    s = sum(D, dim=0)\n    return D, s\n"
+    W = integer_tensor(24, 40, low=-2, high=3, dtype=torch.float32, device=device).requires_grad_(grad)
+    bias = integer_tensor(40, dtype=torch.float32, device=device).requires_grad_(grad)
+    refs = []
+    for _ in range(3):
+        A = integer_tensor(48, 24, low=-2, high=3, dtype=torch.float32, device=device)
+        D, s = epifuse.gemm(A, W, src, bias=bias, precision="highest")
+        if grad:
+            (D.sum() + s.sum()).backward()
+        refs.append((weakref.ref(A), weakref.ref(D), weakref.ref(s)))
+        del A, D, s
+    gc.collect()
+    assert [[r() is None for r in trio] for trio in refs] == [[True] * 3] * 3

@@ -20,6 +20,7 @@ def _close(a, b, what, tol=2e-5):
     assert error <= tol, (what, error)
 
 
+@pytest.mark.slow   # Inductor compiles the forward and the backward on the CPU (about 5 s)
 def test_explain_shows_the_fused_forward_and_backward_epilogues():
     model = _mlp()
     x = torch.randn(48, 32)
@@ -79,6 +80,7 @@ def test_the_backend_is_found_by_name_without_import_epifuse_loading_dynamo():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+@pytest.mark.slow   # two Inductor compiles (about 4 s)
 def test_addmm_with_beta_and_alpha_is_left_to_inductor_and_stays_right():
     """addmm(bias, x, w, beta=, alpha=) scales its terms: the pass leaves it as it is (and says
     so) rather than fuse the bias as a plain add; the result is eager's."""

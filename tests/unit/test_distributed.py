@@ -205,3 +205,14 @@ def test_the_gpu_tests_torchrun_entry_runs_on_gloo(worker):
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"{worker} passed on 2 ranks (gloo, float64, small)" in out.stdout
+
+
+def test_a_log_sum_exp_partial_pickles_and_prints_as_itself():
+    import pickle
+    from torch.distributed.tensor import Partial
+    placement = sharding.log_sum_exp_partial()
+    assert pickle.loads(pickle.dumps(placement)) == placement
+    assert placement != Partial("sum") and placement.reduce_op == "logsumexp"
+    text, names = placement.__fx_repr__()
+    assert eval(text, names) == placement
+    assert sharding._name(("?", "_NormPartial(2)")) == "_NormPartial(2)"

@@ -101,7 +101,7 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
                 if (grad and requires_grad) or t.is_neg():
                     return None
                 if numel == 0:   # nothing is read or written through it: no storage to check
-                    parts.append((name, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0,
+                    parts.append((name, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16,
                                   requires_grad))
                     continue
                 storage = t.untyped_storage()   # sparse, mkldnn and nested tensors raise here or below
@@ -117,7 +117,9 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
                         reach += (size - 1) * stride
                 if address - base + reach * t.itemsize > storage.nbytes():
                     return None   # freed or shrunk storage: the full path says so
-                parts.append((name, shape, strides, t.dtype, t.device, address % 16 == 0, requires_grad))
+                # the address modulo 16, not only whether it is aligned: a view the launch takes
+                # of it (a gated GEMM's second half of B) is aligned or not by it and the strides
+                parts.append((name, shape, strides, t.dtype, t.device, address % 16, requires_grad))
             elif kind in _NUMBER_TYPES:
                 # a float by its bits as well: -0.0 == 0.0, but 1 / x tells them apart
                 parts.append((name, kind, t, math.copysign(1.0, t)) if kind is float else (name, kind, t))
@@ -196,13 +198,18 @@ def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
         return
     allocate = tuple((name, tuple(args.outputs[name].shape), args.outputs[name].dtype)
                      for name in allocated)
-    steps = (None, None) if plan.simple else (plan.before, plan.after)
+    steps = (None, None) if plan.simple else plan.problems[0].detached_steps()
     index = {id(v): i for i, v in enumerate(plan.values) if isinstance(v, torch.Tensor)}
     if any(id(buffer) not in index for _, buffer in plan.finish):
         return  # a work buffer the launch does not take as it is: keep the full path
     work = tuple((y.name, index[id(buffer)], tuple(buffer.shape), buffer.stride(), buffer.dtype)
                  for y, buffer in plan.finish)
-    site = Site(list(plan.values), tuple(positions), plan.launch_with, allocate, returns, args.A.device, *steps,
+    values = list(plan.values)
+    for i, _ in positions:   # the first call's tensors are not kept alive by the site (each call puts its own)
+        values[i] = None
+    for _, i, *_ in work:
+        values[i] = None
+    site = Site(values, tuple(positions), plan.launch_with, allocate, returns, args.A.device, *steps,
                 work=work, gated=gated)
     with _LOCK:
         _SITES[key] = site

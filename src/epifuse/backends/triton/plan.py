@@ -63,6 +63,25 @@ class Problem:
             buffer = buffer if work is None else work[y.name]
             finish_reduction(y, buffer, outputs[y.name], args.accumulate, args.reduced_count(y.name))
 
+    def detached_steps(self) -> tuple:
+        """(before, after) as above for a kept launch, which passes each call's outputs and work
+        buffers: they hold what the steps read of the arguments (accumulate, the reduced
+        counts), not the arguments, whose tensors would otherwise stay alive with the launch."""
+        accumulate = self.args.accumulate
+        counts = {y.name: self.args.reduced_count(y.name) for y, _ in (*self.prepare, *self.finish)}
+        prepare = [(y, own is not None) for y, own in self.prepare]
+        finish = [y for y, _ in self.finish]
+
+        def before(outputs, work: dict) -> None:
+            for y, own in prepare:
+                dest = outputs[y.name]
+                prepare_reduction(y, work[y.name] if own else dest, dest, accumulate, counts[y.name])
+
+        def after(outputs, work: dict) -> None:
+            for y in finish:
+                finish_reduction(y, work[y.name], outputs[y.name], accumulate, counts[y.name])
+        return before, after
+
 
 class Plan:
     __slots__ = ("kernel", "layout", "problems", "values", "meta", "grid", "empty", "fast", "simple",
@@ -326,9 +345,9 @@ def arrivals(grid: tuple, consumers: int) -> int:
 
 def interpreted_launcher(plan: Plan):
     """launch_with for the interpreter: Triton's own launch, one at a time."""
-    kernel, grid, meta = plan.kernel, plan.grid, plan.meta
+    kernel, grid, meta, convert = plan.kernel, plan.grid, plan.meta, plan.convert
 
-    def launch_with(values):
+    def launch_with(values):   # holds no tensor of the plan's arguments
         with target.INTERPRETER_LOCK:
-            kernel[grid](*plan.jit_values(values), **meta)
+            kernel[grid](*(values if convert is None else convert(values, True)), **meta)
     return launch_with
