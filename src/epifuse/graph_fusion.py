@@ -144,10 +144,12 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
             if a in descendants:     # computed from the region outside it: would make a cycle
                 return None
             v = _val(a)
-            if v is None or not isinstance(v, torch.Tensor) or not v.dtype.is_floating_point:
+            if v is None or not isinstance(v, torch.Tensor) or not (v.dtype.is_floating_point or v.dtype is torch.bool):
                 return None
             if _role(v, region.M, region.N) is None:
                 return None
+            if v.dtype is torch.bool:   # read as its bytes (a uint8 view), and compared back to a bool
+                return f"gt({region.operand(a)}, 0.5)"
             return region.operand(a)
         return _literal(a)
 
@@ -190,6 +192,9 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
         x, dtype = arg(node.args[0]), node.args[1]
         if x is None or dtype not in _STORED:
             return None
+        source = _val(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else None
+        if source is not None and source.dtype is torch.bool:   # a mask as 0.0 / 1.0
+            x = f"where({x}, 1.0, 0.0)"
         if dtype in (torch.float32, torch.float64):   # the epilogue computes in float32 or float64
             return x, False
         return f"to({x}, dtype={str(dtype).removeprefix('torch.')!r})", False
@@ -292,7 +297,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
         dtypes = []
         for out in outputs:
             v = _val(out)
-            dtype = torch.float32 if v.dtype is torch.bool else v.dtype
+            dtype = torch.int8 if v.dtype is torch.bool else v.dtype   # a mask: its 0/1 bytes
             dtypes.append(str(dtype).removeprefix("torch."))
         params = ", ".join(["accum", *region.operands.values()])
         returns = [region.names[o] if region.names[o] != "accum" else "accum" for o in outputs]
@@ -311,13 +316,13 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
         compute = torch.float64 if va.dtype == torch.float64 else torch.float32
         precision = "highest" if va.dtype in (torch.float32, torch.float64) and \
             not torch.backends.cuda.matmul.allow_tf32 else "default"
-        operand_nodes = list(region.operands)
         place = _first_user(region, outputs)
         if place is None:
             report.skipped.append((gemm.name, "an operand of its epilogue is computed after a value of the "
                                               "region is first used"))
             continue
         with graph.inserting_before(place):
+            operand_nodes = [_as_bytes(graph, o) if _val(o).dtype is torch.bool else o for o in region.operands]
             call = graph.call_function(torch.ops.epifuse.gemm.default, (
                 key, A, B, operand_nodes, [], "t" * len(operand_nodes), ",".join(dtypes), compute, False,
                 precision))
@@ -329,9 +334,9 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
                 items.append(item)
         for out, item in zip(outputs, items):
             replacement = item
-            if _val(out).dtype is torch.bool:   # a comparison stored as 0/1: back to bool
+            if _val(out).dtype is torch.bool:   # a comparison stored as 0/1 bytes: viewed as bool
                 with graph.inserting_after(item):
-                    replacement = graph.call_function(prims.convert_element_type.default, (item, torch.bool))
+                    replacement = graph.call_function(aten.view.dtype, (item, torch.bool))
                     replacement.meta["val"] = _val(out)
             out.replace_all_uses_with(replacement)
         for node in reversed(region.nodes):
@@ -350,6 +355,13 @@ def _first_user(region: _Region, outputs: list):
     last_input = max((order[n] for n in (*region.operands, *region.gemm.all_input_nodes)), default=0)
     first = min(users, key=lambda n: order[n])
     return first if order[first] > last_input else None
+
+
+def _as_bytes(graph, node):
+    """A bool operand's uint8 view (the kernels load integer operands, not bool ones)."""
+    view = graph.call_function(aten.view.dtype, (node, torch.uint8))
+    view.meta["val"] = _val(node).view(torch.uint8)
+    return view
 
 
 def _fake_outputs(call):

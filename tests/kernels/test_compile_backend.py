@@ -93,3 +93,25 @@ def test_addmm_with_beta_and_alpha_is_left_to_inductor_and_stays_right():
     assert any("scales by beta or alpha" in why for _, why in found.left), found.left
     compiled = torch.compile(fn, backend="epifuse")
     _close(compiled(x, w, bias), fn(x, w, bias), "addmm beta alpha", tol=1e-6)
+
+
+@pytest.mark.slow   # Inductor compiles the forward and the backward on the CPU (about 5 s)
+def test_a_relu_mask_saved_for_the_backward_joins_the_gradient_gemm():
+    """ReLU's backward reads the bool mask the forward saved: the mask is read as its bytes
+    (a uint8 view) and its where() joins the epilogue of the GEMM producing the incoming
+    gradient, with the bias gradient's column sum; values and gradients are eager's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
+    x = torch.randn(48, 32)
+    found = epifuse.explain(model, x)
+    assert any("where(gt(" in source and "sum(" in source for source in found.fused), found
+    for p in model.parameters():
+        p.grad = None
+    (model(x) ** 2).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    torch._dynamo.reset()
+    (torch.compile(model, backend="epifuse")(x) ** 2).sum().backward()
+    for p, want in zip(model.parameters(), expected):
+        _close(p.grad, want, "relu mlp gradient")
