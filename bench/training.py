@@ -1,7 +1,11 @@
 """Training-step benchmark (issue 6): forward + backward of an MLP block and of a linear layer
 with a fused BCE loss, epifuse against eager PyTorch (and torch.compile max-autotune with --inductor).
 
-    PYTHONPATH=src:. python -m bench.training [--tokens 8192] [--inductor] [--out DIR]
+    PYTHONPATH=src:. python -m bench.training [--tokens 8192] [--inductor] [--backend] [--out DIR]
+
+`--backend` adds the MLP under torch.compile's default mode and under
+`torch.compile(backend=epifuse.backend.backend)` (issue 33: Inductor plus epifuse's fusion pass,
+`backend="epifuse"` by name where the package is installed).
 
 MLP: Linear(4096 -> 16384) -> GELU(tanh) -> Linear(16384 -> 4096), bf16, 8192 tokens; the
 epifuse version is `epifuse.nn.fuse_linear_activations` of the same module (the bias and GELU
@@ -20,6 +24,7 @@ from torch import nn
 from triton.testing import do_bench
 
 import epifuse
+import epifuse.backend
 import epifuse.runtime.tune
 
 
@@ -53,7 +58,7 @@ def _bce_loss(x, weight, bias, target):
     return nn.functional.binary_cross_entropy_with_logits(logits.float(), target)
 
 
-def measure(tokens=8192, hidden=4096, ffn=16384, inductor=False) -> list[dict]:
+def measure(tokens=8192, hidden=4096, ffn=16384, inductor=False, backend=False) -> list[dict]:
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
     x = torch.randn(tokens, hidden, device=dev, dtype=dt, requires_grad=True)
@@ -64,6 +69,11 @@ def measure(tokens=8192, hidden=4096, ffn=16384, inductor=False) -> list[dict]:
         twin = _mlp(hidden, ffn).to(dev, dt)
         twin.load_state_dict(base.state_dict())
         variants["inductor"] = torch.compile(twin, mode="max-autotune-no-cudagraphs")
+    if backend:
+        for name, options in (("compile", {}), ("epifuse_backend", {"backend": epifuse.backend.backend})):
+            twin = _mlp(hidden, ffn).to(dev, dt)
+            twin.load_state_dict(base.state_dict())
+            variants[name] = torch.compile(twin, **options)
     rows = []
     losses = {}
     for name, model in variants.items():
@@ -124,9 +134,10 @@ def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--inductor", action="store_true")
+    p.add_argument("--backend", action="store_true")
     p.add_argument("--out", default=None)
     ns = p.parse_args(argv)
-    rows = measure(ns.tokens, inductor=ns.inductor)
+    rows = measure(ns.tokens, inductor=ns.inductor, backend=ns.backend)
     eager = {r["workload"]: r["ms"] for r in rows if r["variant"] == "eager"}
     for r in rows:
         r["ratio_to_eager"] = r["ms"] / eager[r["workload"]]
