@@ -290,8 +290,9 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
             report.skipped.append((gemm.name, "an addmm whose bias is not an operand an epilogue reads, or that "
                                               "scales by beta or alpha"))
             continue
-        if len(region.nodes) == 1 and gemm.target is aten.mm.default:
-            report.skipped.append((gemm.name, "no pointwise op or reduction consumes it"))
+        if len(region.nodes) == 1:   # an addmm alone: cuBLAS adds its bias in its own epilogue already
+            report.skipped.append((gemm.name, "no pointwise op or reduction consumes it"
+                                   + (" beyond its bias" if gemm.target is aten.addmm.default else "")))
             continue
         outputs = _outputs(region)
         dtypes = []
