@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 # They import torch and Triton (torch + about 0.3 s); torch.compile's machinery (torch._dynamo)
 # waits for torch.compile.
 from . import torch_ops
+from . import backend as _backend  # noqa: F401 - registers backend="epifuse" for torch.compile (no torch._dynamo import)
 from .errors import EpilogueError, InternalError
 from .version import __version__
 

@@ -3,9 +3,10 @@
 The backend is Inductor with one more pass: after AOTAutograd has split the joint graph into
 forward and backward and Inductor has decomposed them (post-grad), epifuse.graph_fusion
 rewrites each GEMM and the pointwise ops and reductions consuming it into one epifuse GEMM with
-a generated epilogue; Inductor compiles everything else as it would. The backend is found by
-name through the `torch_dynamo_backends` entry point of the installed package, so `import
-epifuse` does not import torch._dynamo.
+a generated epilogue; Inductor compiles everything else as it would. `import epifuse` registers the
+name "epifuse" without importing torch._dynamo (1-2 s): with torch's backend registry when
+that is loaded already, else when it loads (`_register_by_name`, an import hook for that one
+module); the installed package's `torch_dynamo_backends` entry point names it too.
 
 `explain` compiles `fn` with the backend, runs it once on the example inputs (forward, and
 backward where an output requires grad), and returns what the pass fused (each region's
@@ -13,6 +14,8 @@ epilogue source) and which GEMMs it left to Inductor, with why.
 """
 from __future__ import annotations
 
+import importlib.machinery
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -97,5 +100,44 @@ def _explained(compiled, example_inputs, example_kwargs, reports) -> Explanation
     print(result)
     return result
 
+
+_REGISTRY = "torch._dynamo.backends.registry"
+
+
+def _register(registry) -> None:
+    if "epifuse" not in registry._COMPILER_FNS:
+        registry.register_backend(compiler_fn=backend, name="epifuse")
+
+
+class _RegisterWhenLoaded:
+    """A meta-path finder for torch's backend registry alone: it finds the module as the path
+    finder does, and registers the backend right after the module runs."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _REGISTRY:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _register(module)
+        spec.loader.exec_module = exec_module   # this spec's own loader object
+        return spec
+
+
+def _register_by_name() -> None:
+    """`torch.compile(model, backend="epifuse")` after `import epifuse`, installed or not."""
+    registry = sys.modules.get(_REGISTRY)
+    if registry is not None:
+        _register(registry)
+    elif not any(isinstance(f, _RegisterWhenLoaded) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterWhenLoaded())
+
+
+_register_by_name()
 
 __all__ = ["backend", "explain", "Explanation"]

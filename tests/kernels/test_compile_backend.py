@@ -69,6 +69,19 @@ def test_functions_without_a_gemm_compile_unchanged():
     assert torch.equal(compiled(x), torch.relu(x) * 2.0 + 1.0)
 
 
+@pytest.mark.parametrize("order", ["epifuse first", "dynamo first"])
+def test_import_epifuse_registers_the_name_with_torchs_registry(order):
+    """From a source tree (no entry point needed): `import epifuse` registers "epifuse" when
+    torch's backend registry loads later, or at once where it is loaded already; either way
+    without importing torch._dynamo itself."""
+    first = ("import sys, epifuse\nassert 'torch._dynamo' not in sys.modules\nimport torch._dynamo\n"
+             if order == "epifuse first" else "import torch._dynamo, epifuse\n")
+    code = first + ("import epifuse.backend\n"
+                    "from torch._dynamo.backends import registry\n"
+                    "assert registry._COMPILER_FNS['epifuse'] is epifuse.backend.backend\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_the_backend_is_found_by_name_without_import_epifuse_loading_dynamo():
     """`backend="epifuse"` resolves through the installed package's entry point; `import
     epifuse` itself does not import torch._dynamo (the start-up budget)."""
