@@ -21,13 +21,13 @@ prologue fusion yet).
 """
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, field
 
 import torch
 
 from . import torch_ops
+from .printing import number_literal
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -120,16 +120,8 @@ class _Region:
 
 
 def _literal(value) -> str | None:
-    if isinstance(value, bool):
-        return "1.0" if value else "0.0"
-    if isinstance(value, (int, float)):
-        value = float(value)
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    return None
+    """A Python number as epilogue source (printing.number_literal), or None for anything else."""
+    return number_literal(value) if isinstance(value, (bool, int, float)) else None
 
 
 def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | None:
@@ -301,12 +293,8 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
             dtype = torch.int8 if v.dtype is torch.bool else v.dtype   # a mask: its 0/1 bytes
             dtypes.append(str(dtype).removeprefix("torch."))
         params = ", ".join(["accum", *region.operands.values()])
-        returns = [region.names[o] if region.names[o] != "accum" else "accum" for o in outputs]
-        lines = list(region.lines)
-        out_names = []
-        for k, value in enumerate(returns):
-            out_names.append(f"out{k}")
-            lines.append(f"    out{k} = {value}")
+        out_names = [f"out{k}" for k in range(len(outputs))]
+        lines = region.lines + [f"    {name} = {region.names[o]}" for name, o in zip(out_names, outputs)]
         source = (f"def fused_{gemm.name}({params}):\n" + "\n".join(lines)
                   + f"\n    return {', '.join(out_names)}\n")
         try:

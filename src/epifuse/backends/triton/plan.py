@@ -50,37 +50,33 @@ class Problem:
         """Initialize the atomic reductions the kernel does not zero (`outputs`: name ->
         tensor, the arguments' own or a kept launch's new ones; `work`: name -> the work
         buffer a kept launch's call has of its own, in place of the plan's)."""
-        args = self.args
-        for y, own in self.prepare:
-            dest = outputs[y.name]
-            buffer = dest if own is None else own if work is None else work[y.name]
-            prepare_reduction(y, buffer, dest, args.accumulate, args.reduced_count(y.name))
+        _prepare(self.prepare, outputs, work, self.args.accumulate, self.args.reduced_count)
 
     def after(self, outputs, work: dict | None = None) -> None:
         """Write the partials or fp32 buffers (the plan's, or `work`'s) to their destinations."""
-        args = self.args
-        for y, buffer in self.finish:
-            buffer = buffer if work is None else work[y.name]
-            finish_reduction(y, buffer, outputs[y.name], args.accumulate, args.reduced_count(y.name))
+        _finish(self.finish, outputs, work, self.args.accumulate, self.args.reduced_count)
 
     def detached_steps(self) -> tuple:
-        """(before, after) as above for a kept launch, which passes each call's outputs and work
-        buffers: they hold what the steps read of the arguments (accumulate, the reduced
-        counts), not the arguments, whose tensors would otherwise stay alive with the launch."""
-        accumulate = self.args.accumulate
-        counts = {y.name: self.args.reduced_count(y.name) for y, _ in (*self.prepare, *self.finish)}
-        prepare = [(y, own is not None) for y, own in self.prepare]
-        finish = [y for y, _ in self.finish]
+        """(before, after) as above for a kept launch: they hold what the steps read of the
+        arguments (accumulate, the reduced counts), not the arguments, whose tensors would
+        otherwise stay alive with the launch."""
+        prepare, finish, accumulate = self.prepare, self.finish, self.args.accumulate
+        counts = {y.name: self.args.reduced_count(y.name) for y, _ in (*prepare, *finish)}
+        return (lambda outputs, work=None: _prepare(prepare, outputs, work, accumulate, counts.__getitem__),
+                lambda outputs, work=None: _finish(finish, outputs, work, accumulate, counts.__getitem__))
 
-        def before(outputs, work: dict) -> None:
-            for y, own in prepare:
-                dest = outputs[y.name]
-                prepare_reduction(y, work[y.name] if own else dest, dest, accumulate, counts[y.name])
 
-        def after(outputs, work: dict) -> None:
-            for y in finish:
-                finish_reduction(y, work[y.name], outputs[y.name], accumulate, counts[y.name])
-        return before, after
+def _prepare(prepare: list, outputs, work: dict | None, accumulate: bool, count) -> None:
+    for y, own in prepare:
+        dest = outputs[y.name]
+        buffer = dest if own is None else own if work is None else work[y.name]
+        prepare_reduction(y, buffer, dest, accumulate, count(y.name))
+
+
+def _finish(finish: list, outputs, work: dict | None, accumulate: bool, count) -> None:
+    for y, buffer in finish:
+        buffer = buffer if work is None else work[y.name]
+        finish_reduction(y, buffer, outputs[y.name], accumulate, count(y.name))
 
 
 class Plan:
