@@ -3,17 +3,29 @@
     loss = epifuse.linear_cross_entropy(x, weight, target)   # F.cross_entropy(F.linear(x, weight).float(), target)
 
 The language-model head's logits, (tokens, vocab), are the largest tensor of a training step.
-Here they are never written:
+Here they never exist whole; at most one chunk of rows is alive at once:
 
-- forward: one GEMM `x @ weight.T` whose epilogue reduces each row to the three numbers the
-  loss needs, the log-sum-exp of the (soft-capped) logits, the target's logit (`col() ==
-  target` picks it) and, for label smoothing, their sum; the loss is then arithmetic on (tokens,)
-  vectors;
-- backward: the gradient of the logits, `g * ((1 + 2 z_loss lse) softmax - (1 - eps) onehot -
-  eps / V)` (times the soft cap's derivative), is the epilogue of the same GEMM recomputed over a
-  chunk of rows at a time (the bias gradient its column sum, a reduction of the same kernel),
-  followed by two matmuls per chunk: dx = G @ weight, dweight += G.T @ x. At most one chunk of
-  rows x vocab is alive at once (CHUNK_BYTES).
+- training (gradients wanted, reduction "mean" or "sum", no soft cap): per chunk of rows, one
+  GEMM `x @ weight.T` whose epilogue writes the chunk's logits in the inputs' dtype and reduces
+  each row to the three numbers the loss needs (the log-sum-exp, the target's logit, picked by
+  `col() == target`, and for label smoothing their sum); the chunk's logits become its gradient
+  in place (`exp(z - lse)`, times `1 + 2 z_loss lse`, minus `(1 - eps)` at the target, that
+  entry from the float32 target logit, and `eps / V` everywhere), which two matmuls consume at
+  once: dx = G @ weight, dweight += G.T @ x. Three GEMMs in all, run during the forward; the
+  backward scales them by the loss's gradient (a scalar, for these reductions). A chunk holds as
+  many bytes as the weight (`hidden` rows), so the extra memory is about the weight gradient's
+  own size. The gradient of a chunk's logits is held in the inputs' dtype (for bf16 as torch's
+  own backward casts it) and dweight sums the chunks' products in weight's dtype, one rounding
+  per chunk. A forward with gradients enabled whose backward never runs still pays for the
+  gradients (three GEMMs, not one).
+- otherwise: the forward is that GEMM without the logits (the three row reductions only) and the
+  backward recomputes each chunk's logits, with the gradient of the logits, `g * ((1 + 2 z_loss
+  lse) softmax - (1 - eps) onehot - eps / V)` (times the soft cap's derivative), as the epilogue
+  (the bias gradient its column sum), followed by the same two matmuls. This path serves
+  reduction "none" (whose per-token gradient is known only in the backward), the soft cap, a
+  second backward of the same graph, and inputs of mixed dtypes.
+
+CHUNK_BYTES sets the chunk's size in bytes of logits.
 
 Semantics are torch's: `F.cross_entropy(F.linear(x, weight, bias).float(), target,
 ignore_index=, reduction=, label_smoothing=)`, plus `z_loss * lse**2` over the same (not
@@ -28,7 +40,7 @@ from .api import gemm
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
 
 REDUCTIONS = ("mean", "sum", "none")
-CHUNK_BYTES = 1 << 28   # the backward keeps about this much of a chunk's logit gradient alive
+CHUNK_BYTES: int | None = None   # bytes of one chunk's logits; None: the weight's own size (hidden rows)
 
 
 def _logits(softcap: float | None) -> str:
@@ -36,14 +48,23 @@ def _logits(softcap: float | None) -> str:
     return capped
 
 
-def _forward_source(softcap: float | None, bias: bool) -> str:
+def _forward_source(softcap: float | None, bias: bool, logits: bool = False) -> str:
+    """The row statistics (log-sum-exp, target logit, sum of logits), after the logits
+    themselves where `logits`."""
     params = ["accum", "target", *(["bias"] if bias else []), *(["softcap"] if softcap is not None else [])]
-    return (f"def linear_cross_entropy_stats({', '.join(params)}):\n"
+    name = "linear_cross_entropy_logits" if logits else "linear_cross_entropy_stats"
+    return (f"def {name}({', '.join(params)}):\n"
             f"    y = accum{' + bias' if bias else ''}\n" + _logits(softcap)
             + "    lse = logsumexp(z, dim=1)\n"
             "    picked = sum(where(col() == target, z, 0.0), dim=1)\n"
             "    total = sum(z, dim=1)\n"
-            "    return lse, picked, total\n")
+            f"    return {'z, ' if logits else ''}lse, picked, total\n")
+
+
+def _chunk_rows(vocab: int, hidden: int, element_size: int) -> int:
+    """Rows per chunk: CHUNK_BYTES of logits, or as many bytes as the weight (hidden rows)."""
+    budget = CHUNK_BYTES if CHUNK_BYTES is not None else vocab * hidden * element_size
+    return max(1, budget // max(1, vocab * element_size))
 
 
 def _backward_source(softcap: float | None, bias: bool) -> str:
@@ -97,21 +118,27 @@ def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, z_
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, target, ignore_index, reduction, label_smoothing, z_loss, softcap):
+    def forward(ctx, x, weight, bias, target, ignore_index, reduction, label_smoothing, z_loss, softcap, training):
         rows = x.reshape(-1, x.shape[-1])
         flat = target.reshape(-1)
         valid = flat != ignore_index
         target_col = torch.where(valid, flat, -1).to(torch.float32).unsqueeze(1)   # -1: no column
-        operands = dict(target=target_col)
-        if bias is not None:
-            operands["bias"] = bias
-        if softcap is not None:
-            operands["softcap"] = float(softcap)
+        eps, z_loss = float(label_smoothing), float(z_loss)
+        ctx.options = (reduction, eps, z_loss, softcap, x.shape)
+        ctx.gradients = None
         with torch.no_grad():
-            lse, picked, total = gemm(rows, weight.t(), _forward_source(softcap, bias is not None), **operands)
+            if training and reduction != "none" and softcap is None and x.dtype == weight.dtype:
+                (lse, picked, total), ctx.gradients = _statistics_and_gradients(
+                    ctx, rows, weight, bias, target_col, flat, valid, eps, z_loss)
+            else:
+                operands = dict(target=target_col)
+                if bias is not None:
+                    operands["bias"] = bias
+                if softcap is not None:
+                    operands["softcap"] = float(softcap)
+                lse, picked, total = gemm(rows, weight.t(), _forward_source(softcap, bias is not None), **operands)
         vocab = weight.shape[0]
-        eps = float(label_smoothing)
-        per = (1.0 - eps) * (lse - picked) + eps * (lse - total / vocab) + float(z_loss) * lse * lse
+        per = (1.0 - eps) * (lse - picked) + eps * (lse - total / vocab) + z_loss * lse * lse
         per = torch.where(valid, per, 0.0)
         count = valid.sum()
         if reduction == "mean":
@@ -121,7 +148,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         else:
             loss = per.reshape(target.shape)
         ctx.save_for_backward(rows, weight, bias, target_col, lse, valid, count)
-        ctx.options = (reduction, eps, float(z_loss), softcap, x.shape)
         return loss
 
     @staticmethod
@@ -132,7 +158,75 @@ class _LinearCrossEntropy(torch.autograd.Function):
                                    hint="Take the gradient without create_graph, or use F.linear and F.cross_entropy "
                                         "for higher derivatives.")
         with torch.no_grad():
+            if ctx.gradients is not None:   # the forward's; handed out once (a second backward recomputes)
+                computed, ctx.gradients = ctx.gradients, None
+                return _scaled(ctx, computed, grad)
             return _gradients(ctx, grad)
+
+
+def _statistics_and_gradients(ctx, rows, weight, bias, target_col, flat, valid, eps: float, z_loss: float):
+    """The forward's row statistics and, chunk of rows by chunk, the gradients of the per-token
+    losses summed over the valid tokens (each chunk's logits turned into their gradient in place
+    and consumed by the two matmuls at once); _scaled multiplies them by the loss's gradient."""
+    vocab, hidden = weight.shape
+    n = rows.shape[0]
+    exact = torch.float64 if rows.dtype == torch.float64 else torch.float32
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_b = bias is not None and ctx.needs_input_grad[2]
+    dx = torch.empty_like(rows) if need_x else None
+    dw = torch.empty_like(weight) if need_w else None   # the first chunk's product, the others added
+    db = torch.zeros(vocab, dtype=exact, device=weight.device) if need_b else None
+    stats = [torch.empty(n, dtype=exact, device=rows.device) for _ in range(3)]
+    operands = dict(bias=bias) if bias is not None else {}
+    source = _forward_source(None, bias is not None, logits=True)
+    columns = torch.where(valid, flat, 0).unsqueeze(1)
+    step = _chunk_rows(vocab, hidden, rows.element_size())
+    for start in range(0, n, step):
+        part = slice(start, start + step)
+        G, *chunk_stats = gemm(rows[part], weight.t(), source, target=target_col[part], **operands)
+        for whole, piece in zip(stats, chunk_stats):
+            whole[part] = piece
+        lse, picked, ok = chunk_stats[0].unsqueeze(1), chunk_stats[1].unsqueeze(1), valid[part].unsqueeze(1)
+        scale = 1.0 + 2.0 * z_loss * lse
+        # softmax: an ignored row's shift is +inf, so its gradient is exp(-inf) = 0 throughout
+        G.sub_(torch.where(ok, lse, float("inf"))).exp_()
+        if z_loss:
+            G.mul_(scale)
+        # the target's entry, softmax - (1 - eps), from the float32 target logit: near 0 for a
+        # confident token, where the rounded softmax minus 1 would keep only its rounding error
+        target_entry = torch.where(ok, scale * torch.exp(picked - lse) - (1.0 - eps), 0.0)
+        G.scatter_(1, columns[part], target_entry.to(G.dtype))
+        if eps:
+            G.sub_(ok.to(exact) * (eps / vocab))
+        if dx is not None:
+            torch.mm(G, weight, out=dx[part])
+        if dw is not None:
+            if start == 0:
+                torch.mm(G.t(), rows[part], out=dw)
+            else:
+                dw.addmm_(G.t(), rows[part])
+        if db is not None:
+            db += G.sum(0, dtype=exact)
+        del G   # before the next chunk's logits are allocated: one chunk alive at a time
+    return stats, (dx, dw, db)
+
+
+def _scaled(ctx, computed, grad):
+    """The forward's gradients times d(loss)/d(sum of valid per-token losses): the loss's
+    gradient, over the number of valid tokens for "mean" (1 where there are none: every
+    gradient is 0 then, as torch's)."""
+    dx, dw, db = computed
+    reduction, _, _, _, x_shape = ctx.options
+    count = ctx.saved_tensors[6]
+    scale = grad.to(torch.float64 if grad.dtype == torch.float64 else torch.float32)
+    if reduction == "mean":
+        scale = scale / count.clamp(min=1)
+    for t in (dx, dw, db):
+        if t is not None:
+            t.mul_(scale)
+    bias = ctx.saved_tensors[2]
+    return (dx.reshape(x_shape) if dx is not None else None, dw,
+            db.to(bias.dtype) if db is not None else None, None, None, None, None, None, None, None)
 
 
 def _gradients(ctx, grad):
@@ -150,7 +244,7 @@ def _gradients(ctx, grad):
     dw = torch.zeros(weight.shape, dtype=exact, device=weight.device) if need_w else None
     db = torch.zeros(vocab, dtype=exact, device=weight.device) if need_b else None
     source = _backward_source(softcap, bias is not None)
-    chunk = max(1, CHUNK_BYTES // max(1, vocab * rows.element_size()))
+    chunk = _chunk_rows(vocab, weight.shape[1], rows.element_size())
     for start in range(0, rows.shape[0], chunk):
         part = slice(start, start + chunk)
         gi = g[part].unsqueeze(1)
@@ -170,7 +264,7 @@ def _gradients(ctx, grad):
         if db is not None:
             db += dbias
     return (dx.reshape(x_shape) if dx is not None else None, dw.to(weight.dtype) if dw is not None else None,
-            db.to(bias.dtype) if db is not None else None, None, None, None, None, None, None)
+            db.to(bias.dtype) if db is not None else None, None, None, None, None, None, None, None)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
@@ -186,7 +280,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     """
     _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss, softcap)
     return _LinearCrossEntropy.apply(x, weight, bias, target, ignore_index, reduction, float(label_smoothing),
-                                     float(z_loss), softcap)
+                                     float(z_loss), softcap, torch.is_grad_enabled())
 
 
 __all__ = ["linear_cross_entropy"]

@@ -53,19 +53,21 @@ def test_loss_and_gradients_match_torch_in_float64(options, bias):
         torch.testing.assert_close(g_ours, g_theirs, rtol=1e-9, atol=1e-12)
 
 
-def test_float32_runs_the_triton_kernels_and_matches_torch():
-    """Through the interpreted Triton kernels (the forward's three row reductions, the backward's
-    logit gradient and its column sum), several tiles each way, in chunks of rows."""
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_float32_runs_the_triton_kernels_and_matches_torch(reduction, monkeypatch):
+    """Through the interpreted Triton kernels, several tiles each way, in chunks of rows: for
+    "mean" the forward's logits with their three row reductions, turned into the gradient in
+    place; for "none" the forward's reductions alone and the backward's logit gradient and its
+    column sum."""
     x, weight, b, target = problem(tokens=(70,), hidden=40, vocab=90, dtype=torch.float32, ignored=5)
-    old = losses.CHUNK_BYTES
-    losses.CHUNK_BYTES = 33 * 90 * 4   # chunks of 33 rows: three, the last short
-    try:
-        ours = epifuse.linear_cross_entropy(x, weight, target, bias=b, label_smoothing=0.1, z_loss=1e-3)
-        got = grads(ours, (x, weight, b))
-    finally:
-        losses.CHUNK_BYTES = old
-    theirs = torch_loss(x.double(), weight.double(), target, b.double(), label_smoothing=0.1, z_loss=1e-3)
-    want = grads(theirs, (x, weight, b))
+    monkeypatch.setattr(losses, "CHUNK_BYTES", 33 * 90 * 4)   # chunks of 33 rows: three, the last short
+    ours = epifuse.linear_cross_entropy(x, weight, target, bias=b, label_smoothing=0.1, z_loss=1e-3,
+                                        reduction=reduction)
+    seed = torch.rand_like(ours) + 0.5
+    got = grads((ours * seed).sum(), (x, weight, b))
+    theirs = torch_loss(x.double(), weight.double(), target, b.double(), label_smoothing=0.1, z_loss=1e-3,
+                        reduction=reduction)
+    want = grads((theirs * seed.double()).sum(), (x, weight, b))
     assert ours.dtype == torch.float32
     torch.testing.assert_close(ours.double(), theirs, rtol=1e-5, atol=1e-6)
     for g, w in zip(got, want):
@@ -83,10 +85,57 @@ def test_bfloat16_inputs_give_a_float32_loss_close_to_torch():
         torch.testing.assert_close(g.float(), w.float(), rtol=3e-2, atol=3e-2)
 
 
-def test_every_token_ignored_gives_nan_as_torch():
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_every_token_ignored_gives_the_loss_and_gradients_torch_gives(reduction):
+    """NaN ("mean") or 0 ("sum") as the loss, and zero gradients, as torch."""
     x, weight, b, target = problem(tokens=(5,), ignored=5)
-    assert torch.isnan(epifuse.linear_cross_entropy(x, weight, target, bias=b))
-    assert torch.isnan(torch_loss(x, weight, target, b))
+    ours = epifuse.linear_cross_entropy(x, weight, target, bias=b, reduction=reduction)
+    theirs = torch_loss(x, weight, target, b, reduction=reduction)
+    assert torch.isnan(ours) == torch.isnan(theirs) == (reduction == "mean")
+    for g_ours, g_theirs in zip(grads(ours, (x, weight, b)), grads(theirs, (x, weight, b))):
+        assert torch.equal(g_ours, g_theirs) and not g_ours.any()
+
+
+def test_a_second_backward_of_the_same_graph_gives_the_same_gradients():
+    """The training path hands the forward's gradients to the first backward; a second backward
+    (retain_graph=True) recomputes them, and the first one's results are left as they were."""
+    x, weight, b, target = problem()
+    loss = epifuse.linear_cross_entropy(x, weight, target, bias=b, label_smoothing=0.1)
+    first = torch.autograd.grad(loss * 2.0, (x, weight, b), retain_graph=True)
+    kept = [g.clone() for g in first]
+    second = torch.autograd.grad(loss * 2.0, (x, weight, b))
+    want = grads(torch_loss(x, weight, target, b, label_smoothing=0.1) * 2.0, (x, weight, b))
+    for g1, k, g2, w in zip(first, kept, second, want):
+        assert torch.equal(g1, k)
+        torch.testing.assert_close(g1, w, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(g2, w, rtol=1e-9, atol=1e-12)
+
+
+def test_the_loss_is_the_same_with_and_without_gradients():
+    """Under no_grad the forward runs the statistics alone (no logits, no gradients)."""
+    x, weight, b, target = problem()
+    with torch.no_grad():
+        plain = epifuse.linear_cross_entropy(x, weight, target, bias=b, z_loss=1e-2)
+    training = epifuse.linear_cross_entropy(x, weight, target, bias=b, z_loss=1e-2)
+    assert training.requires_grad and not plain.requires_grad
+    torch.testing.assert_close(plain, training.detach(), rtol=1e-12, atol=0.0)
+
+
+def test_gradients_only_for_the_inputs_that_need_them():
+    """weight frozen (a tied, frozen embedding) and x without a gradient: each path computes
+    only what is asked, and agrees with torch."""
+    x, weight, b, target = problem()
+    weight.requires_grad_(False)
+    ours = epifuse.linear_cross_entropy(x, weight, target, bias=b)
+    got = grads(ours, (x, b))
+    want = grads(torch_loss(x, weight, target, b), (x, b))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+    x.requires_grad_(False)
+    weight.requires_grad_(True)
+    ours = epifuse.linear_cross_entropy(x, weight, target, bias=None, reduction="sum")
+    torch.testing.assert_close(grads(ours, (weight,))[0], grads(torch_loss(x, weight, target, reduction="sum"), (weight,))[0],
+                               rtol=1e-9, atol=1e-12)
 
 
 def test_the_module_is_the_function():
