@@ -6,24 +6,27 @@ The language-model head's logits, (tokens, vocab), are the largest tensor of a t
 Here they never exist whole; at most one chunk of rows is alive at once:
 
 - training (gradients wanted, reduction "mean" or "sum", no soft cap): per chunk of rows, one
-  GEMM `x @ weight.T` whose epilogue writes the chunk's logits in the inputs' dtype and reduces
-  each row to the three numbers the loss needs (the log-sum-exp, the target's logit, picked by
-  `col() == target`, and for label smoothing their sum); the chunk's logits become its gradient
-  in place (`exp(z - lse)`, times `1 + 2 z_loss lse`, minus `(1 - eps)` at the target, that
-  entry from the float32 target logit, and `eps / V` everywhere), which two matmuls consume at
-  once: dx = G @ weight, dweight += G.T @ x. Three GEMMs in all, run during the forward; the
-  backward scales them by the loss's gradient (a scalar, for these reductions). A chunk holds as
-  many bytes as the weight (`hidden` rows), so the extra memory is about the weight gradient's
-  own size. The gradient of a chunk's logits is held in the inputs' dtype (for bf16 as torch's
-  own backward casts it) and dweight sums the chunks' products in weight's dtype, one rounding
-  per chunk. A forward with gradients enabled whose backward never runs still pays for the
-  gradients (three GEMMs, not one).
+  GEMM `x @ weight.T` whose epilogue writes `exp(z - SHIFT)` of the chunk's logits z in the
+  inputs' dtype (rounded from float32, so as precise where it matters as a float32 softmax) and
+  reduces each row to the three numbers the loss needs (the log-sum-exp, the target's logit,
+  picked by `col() == target`, and for label smoothing their sum); these become the logits'
+  gradient in place (times `exp(SHIFT - lse) (1 + 2 z_loss lse)`, the target's entry set from
+  the float32 target logit, `eps / V` subtracted), which two matmuls consume at once: dx = G @
+  weight, dweight += G.T @ x. A chunk with a row whose log-sum-exp lies outside WINDOW (the
+  exponentials would overflow or vanish) is recomputed by the gradient's own epilogue instead.
+  Three GEMMs in all, run during the forward; the backward scales them by the loss's gradient
+  (a scalar, for these reductions). A chunk holds as many bytes as the weight (`hidden` rows),
+  so the extra memory is about the weight gradient's own size. The gradient of a chunk's logits
+  is held in the inputs' dtype (for bf16 as torch's own backward casts it; float16 takes the
+  other path, its range too narrow) and dweight sums the chunks' products in weight's dtype, one
+  rounding per chunk. A forward with gradients enabled whose backward never runs still pays for
+  the gradients (three GEMMs, not one).
 - otherwise: the forward is that GEMM without the logits (the three row reductions only) and the
   backward recomputes each chunk's logits, with the gradient of the logits, `g * ((1 + 2 z_loss
   lse) softmax - (1 - eps) onehot - eps / V)` (times the soft cap's derivative), as the epilogue
   (the bias gradient its column sum), followed by the same two matmuls. This path serves
   reduction "none" (whose per-token gradient is known only in the backward), the soft cap, a
-  second backward of the same graph, and inputs of mixed dtypes.
+  second backward of the same graph, float16, and inputs of mixed dtypes.
 
 CHUNK_BYTES sets the chunk's size in bytes of logits.
 
@@ -41,6 +44,11 @@ from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
 
 REDUCTIONS = ("mean", "sum", "none")
 CHUNK_BYTES: int | None = None   # bytes of one chunk's logits; None: the weight's own size (hidden rows)
+# exp(z - SHIFT) is finite and normal in bf16 and float32 for z in about (SHIFT - 87, SHIFT + 88):
+# a row whose log-sum-exp lies in WINDOW around SHIFT keeps every entry that matters (within 20
+# of the log-sum-exp, so the rest weigh below e**-20); another row's chunk is recomputed
+SHIFT = 30.0
+WINDOW = (SHIFT - 60.0, SHIFT + 80.0)
 
 
 def _logits(softcap: float | None) -> str:
@@ -48,17 +56,19 @@ def _logits(softcap: float | None) -> str:
     return capped
 
 
-def _forward_source(softcap: float | None, bias: bool, logits: bool = False) -> str:
-    """The row statistics (log-sum-exp, target logit, sum of logits), after the logits
-    themselves where `logits`."""
-    params = ["accum", "target", *(["bias"] if bias else []), *(["softcap"] if softcap is not None else [])]
-    name = "linear_cross_entropy_logits" if logits else "linear_cross_entropy_stats"
+def _forward_source(softcap: float | None, bias: bool, exponentials: bool = False) -> str:
+    """The row statistics (log-sum-exp, target logit, sum of logits), after `exp(z - shift)`
+    of the logits where `exponentials`."""
+    params = ["accum", "target", *(["bias"] if bias else []), *(["softcap"] if softcap is not None else []),
+              *(["shift"] if exponentials else [])]
+    name = "linear_cross_entropy_exponentials" if exponentials else "linear_cross_entropy_stats"
     return (f"def {name}({', '.join(params)}):\n"
             f"    y = accum{' + bias' if bias else ''}\n" + _logits(softcap)
+            + ("    E = exp(z - shift)\n" if exponentials else "")
             + "    lse = logsumexp(z, dim=1)\n"
             "    picked = sum(where(col() == target, z, 0.0), dim=1)\n"
             "    total = sum(z, dim=1)\n"
-            f"    return {'z, ' if logits else ''}lse, picked, total\n")
+            f"    return {'E, ' if exponentials else ''}lse, picked, total\n")
 
 
 def _chunk_rows(vocab: int, hidden: int, element_size: int) -> int:
@@ -127,7 +137,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.options = (reduction, eps, z_loss, softcap, x.shape)
         ctx.gradients = None
         with torch.no_grad():
-            if training and reduction != "none" and softcap is None and x.dtype == weight.dtype:
+            if (training and reduction != "none" and softcap is None and x.dtype == weight.dtype
+                    and x.dtype != torch.float16):   # float16's range cannot hold exp(z - SHIFT)
                 (lse, picked, total), ctx.gradients = _statistics_and_gradients(
                     ctx, rows, weight, bias, target_col, flat, valid, eps, z_loss)
             else:
@@ -178,26 +189,30 @@ def _statistics_and_gradients(ctx, rows, weight, bias, target_col, flat, valid, 
     db = torch.zeros(vocab, dtype=exact, device=weight.device) if need_b else None
     stats = [torch.empty(n, dtype=exact, device=rows.device) for _ in range(3)]
     operands = dict(bias=bias) if bias is not None else {}
-    source = _forward_source(None, bias is not None, logits=True)
+    source = _forward_source(None, bias is not None, exponentials=True)
     columns = torch.where(valid, flat, 0).unsqueeze(1)
     step = _chunk_rows(vocab, hidden, rows.element_size())
     for start in range(0, n, step):
         part = slice(start, start + step)
-        G, *chunk_stats = gemm(rows[part], weight.t(), source, target=target_col[part], **operands)
+        G, *chunk_stats = gemm(rows[part], weight.t(), source, target=target_col[part], shift=SHIFT, **operands)
         for whole, piece in zip(stats, chunk_stats):
             whole[part] = piece
         lse, picked, ok = chunk_stats[0].unsqueeze(1), chunk_stats[1].unsqueeze(1), valid[part].unsqueeze(1)
-        scale = 1.0 + 2.0 * z_loss * lse
-        # softmax: an ignored row's shift is +inf, so its gradient is exp(-inf) = 0 throughout
-        G.sub_(torch.where(ok, lse, float("inf"))).exp_()
-        if z_loss:
-            G.mul_(scale)
-        # the target's entry, softmax - (1 - eps), from the float32 target logit: near 0 for a
-        # confident token, where the rounded softmax minus 1 would keep only its rounding error
-        target_entry = torch.where(ok, scale * torch.exp(picked - lse) - (1.0 - eps), 0.0)
-        G.scatter_(1, columns[part], target_entry.to(G.dtype))
-        if eps:
-            G.sub_(ok.to(exact) * (eps / vocab))
+        scale = torch.where(ok, 1.0 + 2.0 * z_loss * lse, 0.0)   # an ignored row's gradient is 0
+        dbias = None
+        if bool(((lse >= WINDOW[0]) & (lse <= WINDOW[1])).all()):
+            # softmax times scale: exp(z - SHIFT) * exp(SHIFT - lse), rounded once more
+            G.mul_(scale * torch.exp(SHIFT - lse))
+            # the target's entry, softmax - (1 - eps), from the float32 target logit: near 0 for
+            # a confident token, where the rounded softmax minus 1 would keep only its rounding error
+            target_entry = torch.where(ok, scale * torch.exp(picked - lse) - (1.0 - eps), 0.0)
+            G.scatter_(1, columns[part], target_entry.to(G.dtype))
+            if eps:
+                G.sub_(ok.to(exact) * (eps / vocab))
+        else:   # logits far from SHIFT: the gradient's own epilogue over the chunk, a fourth GEMM
+            del G
+            G, dbias = _recomputed_chunk(rows[part], weight, bias, target_col[part], lse, scale,
+                                         ok.to(exact) * (1.0 - eps), ok.to(exact) * (eps / vocab))
         if dx is not None:
             torch.mm(G, weight, out=dx[part])
         if dw is not None:
@@ -206,9 +221,19 @@ def _statistics_and_gradients(ctx, rows, weight, bias, target_col, flat, valid, 
             else:
                 dw.addmm_(G.t(), rows[part])
         if db is not None:
-            db += G.sum(0, dtype=exact)
+            db += dbias if dbias is not None else G.sum(0, dtype=exact)
         del G   # before the next chunk's logits are allocated: one chunk alive at a time
     return stats, (dx, dw, db)
+
+
+def _recomputed_chunk(rows, weight, bias, target_col, lse, scale, pick, spread):
+    """One chunk's logit gradient (and its column sum with a bias) by the gradient's epilogue,
+    from the chunk's log-sum-exp: for rows whose exponentials would leave the float range."""
+    operands = dict(target=target_col, lse=lse, scale=scale, pick=pick, spread=spread)
+    if bias is not None:
+        operands["bias"] = bias
+    out = gemm(rows, weight.t(), _backward_source(None, bias is not None), **operands)
+    return out if bias is not None else (out, None)
 
 
 def _scaled(ctx, computed, grad):

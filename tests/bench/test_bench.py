@@ -180,7 +180,8 @@ def test_gated_benchmark_runs_end_to_end_on_cpu(tmp_path):
 
 def test_lce_benchmark_runs_end_to_end_on_cpu(tmp_path):
     """bench.lce's plumbing at a toy size: eager first (the reference), then epifuse with its
-    loss and gradients against eager's (float32 on the CPU: agreement to fp32 rounding)."""
+    loss and gradients against eager's and the float64 truth's (float32 on the CPU: agreement to
+fp32 rounding)."""
     import json
 
     from bench import lce
@@ -192,3 +193,5 @@ def test_lce_benchmark_runs_end_to_end_on_cpu(tmp_path):
     errors = rows[1]["error_vs_eager"]
     assert set(errors) == {"loss", "dx", "dw"} and all(0 <= e < 1e-5 for e in errors.values()), errors
     assert rows[0]["loss"] == pytest.approx(rows[1]["loss"], rel=1e-5)
+    for row in rows:   # both against the float64 truth of the same inputs
+        assert all(0 <= e < 1e-5 for e in row["error_vs_float64"].values()), row

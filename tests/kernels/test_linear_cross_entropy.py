@@ -188,3 +188,45 @@ def test_a_vocabulary_past_fp32s_exact_integers_is_refused():
     weight = torch.zeros(1, 4).expand(2 ** 24 + 2, 4)   # no memory: only the size is read
     with pytest.raises(ShapeError, match="at most 2\\*\\*24 classes"):
         epifuse.linear_cross_entropy(torch.randn(3, 4), weight, torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("offset", [400.0, -300.0], ids=["huge logits", "very negative logits"])
+def test_rows_whose_exponentials_leave_the_float_range_are_recomputed(offset, monkeypatch):
+    """A chunk with a row whose log-sum-exp lies outside losses.WINDOW (exp(z - SHIFT) would
+    overflow or vanish in float32) takes the gradient's own epilogue; the other chunks the
+    exponentials. Float64 against torch, chunks of 5 rows, rows 5-9 (one chunk) moved."""
+    x, weight, b, target = problem(tokens=(15,), ignored=2)
+    with torch.no_grad():
+        weight[:, 0] = 1.0        # feature 0 adds x[i, 0] to every logit of row i...
+        x[:, 0] = 0.0
+        x[5:10, 0] = offset       # ...so rows 5-9 have a log-sum-exp near `offset`
+    monkeypatch.setattr(losses, "CHUNK_BYTES", 5 * 70 * 8)
+    calls = []
+    recompute = losses._recomputed_chunk
+    monkeypatch.setattr(losses, "_recomputed_chunk", lambda *a: calls.append(a[0].shape[0]) or recompute(*a))
+    ours = epifuse.linear_cross_entropy(x, weight, target, bias=b, label_smoothing=0.1, z_loss=1e-4)
+    assert calls == [5]
+    theirs = torch_loss(x, weight, target, b, label_smoothing=0.1, z_loss=1e-4)
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+    for g, w in zip(grads(ours, (x, weight, b)), grads(theirs, (x, weight, b))):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+
+
+def test_bfloat16_gradients_are_closer_to_float64_than_torchs_own():
+    """bf16 inputs, confident tokens (targets mostly the largest logit): the gradient held in
+    bf16 comes from float32 logits, so dx and dweight sit nearer the float64 truth than eager
+    torch's (whose logits are rounded to bf16 first); the target's entry stays accurate where
+    softmax - 1 is small."""
+    torch.manual_seed(int(torch.randint(0, 2 ** 31, ()).item()))
+    x = torch.randn(64, 32).to(torch.bfloat16).requires_grad_()
+    weight = (torch.randn(300, 32) * 6.0 / 32 ** 0.5).to(torch.bfloat16).requires_grad_()
+    target = (x.detach().double() @ weight.detach().double().t()).argmax(1)
+    target[::5] = torch.randint(0, 300, target[::5].shape)
+    ours = grads(epifuse.linear_cross_entropy(x, weight, target), (x, weight))
+    eager = grads(torch_loss(x, weight, target), (x, weight))
+    xd, wd = (t.detach().double().requires_grad_() for t in (x, weight))
+    truth = grads(torch_loss(xd, wd, target), (xd, wd))
+    for o, e, t in zip(ours, eager, truth):
+        ours_error = float((o.double() - t).norm() / t.norm())
+        eager_error = float((e.double() - t).norm() / t.norm())
+        assert ours_error < 0.5 * eager_error, (ours_error, eager_error)
