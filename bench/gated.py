@@ -1,6 +1,6 @@
 """Gated MLP epilogues (issue 36): SwiGLU over a merged [gate | up] weight, forward only.
 
-    PYTHONPATH=src:. python -m bench.gated [--tokens 8192] [--hidden 4096] [--inner 11008]
+    PYTHONPATH=src:. python -m bench.gated [--tokens 16384,128] [--hidden 4096] [--inner 11008]
 
 D = silu(x @ Wg) * (x @ Wu), x (tokens, hidden) and W = [Wg | Wu] (hidden, 2 * inner), bf16,
 timed alternately in one process (do_bench medians, L2 flushed):
@@ -8,6 +8,9 @@ timed alternately in one process (do_bench medians, L2 flushed):
   gemm      x @ W alone (cuBLAS): the floor, what a fused kernel cannot beat by much
   eager     h = x @ W; silu(h[:, :inner]) * h[:, inner:]
   compiled  the eager function under torch.compile (default mode)
+  liger     as Liger-Kernel's LigerSwiGLUMLP: x @ Wg and x @ Wu, then its SiLU-mul kernel
+            (LigerSiLUMulFunction), when Liger-Kernel is importable (carry its wheel)
+Token counts: a training batch (16384) and a decode step (128).
 `--device cpu` runs the plumbing at a tiny size under Triton's interpreter (for the tests).
 """
 from __future__ import annotations
@@ -35,9 +38,18 @@ def measure(tokens: int, hidden: int, inner: int, device: str, warmup: float, re
 
     calls = {"epifuse": lambda: epifuse.gemm(x, w, SWIGLU), "gemm": lambda: x @ w,
              "eager": lambda: eager(x, w)}
+    skipped = {}
     if device == "cuda":
         compiled = torch.compile(eager)
         calls["compiled"] = lambda: compiled(x, w)
+        try:
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+            def liger(x, w):   # as LigerSwiGLUMLP: gate and up projections, then its SiLU-mul kernel
+                return LigerSiLUMulFunction.apply(x @ w[:, :inner], x @ w[:, inner:])
+            calls["liger"] = lambda: liger(x, w)
+        except Exception as error:   # not installed, or an import that fails here
+            skipped["liger"] = f"not available: {type(error).__name__}: {error}"
     first, results = {}, {}
     for name, call in calls.items():
         start = time.perf_counter()
@@ -51,7 +63,7 @@ def measure(tokens: int, hidden: int, inner: int, device: str, warmup: float, re
     error = {name: float(((results[name][:rows].double() - expected).norm() / expected.norm()).item())
              for name in calls if name != "gemm"}
     row = {"tokens": tokens, "hidden": hidden, "inner": inner, "dtype": "bfloat16", "first_call_s": first,
-           "rel_error": error}
+           "rel_error": error, "skipped": skipped}
     if device == "cuda":
         from bench.timing import alternate_ms
         times = alternate_ms(calls, rounds, warmup, rep)
@@ -67,7 +79,7 @@ def measure(tokens: int, hidden: int, inner: int, device: str, warmup: float, re
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--tokens", default="16384,128", help="comma list of token counts")
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--inner", type=int, default=11008)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -78,15 +90,16 @@ def main(argv=None) -> int:
     ns = p.parse_args(argv)
     if ns.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    row = measure(ns.tokens, ns.hidden, ns.inner, ns.device, ns.warmup, ns.rep, ns.rounds)
+    rows = [measure(int(t), ns.hidden, ns.inner, ns.device, ns.warmup, ns.rep, ns.rounds) for t in ns.tokens.split(",")]
     from bench.timing import save_rows
-    path = save_rows("gated_swiglu", "gated", [row], ns.out, ns.device)
-    if "ms" in row:
-        print(" ".join(f"{name} {ms:.3f} ms ({row['tflops'][name]:.0f} TFLOP/s)" for name, ms in row["ms"].items()))
-    print(json.dumps(row["rel_error"]))
+    path = save_rows("gated_swiglu", "gated", rows, ns.out, ns.device)
+    for row in rows:
+        if "ms" in row:
+            print(f"{row['tokens']:6d} tokens: " + " ".join(
+                f"{name} {ms:.3f} ms ({row['tflops'][name]:.0f} TFLOP/s)" for name, ms in row["ms"].items()))
+        print(f"{row['tokens']:6d} tokens: errors {json.dumps(row['rel_error'])} {json.dumps(row['skipped'])}")
     print(path)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -257,7 +257,7 @@ def make_row(w, shape, dtype, times, errors, first, errs, epifuse_requested=True
         "workload": w.name, "shape": shape, "M": M, "N": N, "K": K, "dtype": DTYPE_NAMES.get(dtype, str(dtype)),
         "times_ms": times, "ratios": ratios, "errors": errors, "first_call_s": first,
         "epifuse_rel_err": err, "epifuse_rel_err_by_output": errs, "tol": tol, "status": status,
-        "target": w.target, "target_met": None if epi is None else epi <= w.target,
+        "target": w.target, "target_met": None if epi is None or w.target is None else epi <= w.target,
         "speedup_vs_inductor": ind / times["epifuse"] if ind and times.get("epifuse") else None,
         "cublaslt_desc": w.cublaslt_desc or None,
     }

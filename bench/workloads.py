@@ -32,8 +32,8 @@ def _torch_sum(x, dim=None, keepdim=False):
 
 
 _TORCH_OPS = {"relu": torch.relu, "gelu": _F.gelu, "sigmoid": torch.sigmoid, "log": torch.log,
-              "clamp": torch.clamp, "sum": _torch_sum}
-relu = gelu = sigmoid = log = clamp = sum = None  # bound just below
+              "clamp": torch.clamp, "sum": _torch_sum, "softmax": torch.softmax}
+relu = gelu = sigmoid = log = clamp = sum = softmax = None  # bound just below
 OPS_SOURCE = ""
 
 
@@ -88,6 +88,11 @@ def rowsumsq(accum, alpha):
     D = accum * alpha
     r = sum(D * D, dim=1)
     return D, r
+
+
+def softmax_rows(accum, scale):
+    D = softmax(accum * scale, dim=1)
+    return D
 
 
 def fp8_scaled(accum, sa, sb, bias):
@@ -167,6 +172,11 @@ def _build_bce(M, N, K, dtype, device, gen):
 def _build_rowsumsq(M, N, K, dtype, device, gen):
     A, B = _ab(M, N, K, dtype, device, gen)
     return Inputs(A, B, {"alpha": 1.5}, _outs(dtype, "in", torch.float32))
+
+
+def _build_softmax_rows(M, N, K, dtype, device, gen):
+    A, B = _ab(M, N, K, dtype, device, gen)
+    return Inputs(A, B, {"scale": 2.0}, _outs(dtype, "in"))
 
 
 def _build_fp8(M, N, K, dtype, device, gen):
@@ -262,7 +272,7 @@ class Workload:
     build: Callable                    # (M, N, K, dtype, device, generator) -> Inputs
     outputs: tuple                     # (name, kind) in return order; kind "MN", "M" or "1"
     family: str                        # identity | pointwise | reduction | fp8
-    target: float                      # epifuse / cublas ratio the project aims at
+    target: float | None               # epifuse / cublas ratio the project aims at (None: none set)
     accum: Callable = _eager_accum     # how the eager version forms accum from A and B
     cublas: Callable = _cublas         # the denominator
     cublaslt: Callable | None = None   # a vendor fixed-epilogue baseline, if one exists
@@ -303,6 +313,7 @@ WORKLOADS = {w.name: w for w in [
     Workload("bce_loss", bce_loss, _build_bce, (("loss", "1"),), "reduction", 1.10,
              accum=_eager_accum_fp32),
     Workload("rowsumsq", rowsumsq, _build_rowsumsq, (("D", "MN"), ("r", "M")), "reduction", 1.10),
+    Workload("softmax_rows", softmax_rows, _build_softmax_rows, (("D", "MN"),), "reduction", None),
     Workload("fp8_scaled", fp8_scaled, _build_fp8, (("D", "MN"),), "fp8", 1.05,
              accum=_eager_accum_fp8, cublas=_scaled_mm_unit, cublaslt=_lt_fp8,
              cublaslt_desc="torch._scaled_mm(A, B, sa, sb, bias, out_dtype=bf16)", fixed_dtype=FP8),

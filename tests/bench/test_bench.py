@@ -171,11 +171,13 @@ def test_gated_benchmark_runs_end_to_end_on_cpu(tmp_path):
     import json
 
     from bench import gated
-    assert gated.main(["--device", "cpu", "--tokens", "40", "--hidden", "32", "--inner", "48",
+    assert gated.main(["--device", "cpu", "--tokens", "40,3", "--hidden", "32", "--inner", "48",
                        "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("gated_*_cpu.json")
-    (row,) = json.loads(path.read_text())["rows"]
-    assert set(row["rel_error"]) == {"epifuse", "eager"} and all(0 < e < 1e-2 for e in row["rel_error"].values())
+    rows = json.loads(path.read_text())["rows"]
+    assert [row["tokens"] for row in rows] == [40, 3]
+    for row in rows:
+        assert set(row["rel_error"]) == {"epifuse", "eager"} and all(0 < e < 1e-2 for e in row["rel_error"].values())
 
 
 def test_lce_benchmark_runs_end_to_end_on_cpu(tmp_path):
