@@ -3,19 +3,20 @@ rewritten as one `torch.ops.epifuse.gemm` call each: the fusion pass of the torc
 backend (epifuse.backend), run on the forward and the backward graphs that AOTAutograd and
 Inductor's decompositions leave (post-grad), before Inductor lowers the rest.
 
-A region starts at a 2-D `mm` (or `addmm`, whose bias is one more operand added to accum) and
-grows through its users while each is an op of `POINTWISE` (or a reduction of `REDUCTIONS`,
-which ends its branch) and each of its other inputs is an operand the epilogue can read: a
-Python number, or a tensor computed outside the region that broadcasts to accum's (M, N) as a
-scalar, a row (N,) / (1, N), a column (M, 1), or a full (M, N) tile. Every region value used
+A region starts at a 2-D `mm` (or `addmm`, whose bias is one more operand added to accum) or a
+batched `bmm`, and grows through its users while each is an op of `POINTWISE` (or a reduction
+of `REDUCTIONS`, which ends its branch) and each of its other inputs is an operand the epilogue
+can read: a Python number, or a tensor computed outside the region that broadcasts to accum's
+(M, N) or (L, M, N) without growing it (a scalar, a row (N,) / (1, N), a column (M, 1), a full
+tile, and for bmm each of those per batch or shared). Every region value used
 outside the region becomes an output of the epilogue, in its node's dtype (accum itself
 included, when something else reads it). The epilogue is printed as source, registered with
 the custom ops, and the region's nodes are replaced by the op's outputs. So the activation of a
 forward Linear joins its GEMM, and in the backward the activation's derivative and the bias
 gradient (a column sum) join the GEMM that produces the incoming gradient.
 
-Not fused (left to Inductor, with the reason `fuse_gemms` reports): batched GEMMs (`bmm`,
-`baddbmm`), GEMMs without a pointwise consumer, integer GEMMs, and values of dtypes the
+Not fused (left to Inductor, with the reason `fuse_gemms` reports): `baddbmm`, GEMMs without a
+pointwise consumer, integer GEMMs, and values of dtypes the
 kernels do not store. A chain between two GEMMs always joins the producer's epilogue (no
 prologue fusion yet).
 """
@@ -83,31 +84,25 @@ def _val(node):
 
 
 def _is_gemm(node) -> bool:
-    return node.op == "call_function" and node.target in (aten.mm.default, aten.addmm.default)
+    return node.op == "call_function" and node.target in (aten.mm.default, aten.addmm.default, aten.bmm.default)
 
 
-def _role(value, M: int, N: int) -> str | None:
-    """How a tensor operand broadcasts to an (M, N) accum: "scalar", "row", "col", "tile", or None."""
-    shape = tuple(value.shape)
-    if len(shape) == 0 or all(s == 1 for s in shape):
-        return "scalar" if len(shape) <= 2 else None
-    if len(shape) == 1:
-        return "row" if shape[0] == N else None
-    if len(shape) == 2:
-        if shape == (M, N):
-            return "tile"
-        if shape == (1, N):
-            return "row"
-        if shape == (M, 1):
-            return "col"
-    return None
+def _reads(value, shape: tuple) -> bool:
+    """Whether a tensor operand broadcasts to accum's `shape` ((M, N) or (L, M, N)) without
+    growing it: what an epilogue operand may be."""
+    if value.dim() > len(shape):
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(tuple(value.shape), shape)) == shape
+    except RuntimeError:
+        return False
 
 
 class _Region:
     """The nodes of one region, the operands they read, and the source being printed."""
 
-    def __init__(self, gemm, M: int, N: int):
-        self.gemm, self.M, self.N = gemm, M, N
+    def __init__(self, gemm, shape: tuple):
+        self.gemm, self.shape = gemm, shape
         self.nodes: list = [gemm]
         self.names: dict = {gemm: "accum"}
         self.operands: dict = {}   # outside node -> param name
@@ -138,7 +133,7 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
             v = _val(a)
             if v is None or not isinstance(v, torch.Tensor) or not (v.dtype.is_floating_point or v.dtype is torch.bool):
                 return None
-            if _role(v, region.M, region.N) is None:
+            if not _reads(v, region.shape):
                 return None
             if v.dtype is torch.bool:   # read as its bytes (a uint8 view), and compared back to a bool
                 return f"gt({region.operand(a)}, 0.5)"
@@ -196,7 +191,7 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
         keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
         if x is None or not dims or node.kwargs.get("dtype") is not None:
             return None
-        dims = tuple(sorted(d % 2 for d in dims))
+        dims = tuple(sorted(d % len(region.shape) for d in dims))
         return f"{REDUCTIONS[target]}({x}, dim={dims}, keepdim={keepdim})", True
     return None
 
@@ -212,13 +207,13 @@ def _descendants(node) -> set:
     return seen
 
 
-def _grow(gemm, M: int, N: int) -> _Region:
-    region = _Region(gemm, M, N)
+def _grow(gemm, shape: tuple) -> _Region:
+    region = _Region(gemm, shape)
     descendants = _descendants(gemm)
     if gemm.target is aten.addmm.default:   # bias + A @ B: the bias is an operand added to accum
         bias = gemm.args[0]
         v = _val(bias)
-        if not isinstance(bias, torch.fx.Node) or v is None or _role(v, M, N) is None or gemm.kwargs:
+        if not isinstance(bias, torch.fx.Node) or v is None or not _reads(v, shape) or gemm.kwargs:
             return region
         region.lines.append(f"    t0 = add(accum, {region.operand(bias)})")
         region.names[gemm] = "t0"
@@ -239,7 +234,7 @@ def _grow(gemm, M: int, N: int) -> _Region:
             if not isinstance(v, torch.Tensor) or v.dtype not in (*_STORED, torch.bool):
                 frontier.remove(node)
                 continue
-            if node.target not in REDUCTIONS and tuple(v.shape) != (M, N):
+            if node.target not in REDUCTIONS and tuple(v.shape) != shape:
                 frontier.remove(node)
                 continue
             found = _expression(node, region, descendants)
@@ -276,8 +271,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
         if not (va.dtype.is_floating_point and va.dtype in _STORED and va.dtype == vb.dtype):
             report.skipped.append((gemm.name, f"inputs {va.dtype} x {vb.dtype}: not a float GEMM epifuse runs"))
             continue
-        M, N = vout.shape
-        region = _grow(gemm, M, N)
+        region = _grow(gemm, tuple(vout.shape))
         if gemm.target is aten.addmm.default and region.names[gemm] == "accum":
             report.skipped.append((gemm.name, "an addmm whose bias is not an operand an epilogue reads, or that "
                                               "scales by beta or alpha"))

@@ -15,6 +15,18 @@ def _mlp(seed: int = 0) -> torch.nn.Sequential:
     return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16), torch.nn.ReLU())
 
 
+def _fused_by_the_pass(fn, *inputs):
+    """fn traced to an aten graph (make_fx on fake tensors), fuse_gemms run on it, the graph
+    run on `inputs` (the fused kernels through the interpreter): (outputs, report)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from epifuse import graph_fusion
+    gm = make_fx(fn, tracing_mode="fake")(*inputs)
+    report = graph_fusion.fuse_gemms(gm.graph)
+    gm.recompile()
+    return gm(*inputs), report
+
+
 def _close(a, b, what, tol=2e-5):
     error = float((a.double() - b.double()).abs().max() / (b.double().abs().max() + 1e-30))
     assert error <= tol, (what, error)
@@ -128,3 +140,43 @@ def test_a_relu_mask_saved_for_the_backward_joins_the_gradient_gemm():
     (torch.compile(model, backend="epifuse")(x) ** 2).sum().backward()
     for p, want in zip(model.parameters(), expected):
         _close(p.grad, want, "relu mlp gradient")
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["mm", "bmm"])
+def test_the_pass_fuses_a_gemm_with_operands_of_every_broadcast_and_a_reduction(batched):
+    """mm and bmm regions: a bias row, a per-row (per-batch for bmm) scale, a full tile and a
+    reduction over the last dim join one epilogue; integer-valued inputs, so the fused graph's
+    outputs equal eager's exactly."""
+    from helpers import integer_tensor
+    lead = (3,) if batched else ()
+    M, K, N = 10, 8, 12
+    a, b = integer_tensor(*lead, M, K, dtype=torch.float32), integer_tensor(*lead, K, N, dtype=torch.float32)
+    bias, scale = integer_tensor(N, dtype=torch.float32), integer_tensor(*lead, M, 1, dtype=torch.float32)
+    tile = integer_tensor(*lead, M, N, dtype=torch.float32)
+
+    def fn(a, b, bias, scale, tile):
+        h = torch.bmm(a, b) if batched else a @ b
+        y = torch.relu(h + bias) * scale - tile
+        return y, y.sum(dim=-1)
+
+    got, report = _fused_by_the_pass(fn, a, b, bias, scale, tile)
+    (fused,) = report.fused
+    assert "relu(" in fused.source and "sum(" in fused.source and fused.source.count("x") >= 3
+    for g, want in zip(got, fn(a, b, bias, scale, tile)):
+        assert torch.equal(g, want)
+
+
+def test_an_operand_that_would_grow_a_bmm_accum_stays_outside_the_epilogue():
+    """A (2, L, M, N) operand broadcasts the (L, M, N) product up a dimension: the add stays
+    outside (the region ends before it) and the result is still eager's."""
+    L, M, K, N = 2, 4, 3, 5
+    a, b = torch.randn(L, M, K), torch.randn(L, K, N)
+    big = torch.randn(2, L, M, N)
+
+    def fn(a, b, big):
+        return torch.sigmoid(torch.bmm(a, b)) + big
+
+    got, report = _fused_by_the_pass(fn, a, b, big)
+    (fused,) = report.fused
+    assert "sigmoid(" in fused.source and "add(" not in fused.source
+    _close(got, fn(a, b, big), "bmm + growing operand", tol=1e-6)
