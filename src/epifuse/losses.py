@@ -185,7 +185,8 @@ def _statistics_and_gradients(ctx, rows, weight, bias, target_col, flat, valid, 
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_b = bias is not None and ctx.needs_input_grad[2]
     dx = torch.empty_like(rows) if need_x else None
-    dw = torch.empty_like(weight) if need_w else None   # the first chunk's product, the others added
+    # the first chunk's product, the others added (zeros where there are no rows at all)
+    dw = (torch.empty_like(weight) if n else torch.zeros_like(weight)) if need_w else None
     db = torch.zeros(vocab, dtype=exact, device=weight.device) if need_b else None
     stats = [torch.empty(n, dtype=exact, device=rows.device) for _ in range(3)]
     operands = dict(bias=bias) if bias is not None else {}

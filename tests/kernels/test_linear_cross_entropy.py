@@ -230,3 +230,15 @@ def test_bfloat16_gradients_are_closer_to_float64_than_torchs_own():
         ours_error = float((o.double() - t).norm() / t.norm())
         eager_error = float((e.double() - t).norm() / t.norm())
         assert ours_error < 0.5 * eager_error, (ours_error, eager_error)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_no_tokens_gives_torchs_loss_and_zero_gradients(reduction):
+    """Zero tokens: NaN ("mean"), 0 ("sum") or an empty tensor ("none") as torch, and weight
+    and bias gradients of exactly 0 (nothing uninitialized handed back)."""
+    x, weight, b, target = problem(tokens=(0,), ignored=0)
+    ours = epifuse.linear_cross_entropy(x, weight, target, bias=b, reduction=reduction)
+    theirs = torch_loss(x, weight, target, b, reduction=reduction)
+    torch.testing.assert_close(ours, theirs, equal_nan=True)
+    got = grads(ours.sum(), (weight, b))
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in got)
