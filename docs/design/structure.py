@@ -27,7 +27,8 @@ LAYERS = [
     ("graphs: binding, passes, printing, the reference, autodiff, tensor geometry, staging in passes, "
      "complex epilogues over real parts",
      ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "shapes", "staging", "complex_parts"]),
-    ("what a call is made of: arguments and their checks, activations", ["arguments", "activations"]),
+    ("what a call is made of: arguments and their checks (single and grouped), the outputs epifuse "
+     "allocates, activations", ["arguments", "grouped_arguments", "allocation", "activations"]),
     ("verification against the float64 reference", ["verify"]),
     ("the on-disk caches", ["runtime", "runtime.cache", "runtime.compiled"]),
     ("kernels: the contract, the reference kernels, the Triton backend",

@@ -17,8 +17,9 @@ from typing import Callable
 import torch
 
 from . import staging, torch_ops
-from .arguments import (EpilogueArguments, GemmArguments, GroupedGemmArguments, allocate_outputs,
-                        check_keywords, check_out_dtype, epilogue_accum_shape, epilogue_program)
+from .allocation import allocate_outputs, check_out_dtype, epilogue_accum_shape
+from .arguments import EpilogueArguments, GemmArguments, check_keywords, epilogue_program
+from .grouped_arguments import GroupedGemmArguments
 from .backends.select import choose_kernel, get_kernels, kernel_statuses
 from .errors import EpilogueArgumentError, ShapeError
 from .frontend import Program

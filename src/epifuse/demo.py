@@ -11,7 +11,7 @@ import torch
 from triton.testing import do_bench
 
 from .api import EpilogueArguments, GemmArguments, gemm
-from .arguments import allocate_outputs
+from .allocation import allocate_outputs
 from .backends.select import which_kernel
 from .frontend import parse
 from .ops import gelu, relu

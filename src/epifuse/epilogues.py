@@ -47,7 +47,8 @@ from .activations import (CUTLASS_NAMES, GELU, Activation, Clamp, Hardswish, Ide
 from .activations import activation_prefix
 from .api import gemm
 from .planar import gemm_planar_complex, planar_arguments
-from .arguments import EpilogueArguments, GemmArguments, allocate_outputs
+from .allocation import allocate_outputs
+from .arguments import EpilogueArguments, GemmArguments
 from .errors import EpilogueArgumentError, flag
 from .frontend import parse
 from .shapes import accum_shape_of

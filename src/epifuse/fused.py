@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from .api import gemm
-from .arguments import EpilogueArguments, GemmArguments, allocate_outputs, epilogue_program
+from .allocation import allocate_outputs
+from .arguments import EpilogueArguments, GemmArguments, epilogue_program
 from .errors import EpilogueArgumentError, EpilogueSyntaxError, did_you_mean
 from .frontend import Program, names_used, parse
 from .printing import program_source

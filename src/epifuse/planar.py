@@ -25,7 +25,8 @@ from typing import Callable
 
 import torch
 
-from .arguments import EpilogueArguments, GemmArguments, check_keywords, epilogue_program, output_specs_of
+from .allocation import output_specs_of
+from .arguments import EpilogueArguments, GemmArguments, check_keywords, epilogue_program
 from .backends.select import choose_kernel
 from .complex_parts import split
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError

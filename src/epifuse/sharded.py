@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 
 from . import reference, torch_ops
-from .arguments import bound_graph, default_compute_dtype, output_specs
+from .allocation import output_specs
+from .arguments import bound_graph, default_compute_dtype
 from .errors import UnsupportedError
 from .shapes import classify_operand
 from .sharding import is_dtensor

@@ -66,8 +66,9 @@ import torch
 from torch import Tensor
 
 from . import sharding
+from .allocation import epilogue_accum_shape, output_specs, reduction_dtype
 from .arguments import (EpilogueArguments, GemmArguments, bound_graph, check_keywords, default_compute_dtype,
-                        epilogue_accum_shape, epilogue_program, output_specs, reduction_dtype)
+                        epilogue_program)
 from .autodiff import derive, restrict
 from .backends.select import choose_kernel
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .arguments import check_arguments
+from .grouped_arguments import check_arguments
 from .errors import EpilogueArgumentError
 from .reference import evaluate, gemm_accumulators, saturate
 

@@ -396,7 +396,7 @@ def test_a_reduction_over_every_dim_is_allocated_0d_as_torch_sum(batched):
     """output_specs and allocate_outputs give a reduction over every dim torch's 0-d shape (it was
     (1,)); a reduction over some dims keeps the others, as torch does; the reference kernel
     writes the 0-d destination; the custom ops' meta impl gives the same shapes."""
-    from epifuse.arguments import allocate_outputs
+    from epifuse.allocation import allocate_outputs
     from epifuse.backends.reference import ReferenceKernel
     from epifuse.frontend import parse
     L = 3

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import verify as verification
-from ..arguments import check_arguments
+from ..grouped_arguments import check_arguments
 from ..reference import evaluate, gemm_accumulators, saturate
 from .base import Kernel, Status, supported
 

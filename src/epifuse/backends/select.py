@@ -13,7 +13,8 @@ from collections import OrderedDict
 
 import torch
 
-from ..arguments import GemmArguments, GroupedGemmArguments
+from ..arguments import GemmArguments
+from ..grouped_arguments import GroupedGemmArguments
 from ..errors import EpilogueArgumentError, UnsupportedError
 from ..runtime import tune
 from .base import remember_supported

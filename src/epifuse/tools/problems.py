@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from ..arguments import EpilogueArguments, GemmArguments, allocate_outputs, epilogue_program
+from ..allocation import allocate_outputs
+from ..arguments import EpilogueArguments, GemmArguments, epilogue_program
 from ..errors import EpilogueArgumentError, did_you_mean
 from ..ops import dtype_name
 from .roles import ROLES

@@ -24,7 +24,8 @@ import torch
 import triton
 
 from ... import verify as verification
-from ...arguments import check_arguments, check_real
+from ...arguments import check_real
+from ...grouped_arguments import check_arguments
 from ...errors import UnsupportedError
 from ...runtime import compiled as compiled_index
 from ...shapes import is_stand_in, misalignment
