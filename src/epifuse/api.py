@@ -21,7 +21,7 @@ from .allocation import allocate_outputs, check_out_dtype, epilogue_accum_shape
 from .arguments import EpilogueArguments, GemmArguments, check_keywords, epilogue_program
 from .grouped_arguments import GroupedGemmArguments
 from .backends.select import choose_kernel, get_kernels, kernel_statuses
-from .errors import EpilogueArgumentError, ShapeError
+from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
 from .frontend import Program
 from .planar import gemm_planar_complex
 from .runtime import callsite, tune
@@ -66,6 +66,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     if not compiling:
         program = epilogue_program(epilogue)
         if staging.needs_passes(program):
+            if program.updates:
+                raise UnsupportedError(
+                    f"An in-place update ({', '.join(program.updates)} = where(...)) in an epilogue whose "
+                    "reductions feed later math: that runs as several GEMMs (staging.py), each writing its "
+                    "outputs whole.", hint="Return the new value under another name.")
             return _gemm_in_passes(program, A, B, tensors, accumulate, dict(
                 out_dtype=out_dtype, deterministic=deterministic, compute_dtype=compute_dtype,
                 precision=precision))

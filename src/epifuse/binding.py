@@ -31,9 +31,10 @@ def bind(program: Program, operands: dict[str, Operand], rank: int) -> Graph:
         locs.setdefault(node, stmt.loc)
     outputs = []
     for name, loc in program.outputs:
-        if name in operands:
+        if name in operands and name not in program.updates:
             raise EpilogueError(f"Output '{name}' is also an input of the epilogue.", loc,
-                                "Compute a new value from it and return that under another name.")
+                                "Compute a new value from it and return that under another name, or update "
+                                f"it in place where a condition holds: `{name} = where(cond, value, {name})`.")
         outputs.append(Output(name, env[name]))
     used_operands = tuple(operands[n] for n in program.operands)
     return Graph(tuple(outputs), used_operands, names, locs)

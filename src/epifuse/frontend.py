@@ -120,6 +120,9 @@ class Program:
     outputs: tuple[tuple[str, Location], ...]
     source: str
     filename: str
+    # operands the epilogue updates in place, `D = where(cond, value, D)`: each is also the
+    # output of that name, written only where the condition selects the new value
+    updates: tuple[str, ...] = ()
 
     @property
     def operands(self) -> tuple[str, ...]:
@@ -257,6 +260,8 @@ class _Visitor:
         self.conditions: set[str] = set()   # names of boolean values (comparisons and logic)
         self.gated: ast.Assign | None = None   # the `gate, up = accum.chunk(2, dim=-1)` statement
         self.accum_reads: list[ast.AST] = []   # where accum is read (by name)
+        self.params: tuple[str, ...] = ()
+        self.updates: list[str] = []   # operands updated in place (conditional stores)
 
     # ---- places and errors -------------------------------------------------------------
     def loc(self, node: ast.AST) -> Location:
@@ -297,6 +302,7 @@ class _Visitor:
         if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs or args.defaults:
             self.fail(fn, "Epilogue parameters must be plain names without defaults, *args or **kwargs.")
         params = tuple(a.arg for a in args.args)
+        self.params = params
         for a in args.args:
             self.check_identifier(a.arg, a)
             if a.arg in ACCUMULATORS[1:]:
@@ -342,8 +348,15 @@ class _Visitor:
         if outputs is None:
             self.fail(fn, "The epilogue returns nothing.",
                       hint="End it with `return D` (or `return D, F`): each returned name is an output.")
+        for name in self.updates:
+            if name not in {o for o, _ in outputs}:
+                self.fail(fn, f"'{name} = where(...)' updates operand {name} in place, but the epilogue does not "
+                              f"return {name}.",
+                          hint=f"Return {name} (it is written where the condition holds), or give the new value "
+                               "a new name.")
         param_locs = tuple(self.defined[p] for p in params)
-        return Program(fn.name, params, param_locs, tuple(statements), outputs, source, self.filename)
+        return Program(fn.name, params, param_locs, tuple(statements), outputs, source, self.filename,
+                       tuple(self.updates))
 
     def statement(self, stmt: ast.stmt) -> Statement:
         if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
@@ -363,8 +376,14 @@ class _Visitor:
         self.check_identifier(name, stmt.targets[0])
         expr = self.expr(stmt.value)
         if name in self.defined:
+            if self.conditional_update(name, stmt.value):
+                self.updates.append(name)
+                self.defined[name] = self.loc(stmt)
+                return Statement(name, expr, self.loc(stmt))
             self.fail(stmt.targets[0], f"Variable '{name}' cannot be defined twice.",
-                      hint="Epilogues are in SSA form: give the new value a new name.")
+                      hint="Epilogues are in SSA form: give the new value a new name"
+                           + (f"; an operand updated in place is written `{name} = where(cond, value, {name})`."
+                              if name in self.params and name not in ACCUMULATORS else "."))
         self.defined[name] = self.loc(stmt)
         if self.is_condition(expr):
             self.conditions.add(name)
@@ -430,6 +449,20 @@ class _Visitor:
                             f"epilogues; on numbers torch's '{symbol}' is bitwise, which epilogues do not support.",
                       hint=f"Compare first (~(x > 0), (x > 0) {'&' if symbol == '~' else symbol} (y < 1)), "
                            "or call logical_not/logical_and/logical_or, which treat nonzero as true.")
+
+    def conditional_update(self, name: str, value: ast.expr) -> bool:
+        """Whether `name = value` is an operand's one in-place update, `where(cond, new, name)` or
+        `where(cond, name, new)`: a conditional store, the rest of the operand left as it was."""
+        if name not in self.params or name in ACCUMULATORS or name in self.updates:
+            return False
+        if not (isinstance(value, ast.Call) and len(value.args) == 3 and not value.keywords):
+            return False
+        func = value.func
+        called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if called != "where":
+            return False
+        kept = [isinstance(a, ast.Name) and a.id == name for a in value.args[1:]]
+        return kept.count(True) == 1
 
     def returned(self, stmt: ast.Return) -> tuple[tuple[str, Location], ...]:
         values = stmt.value.elts if isinstance(stmt.value, ast.Tuple) else [stmt.value]

@@ -312,3 +312,31 @@ def verify(graph: Graph) -> None:
     names = [o.name for o in graph.outputs]
     if len(set(names)) != len(names):
         raise InternalError(f"duplicate outputs {names}", format_graph(graph))
+
+
+def conditional_stores(graph: Graph) -> tuple[dict, set]:
+    """The outputs stored only where a condition selects their new value: an output `D =
+    where(cond, value, D)` (or `where(cond, D, value)`) of the operand of its own name, the
+    in-place update the parser admits. Returns ({output name: (cond, value, stored where cond
+    is true)}, ids of the nodes no longer computed: the where, and the operand's load, where
+    nothing else reads them)."""
+    uses: dict[int, int] = {}
+    for node in graph.nodes():
+        for src in node.src:
+            uses[id(src)] = uses.get(id(src), 0) + 1
+    for out in graph.outputs:
+        uses[id(out.node)] = uses.get(id(out.node), 0) + 1
+    conditional, unread = {}, set()
+    for out in graph.outputs:
+        node = out.node
+        if node.op.name != "where" or uses.get(id(node)) != 1:
+            continue
+        cond, a, b = node.src
+        for kept, value, when in ((b, a, True), (a, b, False)):
+            if kept.op is INPUT and kept.arg.name == out.name and value is not kept and cond is not kept:
+                conditional[out.name] = (cond, value, when)
+                unread.add(id(node))
+                if uses.get(id(kept)) == 1:
+                    unread.add(id(kept))
+                break
+    return conditional, unread

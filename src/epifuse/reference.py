@@ -57,6 +57,25 @@ def evaluate(graph: Graph, accum: torch.Tensor, operands: dict, dtype=torch.floa
     """Return {output name: tensor} for `graph` applied to `accum` (shape (M,N) or (L,M,N));
     `accum2` is the second accumulator (gemm_accumulators), which the graph's ACCUM_IMAG or
     ACCUM_UP leaf reads."""
+    return output_values(graph, node_values(graph, accum, operands, dtype, accum2), accum, dtype)
+
+
+def output_values(graph: Graph, values: dict, accum: torch.Tensor, dtype) -> dict:
+    """{output name: tensor} from the node values (node_values) of `graph`."""
+    results = {}
+    for out in graph.outputs:
+        value = values[id(out.node)]
+        if value.dtype == torch.bool:
+            value = value.to(dtype)
+        if not out.node.op.is_reduction:
+            value = torch.broadcast_to(value, accum.shape)
+        results[out.name] = value
+    return results
+
+
+def node_values(graph: Graph, accum: torch.Tensor, operands: dict, dtype=torch.float32,
+                accum2: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
+    """{id(node): its value} for every node of `graph` (see evaluate)."""
     rank = accum.dim()
     values: dict[int, torch.Tensor] = {}
     for node in graph.nodes():
@@ -68,15 +87,7 @@ def evaluate(graph: Graph, accum: torch.Tensor, operands: dict, dtype=torch.floa
             continue
         values[id(node)] = _evaluate_node(node, [values[id(s)] for s in node.src],
                                           accum, operands, dtype, rank)
-    results = {}
-    for out in graph.outputs:
-        value = values[id(out.node)]
-        if value.dtype == torch.bool:
-            value = value.to(dtype)
-        if not out.node.op.is_reduction:
-            value = torch.broadcast_to(value, accum.shape)
-        results[out.name] = value
-    return results
+    return values
 
 
 def _evaluate_node(node: Node, src, accum, operands, dtype, rank):

@@ -138,6 +138,14 @@ def register_epilogue(epilogue: Callable | str | Program | None, save_accum: boo
     if isinstance(epilogue, int):
         epilogue = _TABLE[epilogue].user
     program = epilogue_program(epilogue)
+    if program.updates:
+        updates = program.updates
+        raise UnsupportedError(
+            f"The epilogue updates {', '.join(updates)} in place where a condition holds "
+            f"(`{updates[0]} = where(cond, value, {updates[0]})`), and epifuse's custom ops, which autograd, "
+            "torch.compile and DTensors go through, return new tensors instead of writing their inputs.",
+            hint=f"Call epifuse.gemm outside torch.compile with no input requiring grad, or name the new value "
+                 f"apart (`{updates[0]}_new = where(cond, value, {updates[0]})`) to get it as a new tensor.")
     key = (program, save_accum)
     eid = _IDS.get(key)
     if eid is not None:

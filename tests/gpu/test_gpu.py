@@ -614,3 +614,32 @@ def test_linear_cross_entropy_against_torch_at_a_real_vocab():
     assert abs(loss.item() - want_loss.item()) < 1e-3 * want_loss.item()
     for g, w in zip(got, want):
         assert rel_error(g, w) < 2e-2
+
+
+@pytest.mark.parametrize("N", [64, 70])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_row", [False, True], ids=["mask", "row-flag"])
+def test_conditional_stores_leave_every_other_element_as_it_was(N, dtype, per_row):
+    """`D = where(keep > 0.5, accum + bias, D)` (issue 36) in every kernel that takes it on the
+    GPU (the Gluon ones refuse it by name): the selected elements get the new value, every other
+    keeps its bits, NaNs included. Integer-valued inputs in full fp32: exact."""
+    M, K = 300, 96
+    A = integer_tensor(M, K, dtype=torch.float32, device="cuda")
+    B = integer_tensor(K, N, dtype=torch.float32, device="cuda")
+    keep = (torch.rand(M, 1 if per_row else N, device="cuda") > 0.5).float()
+    bias = integer_tensor(N, dtype=torch.float32, device="cuda")
+    D0 = torch.randn(M, N, device="cuda").to(dtype)
+    D0[::7, ::5] = float("nan")
+    source = "def update(accum, D, keep, bias):\n    D = where(keep > 0.5, accum + bias, D)\n    return D\n"
+    want = torch.where(keep > 0.5, (A.double() @ B.double() + bias.double()).to(dtype), D0)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    D = D0.clone()
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(source, D=D, keep=keep, bias=bias),
+                                 precision="highest")
+    kernels = epifuse.get_kernels(args)
+    assert len(kernels) >= 2 and not any(k.name.startswith("gluon") for k in kernels)
+    for kernel in kernels:
+        D.copy_(D0)
+        kernel.run(args)
+        torch.cuda.synchronize()
+        assert torch.equal(D.view(bits), want.view(bits)), kernel

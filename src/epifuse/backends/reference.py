@@ -10,7 +10,8 @@ import torch
 
 from .. import verify as verification
 from ..grouped_arguments import check_arguments
-from ..reference import evaluate, gemm_accumulators, saturate
+from ..ir import conditional_stores
+from ..reference import gemm_accumulators, node_values, output_values, saturate
 from .base import Kernel, Status, supported
 
 
@@ -30,7 +31,11 @@ class ReferenceKernel(Kernel):
         args.check_current()
         dtype = torch.float64 if args.compute_dtype == torch.float64 else torch.float32
         accum, accum2 = gemm_accumulators(args, dtype)
-        write_results(args, evaluate(args.graph, accum, args.operands, dtype, accum2))
+        values = node_values(args.graph, accum, args.operands, dtype, accum2)
+        conditional, _ = conditional_stores(args.graph)
+        where = {name: torch.broadcast_to(values[id(cond)] != 0 if when else values[id(cond)] == 0, accum.shape)
+                 for name, (cond, _, when) in conditional.items()}
+        write_results(args, output_values(args.graph, values, accum, dtype), where)
 
 
 class GroupedReference(Kernel):
@@ -54,12 +59,17 @@ class GroupedReference(Kernel):
             self._single.run(problem)
 
 
-def write_results(args, results: dict) -> None:
-    """Copy evaluated outputs into their destinations (folding into reductions if accumulating)."""
+def write_results(args, results: dict, where: dict | None = None) -> None:
+    """Copy evaluated outputs into their destinations (folding into reductions if accumulating);
+    an output in `where` (a conditional store: name -> mask) only where its mask holds."""
     for name, value in results.items():
         dest = args.outputs[name]
         value = value.reshape(dest.shape)
         op = args.reduction_op(name)
         if op is not None and args.accumulate:
             value = op.reduction.merge(dest.to(value.dtype), value)
-        dest.copy_(saturate(value, dest.dtype))
+        if where and name in where:
+            mask = where[name].reshape(dest.shape)
+            dest[mask] = saturate(value, dest.dtype)[mask].to(dest.dtype)
+        else:
+            dest.copy_(saturate(value, dest.dtype))

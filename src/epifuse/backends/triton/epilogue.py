@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ... import ops
 from ...errors import InternalError
-from ...ir import ACCUM, ACCUM_IMAG, ACCUM_UP, AXES, CONST, INPUT, Graph, Node
+from ...ir import ACCUM, ACCUM_IMAG, ACCUM_UP, AXES, CONST, INPUT, Graph, Node, conditional_stores
 from .gluon_api import gluon_api
 from .layout import Layout, OperandParams, OutputParams
 from .rules import LOG_OF_NORMAL, LogSum, _f, log_sum, rule_for
@@ -40,9 +40,12 @@ def emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tuple
     helpers: set[str] = set()
     names: dict[int, str] = {}
     operand_prefix = {o.name: o for o in layout.operands}
+    conditional, unread = conditional_stores(graph)
     for i, node in enumerate(graph.nodes()):
         var = f"v{i}"
         names[id(node)] = var
+        if id(node) in unread:
+            continue   # an operand updated in place only where a condition holds: never read
         if node.op is ACCUM:
             lines.append(f"{var} = acc_e.to(tl.float32)")
         elif node.op is ACCUM_IMAG or node.op is ACCUM_UP:   # the planar and gated templates' second
@@ -62,7 +65,10 @@ def emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tuple
                     for k, s in enumerate(node.src)]
             lines.append(f"{var} = {rule.emit(*srcs, **node.params)}")
     for y, out in zip(layout.outputs, graph.outputs):
-        if y.reduce is None:
+        if out.name in conditional:
+            cond, value, when = conditional[out.name]
+            lines.extend(_store_where(y, names[id(cond)], cond, names[id(value)], value, when, style))
+        elif y.reduce is None:
             lines.extend(_store_tile(y, names[id(out.node)], out.node, style))
         else:
             source = out.node.src[0]
@@ -117,6 +123,17 @@ def _load_operand(var: str, o: OperandParams, style: str) -> list[str]:
             f"    {var} = _to_f32({o.prefix}_desc.load([batch, offs_m, offs_en]).reshape(BLOCK_M, EPI_N))",
             "else:",
             f"    {pointer_load}"]
+
+
+def _store_where(y: OutputParams, cond_expr: str, cond: Node, expr: str, node: Node, when: bool,
+                 style: str) -> list[str]:
+    """A conditional store: `expr` written where the condition is `when`, every other element
+    of the output neither read nor written (a pointer store under the mask, in every style)."""
+    upper = y.prefix.upper()
+    value = (f"_convert({_as_full_tile(expr, node, style)}, {upper}_KIND, {upper}_LO, {upper}_HI, "
+             f"{y.prefix}_ptr.dtype.element_ty)")
+    selected = f"({_as_full_tile(cond_expr, cond, style)} {'!=' if when else '=='} 0.0)"
+    return [f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, {value}, mask=mask & {selected})"]
 
 
 def _as_full_tile(expr: str, node: Node, style: str) -> str:

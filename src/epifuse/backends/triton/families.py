@@ -338,6 +338,11 @@ def gluon_problem_check(schedule: str, args, config, cc) -> Status | None:
                         if node.op.kind == "index" or (node.op.is_reduction and node.op.reduction.combine == "logsumexp")})
     if unchecked:   # their lines are checked under the interpreter, which cannot run Gluon
         return unsupported(f"the Gluon kernels do not take {', '.join(unchecked)} yet (the Triton ones do)")
+    epilogue = getattr(args, "epilogue", None)   # a single GEMM's arguments (a grouped one has problems)
+    updates = epilogue.program.updates if epilogue is not None else ()
+    if updates:   # the masked store's Gluon lines have not run on a GPU yet
+        return unsupported(f"the Gluon kernels do not take in-place conditional stores ({', '.join(updates)} = "
+                           "where(...)) yet (the Triton ones do)")
     for check in (common_check, lambda a, c: _persistent_check(a, config, c)):
         refusal = check(args, cc)
         if refusal is not None:
