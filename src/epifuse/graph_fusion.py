@@ -227,6 +227,9 @@ def _grow(gemm, shape: tuple) -> _Region:
                     (node.target not in POINTWISE and node.target not in REDUCTIONS):
                 frontier.remove(node)
                 continue
+            if any(a in ends for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)):
+                frontier.remove(node)   # reads a reduction of this region: that would take another pass
+                continue
             if any(isinstance(a, torch.fx.Node) and a in descendants and a not in region.names
                    for a in (*node.args, *node.kwargs.values())):
                 continue   # waits for another region input
@@ -318,8 +321,12 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
         for out, item in zip(outputs, items):
             replacement = item
             if _val(out).dtype is torch.bool:   # a comparison stored as 0/1 bytes: viewed as bool
-                with graph.inserting_after(item):
-                    replacement = graph.call_function(aten.view.dtype, (item, torch.bool))
+                with graph.inserting_after(replacement):
+                    replacement = graph.call_function(aten.view.dtype, (replacement, torch.bool))
+                    replacement.meta["val"] = _val(out)
+            if tuple(item.meta["val"].shape) != tuple(_val(out).shape):   # keepdim: the reduced dims back as 1s
+                with graph.inserting_after(replacement):
+                    replacement = graph.call_function(aten.view.default, (replacement, list(_val(out).shape)))
                     replacement.meta["val"] = _val(out)
             out.replace_all_uses_with(replacement)
         for node in reversed(region.nodes):

@@ -191,7 +191,7 @@ def _statistics_and_gradients(ctx, rows, weight, bias, target_col, flat, valid, 
     stats = [torch.empty(n, dtype=exact, device=rows.device) for _ in range(3)]
     operands = dict(bias=bias) if bias is not None else {}
     source = _forward_source(None, bias is not None, exponentials=True)
-    columns = torch.where(valid, flat, 0).unsqueeze(1)
+    columns = torch.where(valid, flat, 0).long().unsqueeze(1)   # scatter_ indexes in int64
     step = _chunk_rows(vocab, hidden, rows.element_size())
     for start in range(0, n, step):
         part = slice(start, start + step)

@@ -88,6 +88,11 @@ def planar_arguments(Ar, Ai, Br, Bi, epilogue=None, /, *, out_dtype=None, determ
     if "accum_up" in program.params:
         raise UnsupportedError("A planar complex GEMM cannot also chunk accum into gated halves.",
                                hint="Run the gated epilogue through epifuse.gemm on real tensors.")
+    if program.updates:
+        raise UnsupportedError(f"A planar complex GEMM does not take conditional stores ({', '.join(program.updates)} "
+                               "= where(cond, value, ...)) yet: its epilogue is split into real parts.",
+                               hint="Return the new value under another name, or pass the same tensor as an "
+                                    "operand and as the output (an in-place update that writes every element).")
     outputs = tuple(name for name, _ in program.outputs)
     check_keywords(program, tensors, required=program.operands, allowed=(*program.operands, *outputs))
     parts_of = {name: _parts(name, tensors[name], output=False) for name in program.operands}

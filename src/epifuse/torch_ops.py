@@ -350,7 +350,7 @@ def _plan(program: Program, A: Tensor, B: Tensor, values: dict):
 
 
 def _output_specs(e: Entry, graph, accum_shape, A: Tensor, out_dtypes: str, compute_dtype) -> list:
-    """(shape, dtype) of each output: epifuse.gemm's (arguments.output_specs), or as `out_dtypes`
+    """(shape, dtype) of each output: epifuse.gemm's (allocation.output_specs), or as `out_dtypes`
     says: "" (those), "tiles=float16" (the caller's tile outputs), or one name per output,
     comma-separated ("" for the default)."""
     tiles = out_dtypes.removeprefix("tiles=") if out_dtypes.startswith("tiles=") else ""

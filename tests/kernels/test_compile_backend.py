@@ -180,3 +180,36 @@ def test_an_operand_that_would_grow_a_bmm_accum_stays_outside_the_epilogue():
     (fused,) = report.fused
     assert "sigmoid(" in fused.source and "add(" not in fused.source
     _close(got, fn(a, b, big), "bmm + growing operand", tol=1e-6)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["mm", "bmm"])
+def test_a_value_read_after_a_reduction_of_the_region_stays_outside(batched):
+    """softmax over a GEMM (amax, sub, exp, sum, div): the region ends at the row maximum, as
+    what reads it would need a second pass; the rest is left to Inductor and the values are
+    eager's."""
+    lead = (2,) if batched else ()
+    q, k = torch.randn(*lead, 16, 8), torch.randn(*lead, 8, 16)
+
+    def fn(q, k):
+        return torch.softmax(torch.bmm(q, k) if batched else q @ k, dim=-1)
+
+    got, report = _fused_by_the_pass(fn, q, k)
+    for fused in report.fused:
+        assert "sub(" not in fused.source and "div(" not in fused.source
+    _close(got, fn(q, k), "softmax", tol=1e-6)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["mm", "bmm"])
+def test_a_keepdim_reduction_joins_and_comes_back_with_its_ones(batched):
+    """relu(A @ B).sum(-1, keepdim=True) * c, with M == N so a dropped dim would still
+    broadcast: the fused row sum is viewed back to (.., M, 1)."""
+    lead = (2,) if batched else ()
+    q, k, c = torch.randn(*lead, 16, 8), torch.randn(*lead, 8, 16), torch.randn(*lead, 16, 16)
+
+    def fn(q, k, c):
+        return torch.relu(torch.bmm(q, k) if batched else q @ k).sum(-1, keepdim=True) * c
+
+    got, report = _fused_by_the_pass(fn, q, k, c)
+    (fused,) = report.fused
+    assert "sum(" in fused.source and "keepdim=True" in fused.source
+    _close(got, fn(q, k, c), "keepdim row sum", tol=1e-5)

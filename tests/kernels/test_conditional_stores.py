@@ -149,3 +149,41 @@ def test_the_split_k_kernel_stores_once_under_the_condition():
     (split,) = [k for k in epifuse.get_kernels(args) if k.name == "triton_splitk"]
     split.run(args)
     assert torch.equal(D.view(torch.int32), want.view(torch.int32))
+
+
+def test_an_update_and_the_same_where_under_a_new_name_get_different_kernels():
+    """`D = where(...)` and `E = where(...)` (E a new output, D only read) have the same graph
+    but for the output's name; the first stores under the condition, the second everywhere.
+    Their kernels must not be shared: E is written whole after D's kernel ran in the process."""
+    A, B, keep, _, D0 = _problem(False, False, torch.float32)
+    D0 = torch.nan_to_num(D0)
+    update = "def update(accum, D, keep):\n    D = where(keep > 0.5, accum, D)\n    return D\n"
+    fresh = "def fresh(accum, D, keep):\n    E = where(keep > 0.5, accum, D)\n    return E\n"
+    want = torch.where(keep > 0.5, (A.double() @ B.double()).float(), D0)
+    D = D0.clone()
+    epifuse.gemm(A, B, update, D=D, keep=keep, precision="highest")
+    assert torch.equal(D, want)
+    D = D0.clone()
+    E = torch.full_like(D0, 999.0)
+    epifuse.gemm(A, B, fresh, D=D, keep=keep, E=E, precision="highest")
+    assert torch.equal(E, want) and torch.equal(D, D0)
+
+
+def test_tuning_builds_its_scratch_and_background_problems_of_an_update():
+    """The tuner's copies of a call (fresh outputs; the background worker's rebuilt problem)
+    take D once, as operand and output."""
+    from epifuse.runtime import tune
+    A, B, keep, bias, D = _problem(False, False, torch.float32)
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(UPDATE, D=D, keep=keep, bias=bias))
+    scratch = tune._scratch_args(args)
+    assert scratch.epilogue.operands["D"] is scratch.epilogue.outputs["D"] and scratch.outputs["D"] is not D
+    rebuilt = tune._materialized(tune._described(args))
+    assert rebuilt.epilogue.operands["D"] is rebuilt.epilogue.outputs["D"]
+
+
+def test_a_planar_complex_gemm_refuses_a_conditional_store_by_name():
+    Ar, Ai = torch.randn(8, 4), torch.randn(8, 4)
+    Br, Bi = torch.randn(4, 6), torch.randn(4, 6)
+    source = "def e(accum, D, keep):\n    D = where(keep > 0.5, abs(accum), D)\n    return D\n"
+    with pytest.raises(UnsupportedError, match="planar complex GEMM does not take conditional stores"):
+        epifuse.gemm_planar_complex(Ar, Ai, Br, Bi, source, D=torch.zeros(8, 6), keep=torch.ones(8, 6))

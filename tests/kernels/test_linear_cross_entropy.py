@@ -242,3 +242,16 @@ def test_no_tokens_gives_torchs_loss_and_zero_gradients(reduction):
     torch.testing.assert_close(ours, theirs, equal_nan=True)
     got = grads(ours.sum(), (weight, b))
     assert all(torch.equal(g, torch.zeros_like(g)) for g in got)
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int32, torch.uint8])
+def test_targets_of_any_integer_dtype_torch_takes(dtype):
+    """Class indices in int16, int32 or uint8 (as torch's cross_entropy takes them) on every
+    path: the training path indexes the gradient with them."""
+    x, weight, b, target = problem(ignored=0 if dtype == torch.uint8 else 3)
+    narrow = target.to(dtype)
+    ours = epifuse.linear_cross_entropy(x, weight, narrow, bias=b)
+    theirs = torch_loss(x, weight, target, b)
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+    for g, w in zip(grads(ours, (x, weight, b)), grads(theirs, (x, weight, b))):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ..ir import INPUT, Graph, verify
+from ..ir import INPUT, Graph, conditional_stores, verify
 from .algebra import simplify_algebra
 from .dce import eliminate_dead_code
 from .fold import fold_constants
@@ -40,6 +40,14 @@ def canonical_text(graph: Graph) -> str:
             arg = node.arg
         lines.append(f"{node.op.name} {arg!r} {[index[id(s)] for s in node.src]}")
     lines.append("outputs " + repr([index[id(o.node)] for o in graph.outputs]))
+    # an output stored only where a condition holds (D = where(cond, value, D)) compiles to
+    # another kernel than the same where() returned under a new name
+    # (only then: every other graph keeps the text, and so the key, it always had)
+    conditional, _ = conditional_stores(graph)
+    if conditional:
+        lines.append("conditional " + repr([(k, index[id(c)], index[id(v)], when)
+                                            for k, o in enumerate(graph.outputs) if o.name in conditional
+                                            for c, v, when in [conditional[o.name]]]))
     lines.append("operands " + repr([(o.kind, o.axes) for o in graph.operands]))
     return "\n".join(lines)
 

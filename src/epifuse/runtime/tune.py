@@ -146,11 +146,12 @@ def _store(key: str, choice: str) -> None:
 
 
 def _scratch_args(args):
-    """The same problem writing into fresh outputs."""
+    """The same problem writing into fresh outputs (an operand updated in place, D = where(...),
+    is its output's fresh tensor too)."""
     epi = args.epilogue
     outputs = {name: torch.empty_like(t) for name, t in epi.outputs.items()}
     scratch = EpilogueArguments(epi.program, accumulate=False, deterministic=epi.deterministic,
-                                compute_dtype=epi.compute_dtype, **epi.operands, **outputs)
+                                compute_dtype=epi.compute_dtype, **{**epi.operands, **outputs})
     return GemmArguments(args.A, args.B_given, epilogue=scratch, accumulator_type=args.accumulator_type,
                          precision=args.precision, A_imag=args.A_imag, B_imag=args.B_imag)
 
@@ -350,7 +351,7 @@ def _materialized(problem: _Problem) -> GemmArguments:
     operands = {n: fresh(v) if isinstance(v, _Layout) else v for n, v in problem.operands.items()}
     outputs = {n: fresh(layout) for n, layout in problem.outputs.items()}
     epilogue = EpilogueArguments(problem.program, accumulate=False, deterministic=problem.deterministic,
-                                 compute_dtype=problem.compute_dtype, **operands, **outputs)
+                                 compute_dtype=problem.compute_dtype, **{**operands, **outputs})
     return GemmArguments(fresh(problem.A), fresh(problem.B), epilogue=epilogue,
                          accumulator_type=problem.accumulator_type, precision=problem.precision)
 
