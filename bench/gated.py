@@ -15,9 +15,7 @@ Token counts: a training batch (16384) and a decode step (128).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 
@@ -78,20 +76,13 @@ def measure(tokens: int, hidden: int, inner: int, device: str, warmup: float, re
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from bench.timing import parse_small, save_rows, small_parser
+    p = small_parser(__doc__)
     p.add_argument("--tokens", default="16384,128", help="comma list of token counts")
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--inner", type=int, default=11008)
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--warmup", type=float, default=50.0)
-    p.add_argument("--rep", type=float, default=200.0)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default="bench/results")
-    ns = p.parse_args(argv)
-    if ns.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    ns = parse_small(p, argv)
     rows = [measure(int(t), ns.hidden, ns.inner, ns.device, ns.warmup, ns.rep, ns.rounds) for t in ns.tokens.split(",")]
-    from bench.timing import save_rows
     path = save_rows("gated_swiglu", "gated", rows, ns.out, ns.device)
     for row in rows:
         if "ms" in row:

@@ -22,8 +22,6 @@ memory, not installed) is recorded with its reason and the run goes on.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 import time
@@ -182,22 +180,18 @@ def measure(tokens: int, hidden: int, vocab: int, device: str, warmup: int, reps
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from bench.timing import parse_small, save_rows, small_parser
+    p = small_parser(__doc__, do_bench=False)
     p.add_argument("--tokens", default="8192,32768")
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--vocab", default="128256,151936")
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--out", default="bench/results")
-    ns = p.parse_args(argv)
-    if ns.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    p.add_argument("--warmup", type=int, default=2, help="steps before the timed ones")
+    p.add_argument("--reps", type=int, default=5, help="timed steps (the median is reported)")
+    ns = parse_small(p, argv)
     rows = []
     for vocab in (int(v) for v in ns.vocab.split(",")):
         for tokens in (int(t) for t in ns.tokens.split(",")):
             rows += measure(tokens, ns.hidden, vocab, ns.device, ns.warmup, ns.reps)
-    from bench.timing import save_rows
     path = save_rows("linear_cross_entropy", "lce", rows, ns.out, ns.device)
     print(f"{'vocab':>7s} {'tokens':>6s} {'impl':8s} {'ms':>9s} {'x floor':>7s} {'extra GiB':>9s}  "
           "error vs float64 (loss, dx, dw)")

@@ -19,9 +19,7 @@ runs the plumbing at a tiny size under Triton's interpreter (for the tests).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 
@@ -119,22 +117,15 @@ def measure(size: int, dtype: torch.dtype, device: str, warmup: float, rep: floa
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from bench.timing import parse_small, save_rows, small_parser
+    p = small_parser(__doc__)
     p.add_argument("--size", type=int, default=4096)
     p.add_argument("--dtypes", default="fp16,fp32")
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--warmup", type=float, default=50.0)
-    p.add_argument("--rep", type=float, default=200.0)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default="bench/results")
-    ns = p.parse_args(argv)
-    if ns.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    ns = parse_small(p, argv)
     rows = []
     for name in ns.dtypes.split(","):
         rows.append(measure(ns.size, DTYPES[name], ns.device, ns.warmup, ns.rep, ns.rounds))
         print(json.dumps(rows[-1].get("ms", rows[-1]["rel_error"])), flush=True)
-    from bench.timing import save_rows
     path = save_rows("planar_complex", "planar", rows, ns.out, ns.device)
     print(f"{'dtype':6} {'epifuse ms':>11} {'complex64 ms':>13} {'4 real ms':>10} {'vs cplx':>8} {'vs 4 real':>9}")
     for r in rows:

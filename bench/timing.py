@@ -243,3 +243,26 @@ def save_rows(benchmark: str, stem: str, rows: list, out_dir, device: str):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return path
+
+
+def small_parser(doc: str, do_bench: bool = True):
+    """The options every small benchmark (bench.lce, bench.gated, bench.planar) takes: --device
+    and --out, and with `do_bench` do_bench's --warmup and --rep (ms) and --rounds; the caller
+    adds its own. Parse with parse_small."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--out", default="bench/results")
+    if do_bench:
+        p.add_argument("--warmup", type=float, default=50.0)
+        p.add_argument("--rep", type=float, default=200.0)
+        p.add_argument("--rounds", type=int, default=3)
+    return p
+
+
+def parse_small(p, argv):
+    """The parsed options; on the CPU (the plumbing at a tiny size) Triton's interpreter runs the kernels."""
+    ns = p.parse_args(argv)
+    if ns.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return ns

@@ -120,13 +120,17 @@ class Program:
     outputs: tuple[tuple[str, Location], ...]
     source: str
     filename: str
-    # operands the epilogue updates in place, `D = where(cond, value, D)`: each is also the
-    # output of that name, written only where the condition selects the new value
-    updates: tuple[str, ...] = ()
 
     @property
     def operands(self) -> tuple[str, ...]:
         return tuple(p for p in self.params if p not in ACCUMULATORS)
+
+    @property
+    def updates(self) -> tuple[str, ...]:
+        """Operands the epilogue updates in place, `D = where(cond, value, D)`: the statements
+        that rebind a parameter (SSA admits no other). Each is also the output of that name,
+        written only where the condition selects the new value."""
+        return tuple(s.target for s in self.statements if s.target in self.params)
 
 
 class GeneratedSource(str):
@@ -355,8 +359,7 @@ class _Visitor:
                           hint=f"Return {name} (it is written where the condition holds), or give the new value "
                                "a new name.")
         param_locs = tuple(self.defined[p] for p in params)
-        return Program(fn.name, params, param_locs, tuple(statements), outputs, source, self.filename,
-                       tuple(self.updates))
+        return Program(fn.name, params, param_locs, tuple(statements), outputs, source, self.filename)
 
     def statement(self, stmt: ast.stmt) -> Statement:
         if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):

@@ -320,12 +320,7 @@ def conditional_stores(graph: Graph) -> tuple[dict, set]:
     in-place update the parser admits. Returns ({output name: (cond, value, stored where cond
     is true)}, ids of the nodes no longer computed: the where, and the operand's load, where
     nothing else reads them)."""
-    uses: dict[int, int] = {}
-    for node in graph.nodes():
-        for src in node.src:
-            uses[id(src)] = uses.get(id(src), 0) + 1
-    for out in graph.outputs:
-        uses[id(out.node)] = uses.get(id(out.node), 0) + 1
+    uses = graph.users()
     conditional, unread = {}, set()
     for out in graph.outputs:
         node = out.node

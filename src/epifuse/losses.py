@@ -227,13 +227,16 @@ def _statistics_and_gradients(ctx, rows, weight, bias, target_col, flat, valid, 
     return stats, (dx, dw, db)
 
 
-def _recomputed_chunk(rows, weight, bias, target_col, lse, scale, pick, spread):
-    """One chunk's logit gradient (and its column sum with a bias) by the gradient's epilogue,
-    from the chunk's log-sum-exp: for rows whose exponentials would leave the float range."""
+def _recomputed_chunk(rows, weight, bias, target_col, lse, scale, pick, spread, softcap=None):
+    """One chunk's logit gradient (and its column sum with a bias, else None) by the gradient's
+    epilogue, from the chunk's log-sum-exp: the recompute path's every chunk, and the training
+    path's chunks whose exponentials would leave the float range."""
     operands = dict(target=target_col, lse=lse, scale=scale, pick=pick, spread=spread)
     if bias is not None:
         operands["bias"] = bias
-    out = gemm(rows, weight.t(), _backward_source(None, bias is not None), **operands)
+    if softcap is not None:
+        operands["softcap"] = float(softcap)
+    out = gemm(rows, weight.t(), _backward_source(softcap, bias is not None), **operands)
     return out if bias is not None else (out, None)
 
 
@@ -269,20 +272,12 @@ def _gradients(ctx, grad):
     dx = torch.empty_like(rows) if need_x else None
     dw = torch.zeros(weight.shape, dtype=exact, device=weight.device) if need_w else None
     db = torch.zeros(vocab, dtype=exact, device=weight.device) if need_b else None
-    source = _backward_source(softcap, bias is not None)
     chunk = _chunk_rows(vocab, weight.shape[1], rows.element_size())
     for start in range(0, rows.shape[0], chunk):
         part = slice(start, start + chunk)
-        gi = g[part].unsqueeze(1)
-        operands = dict(target=target_col[part], lse=lse[part].unsqueeze(1),
-                        scale=gi * (1.0 + 2.0 * z_loss * lse[part].unsqueeze(1)), pick=gi * (1.0 - eps),
-                        spread=gi * (eps / vocab))
-        if bias is not None:
-            operands["bias"] = bias
-        if softcap is not None:
-            operands["softcap"] = float(softcap)
-        out = gemm(rows[part], weight.t(), source, **operands)
-        G, dbias = out if bias is not None else (out, None)
+        gi, l = g[part].unsqueeze(1), lse[part].unsqueeze(1)
+        G, dbias = _recomputed_chunk(rows[part], weight, bias, target_col[part], l, gi * (1.0 + 2.0 * z_loss * l),
+                                     gi * (1.0 - eps), gi * (eps / vocab), softcap)
         if dx is not None:
             dx[part] = (G @ weight.to(G.dtype)).to(dx.dtype)
         if dw is not None:   # each chunk's product in the inputs' dtype, summed in float32 (float64)

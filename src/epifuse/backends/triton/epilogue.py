@@ -129,9 +129,7 @@ def _store_where(y: OutputParams, cond_expr: str, cond: Node, expr: str, node: N
                  style: str) -> list[str]:
     """A conditional store: `expr` written where the condition is `when`, every other element
     of the output neither read nor written (a pointer store under the mask, in every style)."""
-    upper = y.prefix.upper()
-    value = (f"_convert({_as_full_tile(expr, node, style)}, {upper}_KIND, {upper}_LO, {upper}_HI, "
-             f"{y.prefix}_ptr.dtype.element_ty)")
+    value = _stored_value(y, expr, node, style)
     selected = f"({_as_full_tile(cond_expr, cond, style)} {'!=' if when else '=='} 0.0)"
     return [f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, {value}, mask=mask & {selected})"]
 
@@ -149,10 +147,16 @@ def _as_full_tile(expr: str, node: Node, style: str) -> str:
     return f"({expr} + tl.full((BLOCK_M, EPI_N), -1.0, tl.float32) * 0.0)"
 
 
+def _stored_value(y: OutputParams, expr: str, node: Node, style: str) -> str:
+    """`expr` as a full piece converted to output y's dtype (rounding and saturation)."""
+    upper = y.prefix.upper()
+    return (f"_convert({_as_full_tile(expr, node, style)}, {upper}_KIND, {upper}_LO, {upper}_HI, "
+            f"{y.prefix}_ptr.dtype.element_ty)")
+
+
 def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]:
     upper = y.prefix.upper()
-    value = (f"_convert({_as_full_tile(expr, node, style)}, {upper}_KIND, {upper}_LO, {upper}_HI, "
-             f"{y.prefix}_ptr.dtype.element_ty)")
+    value = _stored_value(y, expr, node, style)
     pointer_store = f"tl.store({y.prefix}_ptr + {_offset(y.prefix, y.axes)}, {value}, mask=mask)"
     flag = f"{y.prefix.upper()}_TMA"
     if style == "gluon":  # the previous tile's TMA stores were waited for before the epilogue
