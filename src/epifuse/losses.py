@@ -6,21 +6,21 @@ The language-model head's logits, (tokens, vocab), are the largest tensor of a t
 Here they never exist whole; at most one chunk of rows is alive at once:
 
 - training (gradients wanted, reduction "mean" or "sum", no soft cap): per chunk of rows, one
-  GEMM `x @ weight.T` whose epilogue writes `exp(z - SHIFT)` of the chunk's logits z in the
+  GEMM `x @ weight.T` whose epilogue writes E = `exp(z - SHIFT)` of the chunk's logits z in the
   inputs' dtype (rounded from float32, so as precise where it matters as a float32 softmax) and
   reduces each row to the three numbers the loss needs (the log-sum-exp, the target's logit,
-  picked by `col() == target`, and for label smoothing their sum); these become the logits'
-  gradient in place (times `exp(SHIFT - lse) (1 + 2 z_loss lse)`, the target's entry set from
-  the float32 target logit, `eps / V` subtracted), which two matmuls consume at once: dx = G @
-  weight, dweight += G.T @ x. A chunk with a row whose log-sum-exp lies outside WINDOW (the
-  exponentials would overflow or vanish) is recomputed by the gradient's own epilogue instead.
-  Three GEMMs in all, run during the forward; the backward scales them by the loss's gradient
-  (a scalar, for these reductions). A chunk holds as many bytes as the weight (`hidden` rows),
-  so the extra memory is about the weight gradient's own size. The gradient of a chunk's logits
-  is held in the inputs' dtype (for bf16 as torch's own backward casts it; float16 takes the
-  other path, its range too narrow) and dweight sums the chunks' products in weight's dtype, one
-  rounding per chunk. A forward with gradients enabled whose backward never runs still pays for
-  the gradients (three GEMMs, not one).
+  picked by `col() == target`, and for label smoothing their sum). The chunk's gradient is
+  u * E' minus the spread, u a factor per row and E' = E with its target entries set from the
+  float32 target logit; two matmuls consume E' at once without scaling it (dx = u * (E' @
+  weight), dweight += E'.T @ (u * x)), see _statistics_and_gradients. A row whose log-sum-exp
+  lies outside WINDOW (its exponentials would overflow or vanish) counts for nothing there and
+  is recomputed after the chunks by the gradient's own epilogue (one host sync per call, to
+  learn whether any row needs it). Three GEMMs in all, run during the forward; the backward
+  multiplies them by the loss's gradient where it is not 1. A chunk holds as many bytes as the
+  weight (`hidden` rows), so the extra memory is about the weight gradient's own size. E' is
+  held in the inputs' dtype (float16 takes the other path, its range too narrow) and dweight
+  sums the chunks' products in weight's dtype, one rounding per chunk. A forward with gradients
+  enabled whose backward never runs still pays for the gradients (three GEMMs, not one).
 - otherwise: the forward is that GEMM without the logits (the three row reductions only) and the
   backward recomputes each chunk's logits, with the gradient of the logits, `g * ((1 + 2 z_loss
   lse) softmax - (1 - eps) onehot - eps / V)` (times the soft cap's derivative), as the epilogue
@@ -44,11 +44,14 @@ from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
 
 REDUCTIONS = ("mean", "sum", "none")
 CHUNK_BYTES: int | None = None   # bytes of one chunk's logits; None: the weight's own size (hidden rows)
-# exp(z - SHIFT) is finite and normal in bf16 and float32 for z in about (SHIFT - 87, SHIFT + 88):
-# a row whose log-sum-exp lies in WINDOW around SHIFT keeps every entry that matters (within 20
-# of the log-sum-exp, so the rest weigh below e**-20); another row's chunk is recomputed
+# The epilogue writes exp(min(z - SHIFT, 60)): finite, and a row's sum below e**77 (2**24 classes,
+# the most linear_cross_entropy takes, times e**60), so every product of it is finite. A row whose
+# log-sum-exp lies in WINDOW has no capped entry (z <= lse <= SHIFT + 60) and keeps every entry
+# that matters normal in bf16 and float32 (those within 20 of the log-sum-exp, above e**-80; the
+# rest weigh below e**-20), and its factor exp(SHIFT - lse) stays above e**-60. Another row is
+# recomputed after the chunks.
 SHIFT = 30.0
-WINDOW = (SHIFT - 60.0, SHIFT + 80.0)
+WINDOW = (SHIFT - 60.0, SHIFT + 60.0)
 
 
 def _logits(softcap: float | None) -> str:
@@ -64,7 +67,7 @@ def _forward_source(softcap: float | None, bias: bool, exponentials: bool = Fals
     name = "linear_cross_entropy_exponentials" if exponentials else "linear_cross_entropy_stats"
     return (f"def {name}({', '.join(params)}):\n"
             f"    y = accum{' + bias' if bias else ''}\n" + _logits(softcap)
-            + ("    E = exp(z - shift)\n" if exponentials else "")
+            + ("    E = exp(min(z - shift, 60.0))\n" if exponentials else "")
             + "    lse = logsumexp(z, dim=1)\n"
             "    picked = sum(where(col() == target, z, 0.0), dim=1)\n"
             "    total = sum(z, dim=1)\n"
@@ -176,61 +179,80 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def _statistics_and_gradients(ctx, rows, weight, bias, target_col, flat, valid, eps: float, z_loss: float):
-    """The forward's row statistics and, chunk of rows by chunk, the gradients of the per-token
-    losses summed over the valid tokens (each chunk's logits turned into their gradient in place
-    and consumed by the two matmuls at once); _scaled multiplies them by the loss's gradient."""
+    """The forward's row statistics and, chunk of rows by chunk, the gradients of the loss for
+    a loss gradient of 1 (_scaled multiplies them by the actual one).
+
+    A chunk's gradient is G = u E' - spread, u = (1 + 2 z_loss lse) exp(SHIFT - lse) a factor
+    per row and E' the epilogue's exp(z - SHIFT) with each target entry replaced by (softmax -
+    (1 - eps)) / u, computed in float32 from the target logit (near 0 for a confident token,
+    where the rounded softmax minus 1 would keep only its rounding error). E' is never scaled
+    in place: dx = u * (E' @ W) scales the small product's rows, dweight += E'^T (u * x) scales
+    x's, and the spread (label smoothing) is a rank-one term applied to dx, dweight and dbias."""
     vocab, hidden = weight.shape
     n = rows.shape[0]
     exact = torch.float64 if rows.dtype == torch.float64 else torch.float32
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_b = bias is not None and ctx.needs_input_grad[2]
+    reduction = ctx.options[0]
+    g = 1.0 / valid.sum().clamp(min=1).to(exact) if reduction == "mean" else 1.0   # d loss / d token's loss
     dx = torch.empty_like(rows) if need_x else None
-    # the first chunk's product, the others added (zeros where there are no rows at all)
-    dw = (torch.empty_like(weight) if n else torch.zeros_like(weight)) if need_w else None
+    dw = torch.empty_like(weight) if need_w else None   # the first chunk's product, the others added
     db = torch.zeros(vocab, dtype=exact, device=weight.device) if need_b else None
+    spread_x = torch.zeros(hidden, dtype=exact, device=rows.device) if eps else None   # sum of spread_i x_i
+    spread_sum = torch.zeros((), dtype=exact, device=rows.device)
+    weight_sum = weight.sum(0, dtype=exact) if eps and need_x else None
     stats = [torch.empty(n, dtype=exact, device=rows.device) for _ in range(3)]
     operands = dict(bias=bias) if bias is not None else {}
     source = _forward_source(None, bias is not None, exponentials=True)
     columns = torch.where(valid, flat, 0).long().unsqueeze(1)   # scatter_ indexes in int64
     step = _chunk_rows(vocab, hidden, rows.element_size())
+    outside = torch.zeros(n, dtype=torch.bool, device=rows.device)   # valid rows left to the fix-up
     for start in range(0, n, step):
         part = slice(start, start + step)
-        G, *chunk_stats = gemm(rows[part], weight.t(), source, target=target_col[part], shift=SHIFT, **operands)
+        E, *chunk_stats = gemm(rows[part], weight.t(), source, target=target_col[part], shift=SHIFT, **operands)
         for whole, piece in zip(stats, chunk_stats):
             whole[part] = piece
         lse, picked, ok = chunk_stats[0].unsqueeze(1), chunk_stats[1].unsqueeze(1), valid[part].unsqueeze(1)
-        scale = torch.where(ok, 1.0 + 2.0 * z_loss * lse, 0.0)   # an ignored row's gradient is 0
-        dbias = None
-        if bool(((lse >= WINDOW[0]) & (lse <= WINDOW[1])).all()):
-            # softmax times scale: exp(z - SHIFT) * exp(SHIFT - lse), rounded once more
-            G.mul_(scale * torch.exp(SHIFT - lse))
-            # the target's entry, softmax - (1 - eps), from the float32 target logit: near 0 for
-            # a confident token, where the rounded softmax minus 1 would keep only its rounding error
-            target_entry = torch.where(ok, scale * torch.exp(picked - lse) - (1.0 - eps), 0.0)
-            G.scatter_(1, columns[part], target_entry.to(G.dtype))
-            if eps:
-                G.sub_(ok.to(exact) * (eps / vocab))
-        else:   # logits far from SHIFT: the gradient's own epilogue over the chunk, a fourth GEMM
-            del G
-            G, dbias = _recomputed_chunk(rows[part], weight, bias, target_col[part], lse, scale,
-                                         ok.to(exact) * (1.0 - eps), ok.to(exact) * (eps / vocab))
+        scale = 1.0 + 2.0 * z_loss * lse
+        inside = (lse >= WINDOW[0]) & (lse <= WINDOW[1]) & (scale > 0)
+        live = ok & inside   # rows this chunk's matmuls serve; an ignored row's gradient is 0
+        outside[part] = (ok & ~inside).squeeze(1)
+        u = torch.where(live, scale * torch.exp(SHIFT - lse), 0.0)
+        entry = torch.where(live, (scale * torch.exp(picked - lse) - (1.0 - eps)) / u, 0.0)
+        E.scatter_(1, columns[part], entry.to(E.dtype))
+        r = u * g                                 # 0 on rows not served: their E rows count for nothing
+        spread = live.to(exact) * (g * eps / vocab)
         if dx is not None:
-            torch.mm(G, weight, out=dx[part])
+            torch.mm(E, weight, out=dx[part])
+            dx[part] = dx[part] * r if weight_sum is None else dx[part] * r - spread * weight_sum
         if dw is not None:
+            x_part = (rows[part] * r).to(rows.dtype)
             if start == 0:
-                torch.mm(G.t(), rows[part], out=dw)
+                torch.mm(E.t(), x_part, out=dw)
             else:
-                dw.addmm_(G.t(), rows[part])
+                dw.addmm_(E.t(), x_part)
         if db is not None:
-            db += dbias if dbias is not None else G.sum(0, dtype=exact)
-        del G   # before the next chunk's logits are allocated: one chunk alive at a time
+            db += torch.mv(E.t(), r.squeeze(1).to(E.dtype)).to(exact)
+        if eps:
+            spread_x += (spread * rows[part].to(exact)).sum(0)
+            spread_sum += spread.sum()
+        del E   # before the next chunk's exponentials are allocated: one chunk alive at a time
+    if dw is not None and n == 0:
+        dw.zero_()
+    if dw is not None and eps:
+        dw.sub_(spread_x.to(dw.dtype))
+    if db is not None and eps:
+        db.sub_(spread_sum)
+    if bool(outside.any()):   # the one sync: rows whose exponentials would overflow or vanish
+        _recompute_rows(outside.nonzero().squeeze(1), step, rows, weight, bias, target_col, stats[0], g,
+                        eps, z_loss, dx, dw, db)
     return stats, (dx, dw, db)
 
 
 def _recomputed_chunk(rows, weight, bias, target_col, lse, scale, pick, spread, softcap=None):
     """One chunk's logit gradient (and its column sum with a bias, else None) by the gradient's
     epilogue, from the chunk's log-sum-exp: the recompute path's every chunk, and the training
-    path's chunks whose exponentials would leave the float range."""
+    path's rows whose exponentials would leave the float range."""
     operands = dict(target=target_col, lse=lse, scale=scale, pick=pick, spread=spread)
     if bias is not None:
         operands["bias"] = bias
@@ -240,19 +262,33 @@ def _recomputed_chunk(rows, weight, bias, target_col, lse, scale, pick, spread, 
     return out if bias is not None else (out, None)
 
 
+def _recompute_rows(index, step, rows, weight, bias, target_col, lse, g, eps, z_loss, dx, dw, db):
+    """The gradient of the rows at `index` by the gradient's own epilogue (a fourth GEMM over
+    them, `step` rows at a time), from their log-sum-exp: rows whose exponentials would leave
+    the float range, whose contributions the chunks left at 0."""
+    vocab = weight.shape[0]
+    for start in range(0, index.numel(), step):
+        at = index[start:start + step]
+        l = lse[at].unsqueeze(1)
+        G, dbias = _recomputed_chunk(rows[at], weight, bias, target_col[at], l, (1.0 + 2.0 * z_loss * l) * g,
+                                     torch.full_like(l, (1.0 - eps)) * g, torch.full_like(l, eps / vocab) * g)
+        if dx is not None:
+            dx[at] = G @ weight
+        if dw is not None:
+            dw.addmm_(G.t(), rows[at])
+        if db is not None:
+            db += dbias
+
+
 def _scaled(ctx, computed, grad):
-    """The forward's gradients times d(loss)/d(sum of valid per-token losses): the loss's
-    gradient, over the number of valid tokens for "mean" (1 where there are none: every
-    gradient is 0 then, as torch's)."""
+    """The forward's gradients (for a loss gradient of 1) times the loss's gradient."""
     dx, dw, db = computed
-    reduction, _, _, _, x_shape = ctx.options
-    count = ctx.saved_tensors[6]
-    scale = grad.to(torch.float64 if grad.dtype == torch.float64 else torch.float32)
-    if reduction == "mean":
-        scale = scale / count.clamp(min=1)
-    for t in (dx, dw, db):
-        if t is not None:
-            t.mul_(scale)
+    x_shape = ctx.options[4]
+    factor = float(grad)
+    if factor != 1.0:
+        for t in (dx, dw, db):
+            if t is not None:
+                t.mul_(factor)
     bias = ctx.saved_tensors[2]
     return (dx.reshape(x_shape) if dx is not None else None, dw,
             db.to(bias.dtype) if db is not None else None, None, None, None, None, None, None, None)

@@ -191,22 +191,25 @@ def test_a_vocabulary_past_fp32s_exact_integers_is_refused():
         epifuse.linear_cross_entropy(torch.randn(3, 4), weight, torch.tensor([0, 1, 2]))
 
 
+@pytest.mark.parametrize("moved", [slice(5, 10), slice(3, 12)], ids=["one chunk", "across chunks"])
 @pytest.mark.parametrize("offset", [400.0, -300.0], ids=["huge logits", "very negative logits"])
-def test_rows_whose_exponentials_leave_the_float_range_are_recomputed(offset, monkeypatch):
-    """A chunk with a row whose log-sum-exp lies outside losses.WINDOW (exp(z - SHIFT) would
-    overflow or vanish in float32) takes the gradient's own epilogue; the other chunks the
-    exponentials. Float64 against torch, chunks of 5 rows, rows 5-9 (one chunk) moved."""
-    x, weight, b, target = problem(tokens=(15,), ignored=2)
+def test_rows_whose_exponentials_leave_the_float_range_are_recomputed(offset, moved, monkeypatch):
+    """Rows whose log-sum-exp lies outside losses.WINDOW (exp(z - SHIFT) would overflow or
+    vanish in float32) count for nothing in their chunk's matmuls and are recomputed after the
+    chunks by the gradient's own epilogue, every such valid row and no other. Float64 against
+    torch, chunks of 5 rows."""
+    x, weight, b, target = problem(tokens=(15,), ignored=0)
+    target[[4, 6]] = -100         # an ignored row inside the moved rows, one outside
     with torch.no_grad():
         weight[:, 0] = 1.0        # feature 0 adds x[i, 0] to every logit of row i...
         x[:, 0] = 0.0
-        x[5:10, 0] = offset       # ...so rows 5-9 have a log-sum-exp near `offset`
+        x[moved, 0] = offset      # ...so the moved rows have a log-sum-exp near `offset`
     monkeypatch.setattr(losses, "CHUNK_BYTES", 5 * 70 * 8)
-    calls = []
-    recompute = losses._recomputed_chunk
-    monkeypatch.setattr(losses, "_recomputed_chunk", lambda *a: calls.append(a[0].shape[0]) or recompute(*a))
+    recomputed = []
+    recompute = losses._recompute_rows
+    monkeypatch.setattr(losses, "_recompute_rows", lambda index, *a: recomputed.extend(index.tolist()) or recompute(index, *a))
     ours = epifuse.linear_cross_entropy(x, weight, target, bias=b, label_smoothing=0.1, z_loss=1e-4)
-    assert calls == [5]
+    assert recomputed == [i for i in range(15)[moved] if i not in (4, 6)]
     theirs = torch_loss(x, weight, target, b, label_smoothing=0.1, z_loss=1e-4)
     torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
     for g, w in zip(grads(ours, (x, weight, b)), grads(theirs, (x, weight, b))):
