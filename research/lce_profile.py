@@ -52,7 +52,7 @@ def main(argv=None) -> None:
     b.record()
     torch.cuda.synchronize()
     step_ms = a.elapsed_time(b) / 3
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(3):
             step()
         torch.cuda.synchronize()
@@ -67,6 +67,32 @@ def main(argv=None) -> None:
     print(f"kernels' sum {total:.2f} ms per step (the rest is the GPU waiting on the host)")
     for name, (us, calls) in sorted(per.items(), key=lambda kv: -kv[1][0])[:14]:
         print(f"  {us / 1e3:8.3f} ms  x{calls // 3:<3d} {name[:100]}")
+    _idle_gaps(prof)
+
+
+def _idle_gaps(prof, shown: int = 12) -> None:
+    """The longest stretches with no GPU activity between the profiled steps' first and last
+    kernels, each with the activity before and after it: where in the step the GPU waits on
+    the host."""
+    events = prof.events()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    host = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                  if e.device_type == torch.autograd.DeviceType.CPU and e.cpu_parent is None)
+    gaps, end, before = [], None, None
+    for start, stop, name in spans:
+        if end is not None and start > end:
+            gaps.append((start - end, before, name, end, start))
+        if end is None or stop > end:
+            end, before = stop, name
+    total = sum(g[0] for g in gaps) / 3e3
+    print(f"GPU idle between kernels: {total:.2f} ms per step; the longest stretches (us, after -> before):")
+    for us, after, before_next, since, until in sorted(gaps, reverse=True)[:shown]:
+        print(f"  {us:9.1f}  {after[:50]} -> {before_next[:50]}")
+        # the host's top-level ops that ran while the GPU waited, and how long each took
+        during = [(stop - start, name) for start, stop, name in host if start < until and stop > since]
+        print("             host: " + ", ".join(f"{name[:40]} {us_:.0f}" for us_, name in during[:12])
+              + (f" (+{len(during) - 12} more)" if len(during) > 12 else ""))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ Here they never exist whole; at most one chunk of rows is alive at once:
   float32 target logit; two matmuls consume E' at once without scaling it (dx = u * (E' @
   weight), dweight += E'.T @ (u * x)), see _statistics_and_gradients. A row whose log-sum-exp
   lies outside WINDOW (its exponentials would overflow or vanish) counts for nothing there and
-  is recomputed after the chunks by the gradient's own epilogue (one host sync per call, to
-  learn whether any row needs it). Three GEMMs in all, run during the forward; the backward
+  is recomputed after the chunks by the gradient's own epilogue. The call syncs with the GPU
+  once, after the loss too is queued, to learn whether any row needs that and whether every
+  target lies in [0, vocab) (a device flag until then; no kernel sees such an index). Three GEMMs in all, run during the forward; the backward
   multiplies them by the loss's gradient where it is not 1. A chunk holds as many bytes as the
   weight (`hidden` rows), so the extra memory is about the weight gradient's own size. E' is
   held in the inputs' dtype (float16 takes the other path, its range too narrow) and dweight
@@ -123,8 +124,10 @@ def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, z_
     if vocab > 2 ** 24:   # col() and the target column are exact in fp32 up to here
         raise ShapeError(f"linear_cross_entropy takes a vocabulary of at most 2**24 classes, not {vocab}: "
                          "class indices are compared in fp32, exact only that far.")
-    valid = target != ignore_index
-    if bool(((target[valid] < 0) | (target[valid] >= vocab)).any()):
+
+
+def _raise_if_out_of_range(out_of_range: bool, vocab: int, ignore_index: int) -> None:
+    if out_of_range:
         raise ShapeError(f"target holds class indices outside [0, {vocab}) (other than ignore_index "
                          f"{ignore_index}).")
 
@@ -134,24 +137,28 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, x, weight, bias, target, ignore_index, reduction, label_smoothing, z_loss, softcap, training):
         rows = x.reshape(-1, x.shape[-1])
         flat = target.reshape(-1)
+        vocab = weight.shape[0]
         valid = flat != ignore_index
+        out_of_range = (valid & ((flat < 0) | (flat >= vocab))).any()   # a device flag: read at the call's sync
+        valid = valid & ~out_of_range   # until then no index outside [0, vocab) reaches a kernel
         target_col = torch.where(valid, flat, -1).to(torch.float32).unsqueeze(1)   # -1: no column
         eps, z_loss = float(label_smoothing), float(z_loss)
         ctx.options = (reduction, eps, z_loss, softcap, x.shape)
         ctx.gradients = None
+        outside = None
         with torch.no_grad():
             if (training and reduction != "none" and softcap is None and x.dtype == weight.dtype
                     and x.dtype != torch.float16):   # float16's range cannot hold exp(z - SHIFT)
-                (lse, picked, total), ctx.gradients = _statistics_and_gradients(
+                (lse, picked, total), ctx.gradients, outside = _statistics_and_gradients(
                     ctx, rows, weight, bias, target_col, flat, valid, eps, z_loss)
             else:
+                _raise_if_out_of_range(bool(out_of_range), vocab, ignore_index)
                 operands = dict(target=target_col)
                 if bias is not None:
                     operands["bias"] = bias
                 if softcap is not None:
                     operands["softcap"] = float(softcap)
                 lse, picked, total = gemm(rows, weight.t(), _forward_source(softcap, bias is not None), **operands)
-        vocab = weight.shape[0]
         per = (1.0 - eps) * (lse - picked) + eps * (lse - total / vocab) + z_loss * lse * lse
         per = torch.where(valid, per, 0.0)
         count = valid.sum()
@@ -161,6 +168,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss = per.sum()
         else:
             loss = per.reshape(target.shape)
+        if outside is not None:   # the training path's one sync, after everything is queued
+            bad, fix_up = torch.stack((out_of_range, outside.any())).tolist()
+            _raise_if_out_of_range(bad, vocab, ignore_index)
+            if fix_up:   # rows whose exponentials would overflow or vanish
+                _recompute_rows(outside.nonzero().squeeze(1), rows, weight, bias, target_col, lse, eps,
+                                z_loss, reduction, valid, *ctx.gradients)
         ctx.save_for_backward(rows, weight, bias, target_col, lse, valid, count)
         return loss
 
@@ -243,10 +256,7 @@ def _statistics_and_gradients(ctx, rows, weight, bias, target_col, flat, valid, 
         dw.sub_(spread_x.to(dw.dtype))
     if db is not None and eps:
         db.sub_(spread_sum)
-    if bool(outside.any()):   # the one sync: rows whose exponentials would overflow or vanish
-        _recompute_rows(outside.nonzero().squeeze(1), step, rows, weight, bias, target_col, stats[0], g,
-                        eps, z_loss, dx, dw, db)
-    return stats, (dx, dw, db)
+    return stats, (dx, dw, db), outside
 
 
 def _recomputed_chunk(rows, weight, bias, target_col, lse, scale, pick, spread, softcap=None):
@@ -262,11 +272,14 @@ def _recomputed_chunk(rows, weight, bias, target_col, lse, scale, pick, spread, 
     return out if bias is not None else (out, None)
 
 
-def _recompute_rows(index, step, rows, weight, bias, target_col, lse, g, eps, z_loss, dx, dw, db):
-    """The gradient of the rows at `index` by the gradient's own epilogue (a fourth GEMM over
-    them, `step` rows at a time), from their log-sum-exp: rows whose exponentials would leave
-    the float range, whose contributions the chunks left at 0."""
+def _recompute_rows(index, rows, weight, bias, target_col, lse, eps, z_loss, reduction, valid, dx, dw, db):
+    """Add the gradient of the rows at `index` by the gradient's own epilogue (a fourth GEMM
+    over them, a chunk of rows at a time), from their log-sum-exp: rows whose exponentials would
+    leave the float range, whose contributions the chunks left at 0."""
     vocab = weight.shape[0]
+    step = _chunk_rows(vocab, weight.shape[1], rows.element_size())
+    exact = lse.dtype
+    g = 1.0 / valid.sum().clamp(min=1).to(exact) if reduction == "mean" else 1.0
     for start in range(0, index.numel(), step):
         at = index[start:start + step]
         l = lse[at].unsqueeze(1)

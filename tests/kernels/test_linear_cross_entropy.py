@@ -259,3 +259,20 @@ def test_targets_of_any_integer_dtype_torch_takes(dtype):
     torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
     for g, w in zip(grads(ours, (x, weight, b)), grads(theirs, (x, weight, b))):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("path", ["training", "no grad", "reduction none"])
+@pytest.mark.parametrize("index", [70, -5], ids=["past the vocabulary", "negative"])
+def test_a_target_out_of_range_is_refused_on_every_path(path, index):
+    """The training path reads its range check at the call's one sync, after its kernels ran
+    with every target hidden from them; the others check before their GEMM. Either way the
+    error names the range, and a correct call right after gives torch's loss."""
+    x, weight, b, target = problem()
+    bad = target.clone()
+    bad[1, 2] = index
+    kwargs = dict(bias=b, reduction="none" if path == "reduction none" else "mean")
+    with torch.set_grad_enabled(path != "no grad"), pytest.raises(ShapeError, match="outside \\[0, 70\\)"):
+        epifuse.linear_cross_entropy(x, weight, bad, **kwargs)
+    loss = epifuse.linear_cross_entropy(x, weight, target, bias=b)
+    expected = F.cross_entropy(F.linear(x.double(), weight.double(), b.double()).flatten(0, -2), target.flatten())
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-6)
