@@ -25,8 +25,9 @@ LAYERS = [
     ("foundation: errors, the ops registry, dtype names", ["errors", "version", "ops."]),
     ("the language: parsing and the IR", ["nesting", "frontend", "ir"]),
     ("graphs: binding, passes, printing, the reference, autodiff, tensor geometry, staging in passes, "
-     "complex epilogues over real parts",
-     ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "shapes", "staging", "complex_parts"]),
+     "complex epilogues over real parts, uint8 GEMMs as int8 ones",
+     ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "shapes", "staging", "complex_parts",
+      "unsigned_inputs"]),
     ("what a call is made of: arguments and their checks (single and grouped), the outputs epifuse "
      "allocates, activations", ["arguments", "grouped_arguments", "allocation", "activations"]),
     ("verification against the float64 reference", ["verify"]),

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import staging, torch_ops
+from . import staging, torch_ops, unsigned_inputs
 from .allocation import allocate_outputs, check_out_dtype, epilogue_accum_shape
 from .arguments import EpilogueArguments, GemmArguments, check_keywords, epilogue_program
 from .grouped_arguments import GroupedGemmArguments
@@ -65,6 +65,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
             return site.call(A, B, tensors)
     if not compiling:
         program = epilogue_program(epilogue)
+        if unsigned_inputs.applies(A, B):   # as an int8 GEMM whose epilogue first corrects accum
+            program, A, B, corrections = unsigned_inputs.as_int8(program, A, B)
+            return gemm(A, B, program, out_dtype=out_dtype, accumulate=accumulate, deterministic=deterministic,
+                        compute_dtype=compute_dtype, precision=precision, recompute=recompute,
+                        **tensors, **corrections)
         if staging.needs_passes(program):
             if program.updates:
                 raise UnsupportedError(

@@ -180,6 +180,18 @@ def test_gated_benchmark_runs_end_to_end_on_cpu(tmp_path):
         assert set(row["rel_error"]) == {"epifuse", "eager"} and all(0 < e < 1e-2 for e in row["rel_error"].values())
 
 
+def test_uint8_benchmark_runs_end_to_end_on_cpu(tmp_path):
+    """bench.uint8's plumbing at a tiny size: every way within bf16's rounding of float64."""
+    import json
+
+    from bench import uint8
+    assert uint8.main(["--device", "cpu", "--shapes", "40x24x72", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("uint8_*_cpu.json")
+    (row,) = json.loads(path.read_text())["rows"]
+    assert set(row["rel_error"]) == {"u8 x u8", "u8 x s8", "s8 x s8"}
+    assert all(0 < e < 4e-3 for e in row["rel_error"].values()), row
+
+
 def test_lce_benchmark_runs_end_to_end_on_cpu(tmp_path):
     """bench.lce's plumbing at a toy size: eager first (the reference), then epifuse with its
     loss and gradients against eager's and the float64 truth's (float32 on the CPU: agreement to

@@ -643,3 +643,21 @@ def test_conditional_stores_leave_every_other_element_as_it_was(N, dtype, per_ro
         kernel.run(args)
         torch.cuda.synchronize()
         assert torch.equal(D.view(bits), want.view(bits)), kernel
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", [(torch.uint8, torch.uint8), (torch.uint8, torch.int8),
+                                             (torch.int8, torch.uint8)], ids=str)
+def test_uint8_gemms_exact_on_the_gpu(a_dtype, b_dtype):
+    """Full-range uint8 through the int8 kernels (unsigned_inputs.py), B column-major as for
+    cuBLASLt: exact while every value is below 2**24 (K = 250)."""
+    M, N, K = 1000, 744, 250
+
+    def full(shape, dtype):
+        low, high = (0, 256) if dtype == torch.uint8 else (-128, 128)
+        return torch.randint(low, high, shape, device="cuda").to(dtype)
+    A, B = full((M, K), a_dtype), full((N, K), b_dtype).t()
+    C = integer_tensor(M, N, dtype=torch.float32, device="cuda")
+    exact = A.double() @ B.double()
+    assert torch.equal(epifuse.gemm(A, B, out_dtype=torch.int32).double(), exact)
+    D = epifuse.gemm(A, B, "def e(accum, C):\n    D = accum - C\n    return D\n", C=C)
+    assert torch.equal(D.double(), exact - C.double())

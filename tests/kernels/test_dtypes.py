@@ -13,6 +13,7 @@ import torch
 
 import epifuse
 import epifuse.verify
+from epifuse.backends.triton.device import interpreter_requested
 from epifuse.reference import saturate
 from helpers import integer_tensor, reference_outputs
 
@@ -192,6 +193,67 @@ def test_uint8_inputs_run_in_the_reference_kernel_and_say_why(device):
     assert not statuses["triton_tiled"].ok and "uint8" in statuses["triton_tiled"].reason
     epifuse.get_kernels(args)[0].run(args)
     assert torch.equal(D.long().cpu(), A.long().cpu() @ B.long().cpu())
+
+
+U8_MIXES = [(torch.uint8, torch.uint8), (torch.uint8, torch.int8), (torch.int8, torch.uint8)]
+
+
+def _full_range(*shape, dtype, device):
+    low, high = (0, 256) if dtype == torch.uint8 else (-128, 128)
+    return torch.randint(low, high, shape, device=device).to(dtype)
+
+
+def _chosen_kernels(monkeypatch):
+    """The (kernel, A dtype, B dtype) of every kernel epifuse.gemm chooses from here on."""
+    from epifuse import api
+    from epifuse.runtime import callsite
+    callsite.clear()   # a kept launch of an earlier test would serve the call without a choice
+    chosen, choose = [], api.choose_kernel
+
+    def recording(args):
+        kernel = choose(args)
+        chosen.append((kernel.name, args.A.dtype, args.B.dtype))
+        return kernel
+    monkeypatch.setattr(api, "choose_kernel", recording)
+    return chosen
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", U8_MIXES, ids=str)
+def test_uint8_gemms_run_on_the_int8_kernels_exactly(a_dtype, b_dtype, device, monkeypatch):
+    """Full-range uint8 (and int8) values, K not a multiple of any tile: A @ B exact in int32
+    and through an epilogue (every partial sum below 2**24), computed by a Triton kernel on
+    int8 inputs with the offsets' corrections."""
+    chosen = _chosen_kernels(monkeypatch)
+    K_ = 70
+    A, B = _full_range(37, K_, dtype=a_dtype, device=device), _full_range(K_, 45, dtype=b_dtype, device=device)
+    exact = A.double().cpu() @ B.double().cpu()
+    D = epifuse.gemm(A, B, out_dtype=torch.int32)
+    assert torch.equal(D.double().cpu(), exact)
+    C = integer_tensor(37, 45, dtype=torch.float32, device=device)
+    E = epifuse.gemm(A, B, "def e(accum, C):\n    E = accum * 2.0 - C\n    return E\n", C=C)
+    assert torch.equal(E.double().cpu(), exact * 2 - C.double().cpu())
+    if device == "cuda" or interpreter_requested():
+        assert chosen and all(name != "reference" and (a, b) == (torch.int8, torch.int8) for name, a, b in chosen), chosen
+
+
+@pytest.mark.parametrize("batched", ["A", "B", "both"])
+def test_uint8_batched_and_column_major(batched, device):
+    L, M_, N_, K_ = 3, 20, 24, 40
+    A = _full_range(*((L,) if batched in ("A", "both") else ()), M_, K_, dtype=torch.uint8, device=device)
+    B = _full_range(*((L,) if batched in ("B", "both") else ()), N_, K_, dtype=torch.uint8, device=device).transpose(-1, -2)
+    bias = integer_tensor(N_, dtype=torch.float32, device=device)
+    D = epifuse.gemm(A, B, "def e(accum, bias):\n    D = accum + bias\n    return D\n", bias=bias)
+    assert torch.equal(D.double().cpu(), torch.matmul(A.double().cpu(), B.double().cpu()) + bias.double().cpu())
+
+
+def test_uint8_inputs_that_cannot_run_say_why(device):
+    A, B = _full_range(8, 16, dtype=torch.uint8, device=device), _full_range(16, 12, dtype=torch.uint8, device=device)
+    with pytest.raises(epifuse.errors.UnsupportedError, match="gated"):
+        epifuse.gemm(A, B, "def e(accum):\n    gate, up = accum.chunk(2, dim=-1)\n    D = gate * up\n    return D\n")
+    with pytest.raises(epifuse.errors.UnsupportedError, match="accum itself returned"):
+        epifuse.gemm(A, B, "def e(accum):\n    return accum\n")
+    with pytest.raises(epifuse.errors.ShapeError, match="both must be floating point or both integer"):
+        epifuse.gemm(A, B.half())
 
 
 def test_accumulator_type_mismatch_is_an_error(device):

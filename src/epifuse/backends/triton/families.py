@@ -92,7 +92,8 @@ def common_check(args, cc: int | None) -> Status | None:
         return unsupported(f"A is {args.A.dtype} but B is {args.B.dtype}; only fp8 e4m3 and e5m2 may mix")
     if args.A.dtype not in INPUT_DTYPES:
         return unsupported(f"input dtype {args.A.dtype} is not one of fp16, bf16, fp32, int8, "
-                           "fp8 e4m3fn/e5m2 (uint8 GEMMs run in the reference kernel)")
+                           "fp8 e4m3fn/e5m2 (epifuse.gemm runs uint8 A or B on int8 kernels, unsigned_inputs.py; "
+                           "GemmArguments with them run in the reference kernel)")
     allowed = accumulator_types(args.A.dtype, args.B.dtype)
     if args.accumulator_type not in allowed:
         return unsupported(f"accumulator type {args.accumulator_type}: this kernel accumulates "
