@@ -209,3 +209,16 @@ def test_autograd_refuses_cat_by_name():
         epifuse.gemm(A, W, GLU_AND_GATE.replace("cat((silu(gate) * up, gate), -1)", "cat((gate, up), dim=-1)"))
     with torch.no_grad():
         assert epifuse.gemm(A, W, GLU_AND_GATE).shape == (8, 10)
+
+
+def test_repeated_calls_keep_their_launch_and_allocate_full_width():
+    """A repeated call takes its kept launch (runtime.callsite), which allocates each call's
+    output at the full width and splits each call's own B into its halves."""
+    from epifuse.runtime import callsite
+    for step in range(3):
+        A, W = integer_tensor(9, 8, dtype=torch.float32), integer_tensor(8, 2 * 21, dtype=torch.float32)
+        cos, sin = integer_tensor(9, 21, dtype=torch.float32), integer_tensor(21, dtype=torch.float32)
+        hits = callsite.HITS[0]
+        D = epifuse.gemm(A, W, ROPE, cos=cos, sin=sin, precision="highest")
+        assert callsite.HITS[0] - hits == (0 if step == 0 else 1), step
+        assert torch.equal(D.double(), rope_reference(A, W, cos, sin)), step
