@@ -40,7 +40,7 @@ UNKNOWN_GUARD = "(sigmoid({}) * 0.5 + 0.25)"
 SPECIAL = {"div", "pow", "where", "clamp", "to", "prelu", "multiply_add", "maximum", "minimum",
            "logical_and", "logical_or", "logical_not", "sign", "leaky_relu", "elu", "gelu", "softplus", "neg"}
 REDUCTIONS = sorted(op.name for op in reductions())
-ELEMENTWISE = sorted(n for n, op in OPS.items() if not op.is_reduction and op.kind not in ("composite", "complex"))
+ELEMENTWISE = sorted(n for n, op in OPS.items() if not op.is_reduction and op.kind not in ("composite", "complex", "join"))
 # Unary elementwise ops with no parameters and no domain to guard (the registry decides which).
 PLAIN_UNARY = sorted(n for n in ELEMENTWISE if OPS[n].kind == "elementwise" and OPS[n].arity == 1
                      and not OPS[n].params and n not in SPECIAL and n not in GUARDED)

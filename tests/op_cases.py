@@ -2,8 +2,8 @@
 (unit/test_ops.py, unit/test_autograd.py, gpu/test_gpu.py)."""
 from epifuse.ops import OPS
 
-# composites: test_staging; complex parts: test_planar_complex
-ELEMENTWISE = sorted(n for n, op in OPS.items() if not op.is_reduction and op.kind not in ("composite", "complex"))
+# composites: test_staging; complex parts: test_planar_complex; joins (cat): test_cat
+ELEMENTWISE = sorted(n for n, op in OPS.items() if not op.is_reduction and op.kind not in ("composite", "complex", "join"))
 
 # How to call each op in an epilogue: `x` is the accum-derived value, `C` an operand tile.
 CALLS = {

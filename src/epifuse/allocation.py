@@ -8,7 +8,7 @@ import torch
 from .arguments import _halves, bound_graph, default_compute_dtype
 from .errors import EpilogueArgumentError, ShapeError
 from .frontend import Program
-from .ir import AXES, Graph
+from .ir import AXES, Graph, joined_shape
 from .shapes import accum_shape_of, classify_operand
 
 
@@ -26,7 +26,8 @@ def reduction_dtype(compute_dtype: torch.dtype) -> torch.dtype:
 
 def output_specs(graph: Graph, accum_shape, A: torch.Tensor, out_dtype: torch.dtype | None = None,
                  compute_dtype: torch.dtype | None = None) -> dict[str, tuple[tuple, torch.dtype]]:
-    """(shape, dtype) of every output of `graph`, by name: a tile output has accum's shape and
+    """(shape, dtype) of every output of `graph`, by name: a tile output has accum's shape (a
+    cat of a gated epilogue's halves, accum's with the last dim doubled: ir.joined_shape) and
     `out_dtype` (default A's dtype; float32 for integer inputs); a reduction keeps accum's
     other dims (0-d when it reduces them all, as torch.sum does) in float32, or float64 when the
     epilogue computes in float64 (`compute_dtype`; None takes default_compute_dtype(A): callers
@@ -42,7 +43,8 @@ def output_specs(graph: Graph, accum_shape, A: torch.Tensor, out_dtype: torch.dt
             specs[o.name] = (shape, reduction_dtype(compute_dtype))
         else:
             dtype = out_dtype or (A.dtype if A.is_floating_point() else torch.float32)
-            specs[o.name] = (tuple(accum_shape), dtype)
+            wide = o.node.op.kind == "join"   # cat of a gated epilogue's halves: B's whole width
+            specs[o.name] = (joined_shape(accum_shape) if wide else tuple(accum_shape), dtype)
     return specs
 
 

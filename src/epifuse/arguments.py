@@ -24,7 +24,7 @@ from .activations import activation_source, is_activation_name, named_activation
 from .binding import bind
 from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
 from .frontend import Program, parse
-from .ir import ACCUM_IMAG, AXES, Graph, Operand
+from .ir import ACCUM_IMAG, AXES, Graph, Operand, joined_shape
 from .passes import canonical_hash, optimize
 from .shapes import (
     accum_shape_of,
@@ -241,8 +241,17 @@ class GemmArguments:
             reduction = out_.node.op if out_.node.op.is_reduction else None
             if reduction is not None:
                 self.reductions[out_.name] = reduction.name
+            shape = self.accum_shape
+            if out_.node.op.kind == "join":   # cat((a, b), dim=-1) of the halves: B's whole width
+                shape = joined_shape(shape)
+                if isinstance(dest, torch.Tensor) and tuple(dest.shape) != shape:
+                    raise ShapeError(f"Output {out_.name} is cat((a, b), dim=-1) of two tiles of the gated half "
+                                     f"width {self.N}, so its shape is {shape} (the width of B's {2 * self.N} "
+                                     f"columns), but the tensor passed has shape {tuple(dest.shape)}.",
+                                     hint=f"Pass a tensor of shape {shape}, or leave {out_.name} out to have "
+                                          "epifuse.gemm allocate it.")
             self.strides[out_.name] = output_strides(
-                out_.name, dest, self.accum_shape, A.device,
+                out_.name, dest, shape, A.device,
                 out_.node.dims if reduction else None, reduction)
         self._check_aliasing()
         self._labeled = (("A", A), ("B", B), *self._second_inputs(),

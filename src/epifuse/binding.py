@@ -72,12 +72,34 @@ def _call_node(expr: Expr, srcs: list[Node], rank: int, locs: dict) -> Node:
                 "reading it: epifuse.staging), outside torch.compile; GemmArguments and the kernels take "
                 "one pass. Or return the reduced value and finish the computation after the GEMM.")
     params = dict(expr.params)
+    if opdef.kind == "join":
+        _check_join(opdef.name, params["dim"], srcs, rank, expr.loc)
     if opdef.is_reduction:   # a composite's (softmax's logsumexp) is named as the op written
         written = expr.loc.op if isinstance(expr.loc, CallSite) else opdef.name
         params = {"dim": _axes_of(params.get("dim"), rank, expr.loc, written)}
     node = Node(opdef, srcs, tuple(sorted(params.items())) if params else None)
     locs.setdefault(node, expr.loc)
     return node
+
+
+def _check_join(op: str, dim: tuple, srcs: list[Node], rank: int, loc: Location) -> None:
+    """cat((a, b), dim=-1) joins the gated halves along the columns: dim is the last, and both
+    pieces are tiles (vary along M and N), as torch.cat needs pieces of one shape."""
+    (d,) = dim
+    if d not in (-1, rank - 1):
+        axes = AXES[3 - rank:]
+        raise EpilogueSyntaxError(
+            f"{op}(dim={d}) does not join along the columns: accum has {rank} dimensions ({', '.join(axes)}), "
+            f"and only the last, dim=-1 (or {rank - 1}), joins the two halves of accum's columns.", loc,
+            f"Write {op}((a, b), dim=-1).")
+    for which, s in zip(("first", "second"), srcs):
+        if not {"M", "N"} <= s.axes:
+            varies = ", ".join(a for a in AXES if a in s.axes)
+            raise EpilogueError(
+                f"{op}((a, b), dim=-1) joins two tiles of the gated epilogue's half width, each varying "
+                f"along M and N; its {which} piece varies along {varies or 'nothing (a scalar)'}.", loc,
+                "Join values computed from the chunked halves, such as x1 * cos - x2 * sin (torch.cat "
+                "refuses pieces of different shapes too).")
 
 
 def _axes_of(dim, rank: int, loc: Location, op: str) -> tuple[str, ...]:

@@ -8,7 +8,9 @@ Accepted: one `def` whose parameters are `accum` and the operands; single-name a
 (each name once); a final `return` of names; float/int/bool literals (complex ones in a complex
 epilogue); `x.real`, `x.imag`; unary `-`, `+`, `~`;
 `+ - * / **`, `& |`; comparisons; calls of registry ops spelled `op(x)`, `torch.op(x)`,
-`F.op(x)`, `torch.nn.functional.op(x)`, `epifuse.ops.op(x)` or `x.op()`; `x.to(torch.float16)`.
+`F.op(x)`, `torch.nn.functional.op(x)`, `epifuse.ops.op(x)` or `x.op()`; `x.to(torch.float16)`;
+`gate, up = accum.chunk(2, dim=-1)` and, over its halves, `D = torch.cat((a, b), dim=-1)` as
+the whole value of a returned output.
 """
 from __future__ import annotations
 
@@ -266,6 +268,8 @@ class _Visitor:
         self.accum_reads: list[ast.AST] = []   # where accum is read (by name)
         self.params: tuple[str, ...] = ()
         self.updates: list[str] = []   # operands updated in place (conditional stores)
+        self.top: ast.expr | None = None   # the whole value of the statement being read
+        self.joined: dict[str, ast.stmt] = {}   # names bound to a cat of the gated halves
 
     # ---- places and errors -------------------------------------------------------------
     def loc(self, node: ast.AST) -> Location:
@@ -342,6 +346,11 @@ class _Visitor:
                 statements.extend(self.chunk(stmt))
                 continue
             statements.append(self.statement(stmt))
+        if self.joined and self.gated is None:
+            self.fail(next(iter(self.joined.values())),
+                      "cat joins two half-width tiles of a gated epilogue, and this epilogue does not chunk accum.",
+                      hint="Chunk it first, `x1, x2 = accum.chunk(2, dim=-1)` (B is then the merged weight of "
+                           "2 * (N / 2) columns); `D = cat((f(x1, x2), g(x1, x2)), dim=-1)` is then N wide.")
         if self.gated is not None and self.accum_reads:
             self.fail(self.accum_reads[0], "After `gate, up = accum.chunk(2, dim=-1)` the epilogue reads the "
                                            "halves, not accum itself (twice their width).",
@@ -377,7 +386,11 @@ class _Visitor:
             self.fail(stmt, "Assign exactly one name per statement (`x = ...`).")
         name = stmt.targets[0].id
         self.check_identifier(name, stmt.targets[0])
+        self.top = stmt.value
         expr = self.expr(stmt.value)
+        self.top = None
+        if expr.kind == "call" and OPS[expr.value].kind == "join":
+            self.joined[name] = stmt
         if name in self.defined:
             if self.conditional_update(name, stmt.value):
                 self.updates.append(name)
@@ -496,6 +509,10 @@ class _Visitor:
                 self.undefined(node)
             if node.id == "accum":
                 self.accum_reads.append(node)
+            if node.id in self.joined:
+                self.fail(node, f"'{node.id}' is the cat of two half-width tiles, N wide: it can only be "
+                                "returned, not used in further math.",
+                          hint="Do the math on each piece inside the cat: cat((f(a), f(b)), dim=-1).")
             return Expr("name", node.id, loc=loc)
         if isinstance(node, ast.Constant):
             value = node.value
@@ -600,6 +617,8 @@ class _Visitor:
                       cls=UnsupportedOperationError)
         if opdef.kind == "index":
             return self.index(opdef.name, args, keywords, node, loc, method)
+        if opdef.kind == "join":
+            return self.join(opdef, args, keywords, node, loc, method)
         if len(args) < opdef.arity:
             self.fail(node, f"{opdef.name}() takes {opdef.arity} tensor argument(s), got {len(args)}.")
         tensors = [self.expr(a) for a in args[:opdef.arity]]
@@ -645,6 +664,43 @@ class _Visitor:
                 self.fail(arg, f"{name}() takes no argument but the accumulator: {what} is not accum.",
                           hint=hint)
         return Expr("call", name, (), (), loc)
+
+    def join(self, opdef, args, keywords, node, loc, method: bool) -> Expr:
+        """cat((a, b), dim=-1): two half-width tiles of a gated epilogue side by side, the whole
+        value of a statement whose name is then only returned (expr() refuses reading it). The
+        binder checks dim against accum's rank and that both pieces are tiles."""
+        name = opdef.name
+        hint = (f"Write `D = {name}((a, b), dim=-1)` with a and b computed from the halves of "
+                "`x1, x2 = accum.chunk(2, dim=-1)`, and return D.")
+        if method:
+            self.fail(node, f"{name}() is not a method of a tensor.", hint=hint)
+        if node is not self.top:
+            self.fail(node, f"{name}(...) must be the whole value of an output (`D = {name}((a, b), dim=-1)`): "
+                            "the joined tile is N wide, and no math is done at that width.",
+                      hint=f"Do the math on each piece inside the {name}: {name}((f(a), f(b)), dim=-1).")
+        given = dict(zip(("tensors", "dim"), args))
+        if len(args) > 2:
+            self.fail(node, f"{name}() takes 2 arguments (the tuple of tiles and dim), got {len(args)}.", hint=hint)
+        for key, value in keywords.items():
+            if key not in ("tensors", "dim"):
+                self.fail(value, f"{name}() got an unexpected keyword argument '{key}'.", hint=hint)
+            if key in given:
+                self.fail(value, f"{name}() got multiple values for '{key}'.")
+            given[key] = value
+        pieces = given.get("tensors")
+        if not isinstance(pieces, (ast.Tuple, ast.List)) or len(pieces.elts) != opdef.arity \
+                or any(isinstance(e, ast.Starred) for e in pieces.elts):
+            self.fail(pieces if pieces is not None else node,
+                      f"{name}() takes one tuple of two tiles, the pieces written side by side: "
+                      f"{name}((a, b), dim=-1).", hint=hint)
+        dim = given.get("dim")
+        if dim is None:
+            self.fail(node, f"{name}() without dim joins along dim 0 (torch's default), the rows; the halves "
+                            "of accum's columns join along the last dim.", hint=hint)
+        if _literal_int(dim) is None:
+            self.fail(dim, f"{name}() needs dim to be an int literal.", hint=hint)
+        tensors = tuple(self.expr(e) for e in pieces.elts)
+        return Expr("call", name, tensors, (("dim", (_literal_int(dim),)),), loc)
 
     def clamp(self, x: Expr, raw: dict, loc: Location, node: ast.AST) -> Expr:
         """clamp with literal bounds keeps its params; with value bounds it becomes max/min."""

@@ -12,8 +12,9 @@ and node equality is identity. Five leaf ops are not in the user-visible registr
     INPUT   arg=Operand         an epilogue operand (scalar, row, column, tile, per-batch scalar)
 
 Every other op is a registry op, with `arg` its sorted compile-time parameters (for
-reductions: the reduced axes). `axes` says which of accum's axes ("L", "M", "N") a value
-varies along; `dtype` is "float" or "bool".
+reductions: the reduced axes). A join (cat of a gated epilogue's halves) is N wide where every
+other value is N / 2: it is only ever an output's node (`joined_shape` gives its shape). `axes`
+says which of accum's axes ("L", "M", "N") a value varies along; `dtype` is "float" or "bool".
 """
 from __future__ import annotations
 
@@ -127,6 +128,11 @@ def _infer(op: OpDef, src: tuple[Node, ...], arg: Any) -> tuple[frozenset, str]:
     if op.is_reduction:
         return axes - frozenset(dict(arg)["dim"]), "float"
     return axes, "bool" if op.makes_bool else "float"
+
+
+def joined_shape(accum_shape) -> tuple:
+    """The shape of a join's output: accum's (the half width) with the last dim doubled."""
+    return (*tuple(accum_shape)[:-1], 2 * accum_shape[-1])
 
 
 def accum() -> Node:
@@ -309,6 +315,8 @@ def verify(graph: Graph) -> None:
         for s in node.src:
             if s.op.is_reduction:
                 raise InternalError("a reduction feeds another node", format_graph(graph))
+            if s.op.kind == "join":
+                raise InternalError("a join (cat) feeds another node", format_graph(graph))
     names = [o.name for o in graph.outputs]
     if len(set(names)) != len(names):
         raise InternalError(f"duplicate outputs {names}", format_graph(graph))

@@ -86,7 +86,11 @@ def _call_source(expr: Expr, args: list[tuple[str, int]]) -> tuple[str, int]:
     strength = _PRECEDENCE.get(expr.value) if not expr.params else None
     if strength is None or len(args) != (1 if expr.value in _PREFIX else 2):
         words = [source for source, _ in args]
-        words += [f"{key}={param_literal(value)}" for key, value in expr.params]
+        params = [f"{key}={param_literal(value)}" for key, value in expr.params]
+        if OPS[expr.value].sequence:   # cat((a, b), dim=-1): the tensors as one tuple, dim one int
+            words = [f"({', '.join(words)})"]
+            params = [f"{key}={param_literal(value[0] if key == 'dim' else value)}" for key, value in expr.params]
+        words += params
         return f"{expr.value}({', '.join(words)})", _ATOM
     if expr.value in _PREFIX:
         # -(-x) prints as --x, which reads back the same, and -x ** 2 means -(x ** 2)

@@ -67,7 +67,7 @@ def output_values(graph: Graph, values: dict, accum: torch.Tensor, dtype) -> dic
         value = values[id(out.node)]
         if value.dtype == torch.bool:
             value = value.to(dtype)
-        if not out.node.op.is_reduction:
+        if not out.node.op.is_reduction and out.node.op.kind != "join":   # a join is built whole
             value = torch.broadcast_to(value, accum.shape)
         results[out.name] = value
     return results
@@ -110,6 +110,9 @@ def _evaluate_node(node: Node, src, accum, operands, dtype, rank):
         axes = AXES[3 - rank:]
         dims = tuple(axes.index(a) for a in params["dim"])
         return opdef.ref(full, dim=dims)
+    if opdef.kind == "join":   # the pieces as tiles of the half width (a tile operand may lack L)
+        src = [torch.broadcast_to(s.to(dtype), accum.shape) for s in src]
+        return opdef.ref(*src, dim=-1)
     if opdef.kind in ("elementwise", "cast"):
         src = [s.to(dtype) if s.dtype == torch.bool else s for s in src]
     if opdef.kind == "logical":

@@ -74,7 +74,7 @@ from .backends.select import choose_kernel
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
 from .frontend import IDENTIFIER, RESERVED_KEYWORDS, Expr, Program, Statement
 from .ir import AXES
-from .ops import dtype_from_name, dtype_name
+from .ops import OPS, dtype_from_name, dtype_name
 from .printing import FreshNames, dump_program, graph_source, load_program
 from .runtime import callsite, tune
 from .shapes import check_tensor, classify_operand
@@ -103,6 +103,12 @@ class Entry:
         """`gate, up = accum.chunk(2, dim=-1)`: accum is the first half of B's columns, accum_up
         the second."""
         return "accum_up" in self.user.params
+
+    @property
+    def joins(self) -> str | None:
+        """The output that is a cat of the gated halves (`D = cat((a, b), dim=-1)`), or None."""
+        return next((s.target for s in self.user.statements
+                     if s.expr.kind == "call" and OPS[s.expr.value].kind == "join"), None)
 
     @property
     def saved(self) -> int:
@@ -309,10 +315,11 @@ def _constant_for_compile(fn):
 
 @_constant_for_compile
 def _describe(epilogue, save_accum: bool) -> tuple:
-    """(key, operand names, output names, visible count, gated): a constant for torch.compile,
-    which runs this once while tracing instead of tracing the parser."""
+    """(key, operand names, output names, visible count, gated, the output that is a cat of
+    the gated halves or None): a constant for torch.compile, which runs this once while
+    tracing instead of tracing the parser."""
     e = _TABLE[register_epilogue(epilogue, save_accum)]
-    return e.key, e.program.operands, e.output_names, e.visible, e.gated
+    return e.key, e.program.operands, e.output_names, e.visible, e.gated, e.joins
 
 
 # ---- planning: roles, bound graph, output shapes (shared by the real and the fake impls) -----
@@ -725,7 +732,14 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
                     if isinstance(t, Tensor) and t.requires_grad] if torch.is_grad_enabled() else []
     wants_grad = bool(needing_grad)
     save = wants_grad and not recompute
-    key, operand_names, output_names, visible, gated = _describe(epilogue, save)
+    key, operand_names, output_names, visible, gated, joined = _describe(epilogue, save)
+    if joined is not None and wants_grad:
+        raise UnsupportedError(
+            f"Autograd through epifuse does not take cat of the gated halves yet ({joined} = cat((a, b), "
+            f"dim=-1)), and {', '.join(needing_grad)} require{'s' if len(needing_grad) == 1 else ''} grad: "
+            "its backward would split the gradient of the full-width output back into its halves.",
+            hint="Call it under torch.no_grad() (inference), or return the two pieces as outputs and "
+                 "torch.cat them after the call.")
     if gated and wants_grad and recompute:
         raise UnsupportedError(
             "recompute=True with a gated epilogue (gate, up = accum.chunk(2, dim=-1)): its backward reads "
@@ -751,7 +765,7 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
         if len(given) != visible:
             raise EpilogueArgumentError("Pass either every output tensor or none of them.",
                                         hint=f"The epilogue's outputs are: {', '.join(output_names[:visible])}.")
-        key, _, output_names, visible, _ = _describe(epilogue, False)
+        key, _, output_names, visible, _, _ = _describe(epilogue, False)
         outs = [tensors[n] for n in output_names]
         _dtensor_rules("epifuse::gemm_out", key, A, B, operands, kinds, outs)
         torch.ops.epifuse.gemm_out(key, A, B, operands, numbers, kinds, outs, compute_dtype,

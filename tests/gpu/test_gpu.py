@@ -595,6 +595,33 @@ def test_swiglu_through_gemm_against_float64():
     assert D.shape == (M, N) and rel_error(D, expected) < 8e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rope_cat_through_the_gated_kernel_against_float64(dtype):
+    """RoPE on a q projection (issue 36): `x1, x2 = accum.chunk(2, dim=-1)` and
+    `cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)` with (M, N/2) cos and (N/2,) sin, in
+    the gated kernel at a ragged size (half width 2000 + 37): the output is B's full width,
+    each half within the output dtype's rounding of the float64 result."""
+    M, H, K = 1000, 2037, 1024
+    x = torch.randn(M, K, device="cuda").to(dtype)
+    w = (torch.randn(K, 2 * H, device="cuda") / K ** 0.5).to(dtype)
+    cos, sin = torch.randn(M, H, device="cuda"), torch.randn(H, device="cuda")
+    src = ("def rope(accum, cos, sin):\n    x1, x2 = accum.chunk(2, dim=-1)\n"
+           "    D = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)\n    return D\n")
+    D = torch.empty(M, 2 * H, device="cuda", dtype=dtype)
+    args = epifuse.GemmArguments(x, w, epilogue=epifuse.EpilogueArguments(src, cos=cos, sin=sin, D=D))
+    kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+    assert kernels and all(k.name == "triton_gated" for k in kernels), epifuse.kernel_statuses(args)
+    x1, x2 = (x.double() @ w.double()).chunk(2, dim=-1)
+    c, s = cos.double(), sin.double()
+    expected = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    for kernel in kernels:
+        D.fill_(float("nan"))
+        kernel.run(args)
+        torch.cuda.synchronize()
+        assert rel_error(D, expected) < 8e-3, (kernel, rel_error(D, expected))
+    assert epifuse.gemm(x, w, src, cos=cos, sin=sin).shape == (M, 2 * H)
+
+
 def test_linear_cross_entropy_against_torch_at_a_real_vocab():
     """epifuse.linear_cross_entropy (issue 36) at 1024 tokens x 2048 hidden x 32000 vocab, bf16,
     with ignored tokens and label smoothing: the loss and the gradients of x, weight and bias

@@ -15,6 +15,7 @@ from .reduce import *  # noqa: F401,F403
 from .indices import *  # noqa: F401,F403
 from .composite import *  # noqa: F401,F403
 from .complex import *  # noqa: F401,F403
+from .halves import *  # noqa: F401,F403
 
 __all__ = ["OPS", "OpDef", "Cost", "Reduction", "Symbolic", "lookup", "register", "spellings", "reductions",
            "dtype_from_name", "dtype_name", "rounding_dtype", *OPS]

@@ -93,8 +93,9 @@ class OpDef:
     params     compile-time parameters with their defaults, in torch's positional order
     kind       "elementwise", "compare" (bool result), "logical" (bool in and out), "cast",
                "reduce" (with `reduction`), "index" (no inputs: the position of each element
-               along `axis`), "composite" (written as other ops: `expand`), or "leaf" (accum,
-               literals and operands: IR only)
+               along `axis`), "composite" (written as other ops: `expand`), "join" (a gated
+               epilogue's two half-width tiles side by side, as an output of full width: the
+               kernel's store writes each piece), or "leaf" (accum, literals and operands: IR only)
     aliases    other names a user may write (torch.multiply, torch.clip, ...)
     doc        one line for the op reference
     commutative, identity   algebraic traits the rewrite rules read
@@ -108,6 +109,8 @@ class OpDef:
     axis       for kind "index": the accum axis ("M" or "N") it counts along
     expand     for kind "composite": expand(call, *inputs, **params) builds the op from others
                with call(name, *args, **params), in the parser, so nothing after it sees the op
+    sequence   the tensor inputs are written as one tuple, as torch.cat takes them:
+               cat((a, b), dim=-1)
     complex    the op's meaning on complex values (a planar complex GEMM's epilogue, rewritten
                over real and imaginary parts by epifuse.complex_parts): complex(call, *inputs,
                **params), each input an (re, im) pair, builds the result from real ops with
@@ -131,6 +134,7 @@ class OpDef:
     reduction: Reduction | None = None
     axis: str | None = None
     expand: Callable[..., Any] | None = None
+    sequence: bool = False
     complex: Callable[..., Any] | None = None
 
     def __post_init__(self):
@@ -181,6 +185,11 @@ class OpDef:
         """
         if self.kind == "index":   # col(accum): the positions in accum's shape
             return self.ref(*args, **kwargs)
+        if self.sequence:   # cat((a, b), dim): the tensors as one tuple
+            if not args or not isinstance(args[0], (tuple, list)) or len(args[0]) != self.arity:
+                raise TypeError(f"{self.name}() takes its {self.arity} tensors as one tuple: "
+                                f"{self.name}(({self.input_names}), ...)")
+            args = (*args[0], *args[1:])
         symbolic = next((a for a in args[:self.arity] if isinstance(a, Symbolic)), None)
         if symbolic is not None:
             params = dict(zip(self.param_names, args[self.arity:]))
@@ -219,6 +228,7 @@ _KINDS = {"elementwise": "an elementwise op", "compare": "a comparison (a boolea
           "logical": "logic on conditions (a boolean result)", "cast": "a rounding through a narrower type",
           "reduce": "a reduction over accum's dims", "index": "an index (where each element of accum is)",
           "composite": "a composite (the parser writes it as other ops)",
+          "join": "a join of a gated epilogue's two half-width tiles into one output of full width",
           "complex": "a part of a complex value (complex epilogues only: epifuse.gemm_planar_complex)",
           "leaf": "an IR leaf (not an op a user writes)"}
 
@@ -252,7 +262,8 @@ def torch_reference(op: OpDef) -> str | None:
 def op_doc(op: OpDef) -> str:
     """The docstring of one op, from its registry entry: what it computes, its arguments, its
     torch reference, its other spellings, its derivative rule and its cost."""
-    args = ", ".join(filter(None, [op.input_names, *(f"{p}={v!r}" for p, v in op.params)]))
+    inputs = f"({op.input_names})" if op.sequence else op.input_names
+    args = ", ".join(filter(None, [inputs, *(f"{p}={v!r}" for p, v in op.params)]))
     lines = [f"{op.name}({args}): {_KINDS.get(op.kind, op.kind)}.", ""]
     if op.doc:
         lines += [f"Computes: {op.doc}", ""]
@@ -283,6 +294,8 @@ def op_doc(op: OpDef) -> str:
         lines.append("Derivative: that of the ops it is written as.")
     elif op.kind == "complex":
         lines.append("Derivative: none (complex epilogues run without autograd).")
+    elif op.kind == "join":
+        lines.append("Derivative: none (autograd through epifuse refuses it; call under torch.no_grad()).")
     elif op.kind != "leaf":
         lines.append("Derivative: " + ("yes (autograd through epifuse differentiates it)." if op.vjp
                                        else "none (autograd through it raises)."))

@@ -28,6 +28,7 @@ _GROUPS = (
     ("index", "Indices (where each element of accum is)"),
     ("composite", "Composites (the parser writes them as other ops)"),
     ("complex", "Parts of complex values (planar complex GEMMs' epilogues only)"),
+    ("join", "Joins (a gated epilogue's two half-width tiles into one output of full width)"),
 )
 _SYMBOLS = {ast.Add: "a + b", ast.Sub: "a - b", ast.Mult: "a * b", ast.Div: "a / b",
             ast.Pow: "a ** b", ast.BitAnd: "a & b", ast.BitOr: "a | b", ast.Lt: "a < b",
@@ -82,6 +83,8 @@ def _triton_status(name: str) -> str:
         return "as the ops it is written as"
     if OPS[name].kind == "complex":
         return "as real and imaginary parts (complex_parts)"
+    if OPS[name].kind == "join":
+        return "yes (the gated kernel's store)"
     missing = {op.name: reason for op, reason in missing_rules().items()}
     return "yes" if name not in missing else f"no: {missing[name]}"
 
@@ -95,6 +98,8 @@ def _grad(d) -> str:
         return "through its ops"
     if d.kind == "complex":
         return "none (no autograd in complex epilogues)"
+    if d.kind == "join":
+        return "no (autograd refuses it)"
     return "yes" if d.vjp else "no"
 
 
@@ -103,7 +108,7 @@ def _op_table(kind: str) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for name in sorted(n for n, d in OPS.items() if d.kind == kind):
         d = OPS[name]
-        args = [d.input_names] if d.input_names else []
+        args = [f"({d.input_names})" if d.sequence else d.input_names] if d.input_names else []
         args += [f"{p}={v!r}" for p, v in d.params]
         cost = f"{d.cost.flops}" + (f" + {d.cost.special} special" if d.cost.special else "")
         arguments = f"`{_cell(', '.join(args))}`" if args else "(none)"

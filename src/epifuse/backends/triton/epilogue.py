@@ -4,10 +4,11 @@
 and the names of the @jit helpers they call. The lines read the names every kernel template
 defines before its epilogue hole: acc_e (the accumulator piece), rm, rn, mask_m, mask_n,
 mask, pid_l, pid_m, pid_en, offs_m, offs_en (and batch, in the persistent kernel). Each op
-lowers through its rule (rules.py); tile outputs are converted and stored, reductions are
-folded over the piece and added atomically or stored as per-program partials (layout.py says
-which). Every variable is named here (v0, r_y1, ...): nothing the user wrote is pasted in
-except numbers that were parsed as numbers.
+lowers through its rule (rules.py); tile outputs are converted and stored (a cat of a gated
+epilogue's halves as two stores, N columns apart), reductions are folded over the piece and
+added atomically or stored as per-program partials (layout.py says which). Every variable is
+named here (v0, r_y1, ...): nothing the user wrote is pasted in except numbers that were parsed
+as numbers.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tuple
             names[id(node)] = _f(node.arg)
         elif node.op is INPUT:
             lines.extend(_load_operand(var, operand_prefix[node.arg.name], style))
-        elif node.op.is_reduction:
+        elif node.op.is_reduction or node.op.kind == "join":
             continue  # emitted by its output's store
         else:
             rule = rule_for(node)
@@ -68,6 +69,8 @@ def emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tuple
         if out.name in conditional:
             cond, value, when = conditional[out.name]
             lines.extend(_store_where(y, names[id(cond)], cond, names[id(value)], value, when, style))
+        elif out.node.op.kind == "join":
+            lines.extend(_store_halves(y, [(names[id(s)], s) for s in out.node.src], style))
         elif y.reduce is None:
             lines.extend(_store_tile(y, names[id(out.node)], out.node, style))
         else:
@@ -177,6 +180,17 @@ def _store_tile(y: OutputParams, expr: str, node: Node, style: str) -> list[str]
             f"    {y.prefix}_desc.store([batch, offs_m, offs_en], {value}.reshape(1, BLOCK_M, EPI_N))",
             "else:",
             f"    {pointer_store}"]
+
+
+def _store_halves(y: OutputParams, pieces: list, style: str) -> list[str]:
+    """The store of `cat((a, b), dim=-1)` over a gated epilogue's halves: the output is twice
+    the tile's width N (the kernel's N is a half's), a's piece at its columns rn and b's at
+    rn + N, both under the tile's mask."""
+    if style != "pointer":
+        raise InternalError("a join (cat of a gated epilogue's halves) is stored by the gated pointer kernel only")
+    offset = _offset(y.prefix, y.axes)
+    return [f"tl.store({y.prefix}_ptr + {offset}{shift}, {_stored_value(y, expr, node, style)}, mask=mask)"
+            for shift, (expr, node) in zip(("", f" + N * {y.prefix}_sn"), pieces)]
 
 
 def _log_of_products(p: str, names: dict, logs: LogSum, style: str, helpers: set) -> list[str]:

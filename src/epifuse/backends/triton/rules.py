@@ -492,8 +492,10 @@ def helper_source(names, target: str) -> str:
 
 def missing_rules() -> dict[OpDef, str]:
     """Every elementwise registry op without a rule, with the reason (UNSUPPORTED or 'no
-    lowering yet'); reductions are lowered by the epilogue's reduction stage instead, and
+    lowering yet'); reductions are lowered by the epilogue's reduction stage instead, a join
+    (cat of a gated epilogue's halves) by the gated kernel's store of its output, and
     composites and the parts of complex values never reach a kernel (the parser and
     epifuse.complex_parts write them as other ops)."""
     return {op: UNSUPPORTED.get(op, "no Triton lowering yet")
-            for op in OPS.values() if op not in TRITON and not op.is_reduction and op.kind not in ("composite", "complex")}
+            for op in OPS.values() if op not in TRITON and not op.is_reduction
+            and op.kind not in ("composite", "complex", "join")}
