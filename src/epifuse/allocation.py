@@ -87,7 +87,7 @@ def output_specs_of(program: Program, A: torch.Tensor, B: torch.Tensor, tensors:
         raise ShapeError("A and B must be torch tensors.")
     accum_shape = epilogue_accum_shape(program, A, B)
     roles = tuple(classify_operand(n, tensors[n], accum_shape, A.device)[0] for n in program.operands)
-    graph, _ = bound_graph(program, roles, len(accum_shape))
+    graph, _ = bound_graph(program, roles, len(accum_shape), in_tile=True)   # for a GemmArguments
     if compute_dtype is None:
         compute_dtype = default_compute_dtype(A, B, *(tensors[n] for n in program.operands))
     specs = output_specs(graph, accum_shape, A, out_dtype, compute_dtype)

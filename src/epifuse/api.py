@@ -21,6 +21,7 @@ from .allocation import allocate_outputs, check_out_dtype, epilogue_accum_shape
 from .arguments import EpilogueArguments, GemmArguments, check_keywords, epilogue_program
 from .grouped_arguments import GroupedGemmArguments
 from .backends.select import choose_kernel, get_kernels, kernel_statuses
+from .backends.triton import configs
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
 from .frontend import Program
 from .planar import gemm_planar_complex
@@ -76,9 +77,15 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
                     f"An in-place update ({', '.join(program.updates)} = where(...)) in an epilogue whose "
                     "reductions feed later math: that runs as several GEMMs (staging.py), each writing its "
                     "outputs whole.", hint="Return the new value under another name.")
-            return _gemm_in_passes(program, A, B, tensors, accumulate, dict(
-                out_dtype=out_dtype, deterministic=deterministic, compute_dtype=compute_dtype,
-                precision=precision))
+            if accumulate:
+                raise EpilogueArgumentError(
+                    "accumulate=True with an epilogue whose reductions feed later math is not supported: where "
+                    "N spans tiles it runs as several GEMMs (staging.py).",
+                    hint="Accumulate into the outputs after the call.")
+            if not _in_one_pass(program, A, B, tensors):
+                return _gemm_in_passes(program, A, B, tensors, accumulate, dict(
+                    out_dtype=out_dtype, deterministic=deterministic, compute_dtype=compute_dtype,
+                    precision=precision))
     if compiling or _through_torch_ops(A, B, tensors):
         return torch_ops.gemm(A, B, epilogue, out_dtype=out_dtype, accumulate=accumulate,
                        deterministic=deterministic, compute_dtype=compute_dtype,
@@ -101,10 +108,21 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     return outputs[0] if len(outputs) == 1 else outputs
 
 
+def _in_one_pass(program: Program, A, B, tensors: dict) -> bool:
+    """Whether one kernel runs `program`, whose reductions feed later math: each over accum's
+    last dim, N, of at most configs.WIDEST_N columns (a tile spans the row), and nothing that
+    autograd or a tensor subclass sends through the custom ops. Else it runs as passes."""
+    if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor) or _through_torch_ops(A, B, tensors):
+        return False
+    accum_shape = epilogue_accum_shape(program, A, B)
+    return staging.over_rows(program, len(accum_shape)) and accum_shape[-1] <= configs.WIDEST_N
+
+
 def _gemm_in_passes(program: Program, A, B, tensors: dict, accumulate: bool, options: dict):
-    """An epilogue whose reductions feed later math, as passes of the same GEMM (staging.py):
-    each pass gets the user's operands and the statistics of the passes before it, broadcast
-    along their reduced dims; the user's outputs come from the pass that computes them."""
+    """An epilogue whose reductions feed later math, as passes of the same GEMM (staging.py),
+    where one kernel cannot run it (_in_one_pass): each pass gets the user's operands and the
+    statistics of the passes before it, broadcast along their reduced dims; the user's outputs
+    come from the pass that computes them."""
     if accumulate:
         raise EpilogueArgumentError(
             "accumulate=True with an epilogue whose reductions feed later math is not supported: it runs "

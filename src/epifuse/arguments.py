@@ -143,14 +143,16 @@ _BIND_CACHE: dict[tuple, tuple[Program, Graph, str]] = {}
 _BIND_LOCK = threading.Lock()
 
 
-def bound_graph(program: Program, roles: tuple[Operand, ...], rank: int) -> tuple[Graph, str]:
+def bound_graph(program: Program, roles: tuple[Operand, ...], rank: int,
+                in_tile: bool = False) -> tuple[Graph, str]:
     """The optimized Graph of `program` with operands in `roles` over a rank-`rank` accum, and
-    its canonical hash; bound once per program object, roles and rank."""
-    key = (id(program), roles, rank)
+    its canonical hash; bound once per program object, roles, rank and `in_tile` (whether a
+    reduction over N may feed later math: binding.bind)."""
+    key = (id(program), roles, rank, in_tile)
     hit = _BIND_CACHE.get(key)
     if hit is not None and hit[0] is program:
         return hit[1], hit[2]
-    graph = optimize(bind(program, {o.name: o for o in roles}, rank))
+    graph = optimize(bind(program, {o.name: o for o in roles}, rank, in_tile))
     entry = (program, graph, canonical_hash(graph))
     with _BIND_LOCK:
         _BIND_CACHE[key] = entry
@@ -229,7 +231,7 @@ class GemmArguments:
             self.operands[name] = value
             self.strides[name] = strides
         self.roles = tuple(roles)
-        self.graph, self.key = bound_graph(epilogue.program, self.roles, self.rank)
+        self.graph, self.key = bound_graph(epilogue.program, self.roles, self.rank, in_tile=True)
         if not self.planar and any(node.op is ACCUM_IMAG for node in self.graph.nodes()):
             raise EpilogueArgumentError(
                 "The epilogue reads the imaginary part of a planar complex accumulator (accum_imag), and "

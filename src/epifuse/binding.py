@@ -4,6 +4,10 @@
 repeated subexpressions are shared from the start), resolves reduction dims against accum's
 rank, and returns a `Graph` whose outputs are in return order. Shapes and dtypes of the
 tensors themselves are checked by the API layer; this module knows only operand roles.
+
+A reduction's value may feed later math only with `in_tile=True` (GemmArguments: one kernel
+computes it over a tile that spans the row) and only over accum's last dim, N; elsewhere it
+can only be returned (epifuse.gemm runs the other forms as passes: staging.py).
 """
 from __future__ import annotations
 
@@ -11,10 +15,14 @@ from .errors import EpilogueError, EpilogueSyntaxError, Location
 from .frontend import CallSite, Expr, Program, fold_expr
 from .ir import AXES, SECOND_ACCUMULATORS, Graph, Node, Operand, Output, accum, const, input_node
 from .ops import OPS
+from .staging import check_folds, needs_passes
 
 
-def bind(program: Program, operands: dict[str, Operand], rank: int) -> Graph:
-    """Build the Graph of `program` with `operands` (name -> Operand) for a rank-2/3 accum."""
+def bind(program: Program, operands: dict[str, Operand], rank: int, in_tile: bool = False) -> Graph:
+    """Build the Graph of `program` with `operands` (name -> Operand) for a rank-2/3 accum.
+    `in_tile`: a reduction over N may feed later math (see the module docstring)."""
+    if in_tile and needs_passes(program):
+        check_folds(program)
     env: dict[str, Node] = {"accum": accum()}
     for name, leaf in SECOND_ACCUMULATORS.items():   # planar complex (complex_parts) or gated (chunk)
         if name in program.params:
@@ -25,7 +33,7 @@ def bind(program: Program, operands: dict[str, Operand], rank: int) -> Graph:
         env[name] = input_node(operands[name])
         names.setdefault(env[name], name)
     for stmt in program.statements:
-        node = _evaluate(stmt.expr, env, rank, locs)
+        node = _evaluate(stmt.expr, env, rank, locs, in_tile)
         env[stmt.target] = node
         names.setdefault(node, stmt.target)
         locs.setdefault(node, stmt.loc)
@@ -40,7 +48,7 @@ def bind(program: Program, operands: dict[str, Operand], rank: int) -> Graph:
     return Graph(tuple(outputs), used_operands, names, locs)
 
 
-def _evaluate(expr: Expr, env: dict[str, Node], rank: int, locs: dict) -> Node:
+def _evaluate(expr: Expr, env: dict[str, Node], rank: int, locs: dict, in_tile: bool = False) -> Node:
     """Build the node of `expr`, sources first."""
     def combine(e: Expr, srcs: list) -> Node:
         if e.kind == "name":
@@ -50,7 +58,7 @@ def _evaluate(expr: Expr, env: dict[str, Node], rank: int, locs: dict) -> Node:
                 raise EpilogueError(f"The complex literal {e.value!r} has no meaning in a real GEMM's epilogue.",
                                     e.loc, _COMPLEX_HINT)
             return const(e.value)
-        return _call_node(e, srcs, rank, locs)
+        return _call_node(e, srcs, rank, locs, in_tile)
     return fold_expr(expr, combine)
 
 
@@ -58,19 +66,30 @@ _COMPLEX_HINT = ("Complex values are the epilogues of planar complex GEMMs: "
                  "epifuse.gemm_planar_complex(Ar, Ai, Br, Bi, epilogue, ...).")
 
 
-def _call_node(expr: Expr, srcs: list[Node], rank: int, locs: dict) -> Node:
+_PASSES_HINT = ("epifuse.gemm runs such an epilogue as passes of the GEMM (a statistics pass, then one "
+                "reading it: epifuse.staging), outside torch.compile. Or return the reduced value and "
+                "finish the computation after the GEMM.")
+
+
+def _call_node(expr: Expr, srcs: list[Node], rank: int, locs: dict, in_tile: bool = False) -> Node:
     opdef = OPS[expr.value]
     if opdef.kind == "complex":
         raise EpilogueError(f"{opdef.name}() takes a part of a complex value, and this GEMM's accumulator "
                             "and operands are real.", expr.loc, _COMPLEX_HINT)
     for s in srcs:
-        if s.op.is_reduction:
+        if not s.op.is_reduction:
+            continue
+        if not in_tile:
             raise EpilogueError(
-                f"The result of {s.op.name}() is used by {opdef.name}(); a reduction's result can only "
-                "be returned as an output of one kernel.", expr.loc,
-                "epifuse.gemm runs such an epilogue as passes of the GEMM (a statistics pass, then one "
-                "reading it: epifuse.staging), outside torch.compile; GemmArguments and the kernels take "
-                "one pass. Or return the reduced value and finish the computation after the GEMM.")
+                f"The result of {s.op.name}() is used by {opdef.name}(); here (torch.compile, autograd, "
+                "sharding) a reduction's result can only be returned as an output.", expr.loc,
+                _PASSES_HINT + " Without autograd, GemmArguments and epifuse.gemm run a reduction over N "
+                "that feeds later math in one kernel where a tile spans N.")
+        if s.dims != (AXES[-1],):
+            raise EpilogueError(
+                f"The result of {s.op.name}() is used by {opdef.name}(); one kernel runs a reduction that "
+                f"feeds later math only over accum's last dimension (N), whose rows a tile can span, not "
+                f"over {', '.join(s.dims)}.", expr.loc, _PASSES_HINT)
     params = dict(expr.params)
     if opdef.kind == "join":
         _check_join(opdef.name, params["dim"], srcs, rank, expr.loc)

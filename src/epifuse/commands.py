@@ -21,14 +21,16 @@ import tokenize
 
 import torch
 
+from . import staging
 from .api import get_kernels, kernel_statuses
+from .backends.triton import configs
 from .arguments import epilogue_program
 from .binding import bind
 from .demo import run_demo
 from .epilogues import NamedEpilogue
 from .frontend import Program, parse_module, parse_source
 from .fused import FusedGemm, drop_self
-from .ir import Operand
+from .ir import Operand, fed_reductions
 from .ops import dtype_from_name
 from .passes import canonical_hash, optimize
 from .printing import program_source
@@ -203,11 +205,23 @@ def _cmd_show(ns) -> int:
     for name in program.operands:
         role = roles.get(name, "tile")
         operands[name] = Operand(name, "number" if role == "number" else "tensor", axes[role])
-    graph = optimize(bind(program, operands, rank))
     shown = ", ".join(f"{n}: {roles.get(n, 'tile')}" for n in program.operands) or "none"
     if ns.source:
         print(program_source(program), end="")
+    if staging.needs_passes(program) and not staging.over_rows(program, rank):
+        steps = staging.passes(program)
+        print(f"# {program.name}: operands {shown}; a reduction over other dims than N feeds later math: "
+              f"epifuse.gemm runs it as {len(steps)} passes (epifuse.staging), each a kernel:")
+        for step in steps:
+            print(program_source(step.program), end="")
+        return 0
+    graph = optimize(bind(program, operands, rank, in_tile=True))
     print(f"# {program.name}: operands {shown}; hash {canonical_hash(graph)}")
+    fed = fed_reductions(graph)
+    if fed:
+        folded = ", ".join(sorted({f"{node.op.name}()" for node in fed}))
+        print(f"# {folded} over N feeds later math: one kernel where a tile spans N (N <= {configs.WIDEST_N}), "
+              f"else {len(staging.passes(program))} passes (epifuse.staging); `epifuse kernels` says which")
     print(graph)
     if ns.text:
         return 0

@@ -313,13 +313,22 @@ def verify(graph: Graph) -> None:
         if not node.op.is_leaf and OPS.get(node.op.name) is not node.op:
             raise InternalError(f"unknown op {node.op!r}", format_graph(graph))
         for s in node.src:
-            if s.op.is_reduction:
-                raise InternalError("a reduction feeds another node", format_graph(graph))
+            if s.op.is_reduction and s.dims != (AXES[-1],):
+                raise InternalError("a reduction other than one over N feeds another node", format_graph(graph))
             if s.op.kind == "join":
                 raise InternalError("a join (cat) feeds another node", format_graph(graph))
     names = [o.name for o in graph.outputs]
     if len(set(names)) != len(names):
         raise InternalError(f"duplicate outputs {names}", format_graph(graph))
+
+
+def fed_reductions(graph: Graph) -> list[Node]:
+    """The reductions whose value another node reads (each over N, the rows a tile can span:
+    binding.bind refuses others), in topological order. A kernel computes them in registers
+    over a tile as wide as N and broadcasts them back along N (backends/triton/epilogue.py)."""
+    nodes = graph.nodes()
+    read = {id(s) for node in nodes for s in node.src}
+    return [node for node in nodes if node.op.is_reduction and id(node) in read]
 
 
 def conditional_stores(graph: Graph) -> tuple[dict, set]:

@@ -85,9 +85,15 @@ def node_values(graph: Graph, accum: torch.Tensor, operands: dict, dtype=torch.f
                                     "complex or gated GEMM, and none was given")
             values[id(node)] = accum2.to(dtype)
             continue
-        values[id(node)] = _evaluate_node(node, [values[id(s)] for s in node.src],
-                                          accum, operands, dtype, rank)
+        srcs = [_kept(values[id(s)], s, accum) if s.op.is_reduction else values[id(s)] for s in node.src]
+        values[id(node)] = _evaluate_node(node, srcs, accum, operands, dtype, rank)
     return values
+
+
+def _kept(value: torch.Tensor, reduction: Node, accum: torch.Tensor) -> torch.Tensor:
+    """A reduction's value as later math reads it: accum's shape with the reduced dims 1."""
+    axes = AXES[3 - accum.dim():]
+    return value.reshape(tuple(1 if a in reduction.dims else size for a, size in zip(axes, accum.shape)))
 
 
 def _evaluate_node(node: Node, src, accum, operands, dtype, rank):

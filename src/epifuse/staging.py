@@ -1,8 +1,12 @@
 """Epilogues whose reductions feed later math, run as passes of the same GEMM.
 
 `D = exp(z - logsumexp(z, dim=1))` (a softmax over N) needs every column's value before any
-element of D: a reduction over a dimension that spans tiles is known only once every tile has
-run. `passes(program)` splits such a program into a sequence of programs, each a kernel of its
+element of D. Where every such reduction folds accum's last dim, N, alone (`over_rows`) and N
+fits one tile (at most backends/triton/configs.WIDEST_N columns), one kernel runs the program
+as written, its tile spanning the row: the reduction is folded in registers and read back
+there (epifuse.gemm decides: api._in_one_pass; the kernels' statuses say which ran or why not).
+Otherwise a reduction over a dimension that spans tiles is known only once every tile has run,
+and `passes(program)` splits the program into a sequence of programs, each a kernel of its
 own over the same A @ B (recomputed: the GEMM is cheaper than writing the accumulator out and
 reading it back, at the shapes where it matters):
 
@@ -94,7 +98,19 @@ def needs_passes(program: Program) -> bool:
     return bool(_fed_reductions(program))
 
 
-def _check_folds(program: Program) -> None:
+def over_rows(program: Program, rank: int) -> bool:
+    """Whether every reduction that feeds later math in `program` (over a rank-`rank` accum)
+    folds accum's last dim, N, and only it: what one kernel runs where a tile spans N."""
+    def last_only(r: Expr) -> bool:
+        dim = dict(r.params).get("dim")
+        dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+        return (dim is not None and all(isinstance(d, int) and not isinstance(d, bool) and -rank <= d < rank
+                                        for d in dims)
+                and {d % rank for d in dims} == {rank - 1})
+    return all(last_only(r) for r in _fed_reductions(program))
+
+
+def check_folds(program: Program) -> None:
     """Refuse a reduction whose input varies along accum only through another reduction's
     value (`sum(max(accum, dim=1))`): an epilogue broadcasts a reduction's input to accum's
     shape, so it would fold every broadcast copy of the statistic, where torch folds the
@@ -140,7 +156,7 @@ def passes(program: Program) -> tuple[Pass, ...]:
     serve it (runtime/callsite.py)."""
     program = _live(program)
     if _fed_reductions(program):
-        _check_folds(program)
+        check_folds(program)
     result: list[Pass] = []
     taken = {*program.params, *(s.target for s in program.statements)}
     counter = 0

@@ -688,3 +688,46 @@ def test_uint8_gemms_exact_on_the_gpu(a_dtype, b_dtype):
     assert torch.equal(epifuse.gemm(A, B, out_dtype=torch.int32).double(), exact)
     D = epifuse.gemm(A, B, "def e(accum, C):\n    D = accum - C\n    return D\n", C=C)
     assert torch.equal(D.double(), exact - C.double())
+
+
+@pytest.mark.parametrize("N", [8, 37, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_one_pass_row_reductions_in_every_supporting_config(N, dtype):
+    """A reduction over N that feeds later math (issue 36: a MoE router's softmax over N
+    experts, a log-softmax, a max-shifted exp, a row normalization), in one kernel whose tile
+    spans N: every generated kernel that takes it (the tiled and split-K ones; the persistent
+    and Gluon ones refuse it by name), against float64; and epifuse.gemm's own choice. A
+    wider N (600) runs as passes, also against float64."""
+    M, K = 3000, 512
+    gen = torch.Generator().manual_seed(36)
+    A = torch.randn(M, K, generator=gen).to("cuda", dtype)
+    B = (torch.randn(K, N, generator=gen) / math.sqrt(K)).to("cuda", dtype)
+    bias = torch.randn(N, generator=gen).cuda()
+    src = ("def epi(accum, bias):\n    z = accum + bias\n    P = softmax(z, dim=1)\n    L = log_softmax(z, dim=1)\n"
+           "    m = max(z, dim=1)\n    E = exp(z - m)\n    R = z / sum(abs(z), dim=1)\n    return P, L, E, R, m\n")
+    outputs = {name: torch.empty(M, N, device="cuda", dtype=dtype) for name in "PLER"}
+    precision = "highest" if dtype == torch.float32 else "default"   # fp32 products, not tf32
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, bias=bias, m=torch.empty(M, device="cuda"),
+                                                                          **outputs), precision=precision)
+    z = A.double() @ B.double() + bias.double()
+    expected = {"P": torch.softmax(z, 1), "L": torch.log_softmax(z, 1), "E": torch.exp(z - z.amax(1, keepdim=True)),
+                "R": z / z.abs().sum(1, keepdim=True), "m": z.amax(1)}
+    statuses = epifuse.kernel_statuses(args)
+    kernels = [k for k, status in statuses if status.ok and k.name != "reference"]
+    assert {k.name for k in kernels} >= {"triton_tiled"}, statuses
+    assert all(not status for k, status in statuses if k.name == "triton_persistent" or getattr(k, "gluon", False))
+    assert all(k.config.block_n >= N for k in kernels)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for kernel in kernels:
+        for t in args.outputs.values():
+            t.fill_(float("nan"))
+        kernel.run(args)
+        torch.cuda.synchronize()
+        for name, ref in expected.items():
+            assert rel_error(args.outputs[name], ref) < tolerance, (kernel, name)
+    P = epifuse.gemm(A, B, "def epi(accum, bias):\n    P = softmax(accum + bias, dim=-1)\n    return P\n", bias=bias,
+                     precision=precision)
+    assert rel_error(P, expected["P"]) < tolerance
+    wide = (torch.randn(K, 600, generator=gen) / math.sqrt(K)).to("cuda", dtype)
+    P = epifuse.gemm(A, wide, "def epi(accum):\n    P = softmax(accum, dim=-1)\n    return P\n", precision=precision)
+    assert rel_error(P, torch.softmax(A.double() @ wide.double(), -1)) < tolerance

@@ -301,12 +301,13 @@ def test_reduction_destination_shape_mismatch_names_both(device):
         epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, r=torch.empty(N, device=device)))
 
 
-def test_reduced_value_used_later_is_one_kernel_too_many(device):
-    """A kernel takes one pass: GemmArguments refuses a reduction that feeds later math and
-    names what does run it (epifuse.gemm, in passes: tests/kernels/test_staging.py)."""
-    src = "def epi(accum):\n    m = max(accum, dim=1)\n    D = accum - m\n    return D\n"
+def test_reduced_value_used_later_over_m_is_one_kernel_too_many(device):
+    """A kernel runs a reduction that feeds later math only over N (a tile spans the row:
+    tests/kernels/test_one_pass_reductions.py): GemmArguments refuses one over M and names what
+    does run it (epifuse.gemm, in passes: tests/kernels/test_staging.py)."""
+    src = "def epi(accum):\n    m = max(accum, dim=0)\n    D = accum - m\n    return D\n"
     A, B = _gemm_inputs(2, device)
-    with pytest.raises(epifuse.EpilogueError, match="can only be returned as an output of one kernel") as info:
+    with pytest.raises(epifuse.EpilogueError, match="only over accum's last dimension") as info:
         epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, D=torch.empty(M, N, device=device)))
     assert "epifuse.gemm runs such an epilogue as passes" in str(info.value)
 

@@ -1,5 +1,6 @@
 """Epilogues whose reductions feed later math, run by epifuse.gemm as passes of the same GEMM
-(epifuse.staging, issue 36): softmax and log-softmax over N through logsumexp (two passes), the
+(epifuse.staging, issue 36) where N is wider than any tile (300 here; a narrower N runs in one
+kernel: test_one_pass_reductions.py) or the reduction is not over N: softmax and log-softmax over N through logsumexp (two passes), the
 max / sum-of-exp softmax and a layer norm (three), a returned reduction that later math also
 reads, reductions over M and over everything, batches, gradients; how a program splits."""
 import re
@@ -22,7 +23,7 @@ COLUMN_SOFTMAX = "def column_softmax(accum):\n    P = exp(accum - logsumexp(accu
 GLOBAL_SCALE = "def scaled(accum):\n    D = accum / amax(accum)\n    return D\n"
 
 
-def _inputs(device, shape=(70, 24, 90), batch=(), dtype=torch.float32, seed=0):
+def _inputs(device, shape=(70, 24, 300), batch=(), dtype=torch.float32, seed=0):
     gen = torch.Generator(device="cpu").manual_seed(seed)
     M, K, N = shape
     A = torch.randn(*batch, M, K, generator=gen, dtype=dtype).to(device)
@@ -53,7 +54,7 @@ def test_passes_match_torch_on_the_kernels(src, reference, device):
     """float32 through the generated kernels (Triton's interpreter on a CPU), several tiles
     each way; against torch in float64."""
     A, B = _inputs(device)
-    operands = {"bias": torch.randn(90, device=device)} if "bias" in src else {}
+    operands = {"bias": torch.randn(300, device=device)} if "bias" in src else {}
     operands.update({"eps": 1e-5} if "eps" in src else {})
     out = epifuse.gemm(A, B, src, **operands)
     z = A.double() @ B.double() + (operands["bias"].double() if "bias" in operands else 0.0)
@@ -94,15 +95,17 @@ def test_accumulate_is_refused_by_name(device):
         epifuse.gemm(A, B, LOG_SOFTMAX, L=torch.zeros(8, 8, device=device), accumulate=True)
 
 
-def test_a_repeated_call_runs_every_pass_from_a_kept_launch(device):
+@pytest.mark.parametrize("n, launches", [(300, 2), (24, 1)])
+def test_a_repeated_call_runs_every_pass_from_a_kept_launch(n, launches, device):
     """The passes of a program are kept (staging.passes is cached per program), so a repeated
-    call launches each pass's kept launch, and gives the same result."""
+    call launches each pass's kept launch (the one kernel's, where a tile spans N), and gives
+    the same result."""
     from epifuse.runtime import callsite
-    A, B = _inputs(device, shape=(16, 8, 24))
+    A, B = _inputs(device, shape=(16, 8, n))
     first = epifuse.gemm(A, B, LOG_SOFTMAX)
     hits = callsite.HITS[0]
     again = epifuse.gemm(A, B, LOG_SOFTMAX)
-    assert callsite.HITS[0] - hits == 2 and torch.equal(first, again)
+    assert callsite.HITS[0] - hits == launches and torch.equal(first, again)
 
 
 @pytest.mark.parametrize("spelling, reference", [
@@ -115,7 +118,7 @@ def test_softmax_and_log_softmax_are_written_through_logsumexp(spelling, referen
     """The composite ops: the parser writes softmax as exp(z - logsumexp(z, dim)), so they run
     as the passes above; every spelling of a call takes them."""
     A, B = _inputs(device)
-    bias = torch.randn(90, device=device)
+    bias = torch.randn(300, device=device)
     src = f"def epi(accum, bias):\n    z = accum + bias\n    P = {spelling}\n    return P\n"
     program = parse(src)
     assert "logsumexp" in repr(program.statements[-1].expr) and len(staging.passes(program)) == 2

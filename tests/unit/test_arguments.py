@@ -10,6 +10,7 @@ import torch
 import epifuse
 from epifuse import EpilogueArguments, GemmArguments
 from epifuse import EpilogueError
+from epifuse.ir import fed_reductions
 from test_errors import AB, ALPHA, BIAS, K, M, N, gemm_args, out, outputs_for, raises, src
 
 
@@ -250,16 +251,28 @@ def test_reduction_destination_shapes_that_fit():
 
 
 @pytest.mark.parametrize("lines", [
-    ["r = sum(accum, dim=1)", "D = accum + r", "return D, r"],
-    ["r = sum(accum, dim=1)", "D = accum * 2.0", "s = r * 2.0", "return D, s"],
+    ["r = sum(accum, dim=0)", "D = accum + r", "return D, r"],
+    ["r = sum(accum, dim=0)", "D = accum * 2.0", "s = r * 2.0", "return D, s"],
     ["r = accum.max(dim=0)", "D = relu(r)", "return D"],
-    ["D = accum - mean(accum, dim=1, keepdim=True)", "return D"],
+    ["D = accum - mean(accum, dim=0, keepdim=True)", "return D"],
+    ["D = accum / amax(accum)", "return D"],
 ])
-def test_a_reduction_result_cannot_be_used(lines):
+def test_a_reduction_result_over_other_dims_than_n_cannot_be_used(lines):
     source = src(*lines)
-    with raises("a reduction's result can only be returned as an output") as info:
+    with raises("one kernel runs a reduction that feeds later math only over accum's last dimension") as info:
         gemm_args(source, **outputs_for(source))
     assert info.value.loc is not None
+
+
+@pytest.mark.parametrize("lines, outputs", [
+    (["r = sum(accum, dim=1)", "D = accum + r", "return D, r"], {"r": (M,)}),
+    (["D = accum - mean(accum, dim=-1, keepdim=True)", "return D"], {}),
+])
+def test_a_reduction_result_over_n_binds_for_one_kernel(lines, outputs):
+    """One kernel runs it where a tile spans N (tests/kernels/test_one_pass_reductions.py)."""
+    source = src(*lines)
+    args = gemm_args(source, **{**outputs_for(source), **{n: torch.empty(s) for n, s in outputs.items()}})
+    assert [node.op.name for node in fed_reductions(args.graph)] in (["sum"], ["mean"])
 
 
 def test_reduction_dim_out_of_range():

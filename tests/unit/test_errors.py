@@ -160,13 +160,13 @@ Unsupported operation 'xyzzy'
     D = relu(x) + xyzzy(x)
                   ^
 See the op reference (epifuse.ops.OPS) for the supported operations."""),
-    ("reduction-used", lambda: gemm_args(src("r = sum(accum, dim=1)", "D = accum + r", "return D, r"),
-                                         D=out(), r=torch.empty(M)), """\
-The result of sum() is used by add(); a reduction's result can only be returned as an output of one kernel.
+    ("reduction-used", lambda: gemm_args(src("r = sum(accum, dim=0)", "D = accum + r", "return D, r"),
+                                         D=out(), r=torch.empty(N)), """\
+The result of sum() is used by add(); one kernel runs a reduction that feeds later math only over accum's last dimension (N), whose rows a tile can span, not over M.
   File "<epilogue string>", line 3, column 9
     D = accum + r
         ^
-epifuse.gemm runs such an epilogue as passes of the GEMM (a statistics pass, then one reading it: epifuse.staging), outside torch.compile; GemmArguments and the kernels take one pass. Or return the reduced value and finish the computation after the GEMM."""),
+epifuse.gemm runs such an epilogue as passes of the GEMM (a statistics pass, then one reading it: epifuse.staging), outside torch.compile. Or return the reduced value and finish the computation after the GEMM."""),
     ("missing-operand", lambda: EpilogueArguments(ALPHA, D=out()), """\
 Argument alpha is not provided in the kwargs of the EpilogueArguments constructor
   File "<epilogue string>", line 1, column 16
@@ -259,7 +259,7 @@ def test_unexpected_op_keyword_suggests_the_close_name():
     (["tmp = accum", "tmp += 1.0", "return tmp"], "Variable 'tmp' cannot be defined twice.", 3, 5),
     (["x = accum * 2.0", "D = relu(foo(x))", "return D"], "Unsupported operation 'foo'", 3, 14),
     (["D = accum + accum.shape", "return D"], "Attribute access '.shape'", 2, 17),
-    (["r = sum(accum, dim=1)", "D = accum + r", "return D, r"], "a reduction's result can only", 3, 9),
+    (["r = sum(accum, dim=0)", "D = accum + r", "return D, r"], "feeds later math only over", 3, 9),
 ])
 def test_source_errors_carry_line_and_column(lines, phrase, line, column):
     source = src(*lines)

@@ -16,6 +16,7 @@ import torch
 from ..arguments import GemmArguments
 from ..grouped_arguments import GroupedGemmArguments
 from ..errors import EpilogueArgumentError, UnsupportedError
+from ..ir import fed_reductions
 from ..runtime import tune
 from .base import remember_supported
 from .reference import GroupedReference, ReferenceKernel
@@ -23,7 +24,7 @@ from .triton import configs
 from .triton import device as target
 from .triton.families import COOPERATIVE, GATED, PERSISTENT, PINGPONG, PLANAR, SPLIT_K, TILED
 from .triton.grouped import GROUPED
-from .triton.kernels import TritonKernel
+from .triton.kernels import TritonKernel, interpreter_config
 
 # K from which split-K comes first on a grid too small to fill the GPU: its split main loops
 # then outweigh the fix-up that adds the partials
@@ -68,24 +69,37 @@ def candidates(args) -> list:
                                                                   configs.TWO_ACCUMULATORS_FP32)]
     cooperative = () if dtype == torch.int8 else configs.by_dtype(dtype, configs.COOPERATIVE, configs.COOPERATIVE_BYTES)
     if target.uses_interpreter(args.A.device):
-        return [TritonKernel(PERSISTENT, configs.INTERPRETER), TritonKernel(TILED, configs.INTERPRETER),
-                TritonKernel(SPLIT_K, configs.INTERPRETER_SPLIT_K)]
+        return [TritonKernel(PERSISTENT, interpreter_config(configs.INTERPRETER, args)),
+                TritonKernel(TILED, interpreter_config(configs.INTERPRETER, args)),
+                TritonKernel(SPLIT_K, interpreter_config(configs.INTERPRETER_SPLIT_K, args))]
+    # where a reduction over N feeds later math, tiles no wider than the row (those narrower
+    # than it stay listed, refused: families.in_tile_check)
+    fitted = _fitted(args)
     candidates = [*(TritonKernel(PERSISTENT, c) for c in configs.by_dtype(dtype, configs.PERSISTENT,
                                                                           configs.PERSISTENT_BYTES,
                                                                           configs.PERSISTENT_FP32)),
                   *(TritonKernel(PINGPONG, c) for c in configs.by_dtype(dtype, configs.PINGPONG,
                                                                         configs.PINGPONG_BYTES)),
                   *(TritonKernel(COOPERATIVE, c) for c in cooperative),
-                  *(TritonKernel(TILED, c) for c in configs.by_dtype(dtype, configs.TILED, configs.TILED_BYTES))]
+                  *(TritonKernel(TILED, c) for c in fitted(configs.by_dtype(dtype, configs.TILED, configs.TILED_BYTES)))]
     if target.b_fits_l2(args) and dtype.itemsize == 2:
         candidates += [TritonKernel(PINGPONG, c) for c in configs.ROW_ORDER]
-    split = [TritonKernel(SPLIT_K, c) for c in configs.by_dtype(dtype, configs.SPLIT_K, configs.SPLIT_K_BYTES)]
+    split = [TritonKernel(SPLIT_K, c)
+             for c in fitted(configs.by_dtype(dtype, configs.SPLIT_K, configs.SPLIT_K_BYTES))]
     candidates = [*split, *candidates] if split_k_first(args) else [*candidates, *split]
     if target.leaves_sms_idle(args):
         candidates = [*(TritonKernel(PINGPONG, c) for c in configs.by_dtype(dtype, configs.SMALL_GRID,
                                                                             configs.SMALL_GRID_BYTES)),
                       *candidates]
     return candidates
+
+
+def _fitted(args):
+    """configs -> the same configs, each with tiles narrowed to a row of N where a reduction
+    over N feeds later math (duplicates dropped); else unchanged."""
+    if not fed_reductions(args.graph):
+        return tuple
+    return lambda found: tuple(dict.fromkeys(configs.spanning(c, args.N, c.block_n) for c in found))
 
 
 def split_k_first(args, sms: int | None = None) -> bool:

@@ -33,12 +33,27 @@ class TileConfig:
                 + (f", split {self.split_k}" if self.split_k > 1 else ""))
 
 
-def smaller(config: TileConfig) -> TileConfig | None:
+# The widest tile of any config: an epilogue whose reduction over N feeds later math runs in
+# one kernel where a tile spans N, so N at most this; wider, as passes (staging.py).
+WIDEST_N = 256
+NARROWEST_N = 16   # tl.dot's least N
+
+
+def spanning(config: TileConfig, n: int, widest: int = WIDEST_N) -> TileConfig:
+    """`config` with tiles as wide as a row of `n` columns (the power of two at or above n, at
+    least NARROWEST_N) where that is at most `widest`; else `config` unchanged (whose tiles a
+    row then spans only if it is already wide enough)."""
+    width = max(NARROWEST_N, 1 << max(n - 1, 0).bit_length())
+    return replace(config, block_n=width) if width <= widest else config
+
+
+def smaller(config: TileConfig, keep_n: bool = False) -> TileConfig | None:
     """The next config down after an out-of-resources failure: fewer pipeline stages, then
-    narrower tiles; None at the bottom."""
+    narrower tiles (shorter ones only, with `keep_n`: a tile that spans a row keeps it); None
+    at the bottom."""
     if config.num_stages > 2:
         return replace(config, num_stages=config.num_stages - 1)
-    if config.block_n > 64:
+    if config.block_n > 64 and not keep_n:
         return replace(config, block_n=config.block_n // 2)
     if config.block_m > 64:
         return replace(config, block_m=config.block_m // 2)

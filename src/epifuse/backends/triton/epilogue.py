@@ -6,15 +6,19 @@ defines before its epilogue hole: acc_e (the accumulator piece), rm, rn, mask_m,
 mask, pid_l, pid_m, pid_en, offs_m, offs_en (and batch, in the persistent kernel). Each op
 lowers through its rule (rules.py); tile outputs are converted and stored (a cat of a gated
 epilogue's halves as two stores, N columns apart), reductions are folded over the piece and
-added atomically or stored as per-program partials (layout.py says which). Every variable is
-named here (v0, r_y1, ...): nothing the user wrote is pasted in except numbers that were parsed
-as numbers.
+added atomically or stored as per-program partials (layout.py says which). A reduction whose
+value later math reads (ir.fed_reductions, always over N) is folded over the piece's columns in
+registers and broadcast back as a (BLOCK_M, 1) column: that is the whole row only where one
+piece spans N (EPI_N == BLOCK_N >= N), which the kernel's support check
+(families.in_tile_check) makes sure of before these lines run. Every variable is named here
+(v0, r_y1, ...): nothing the user wrote is pasted in except numbers that were parsed as
+numbers.
 """
 from __future__ import annotations
 
 from ... import ops
 from ...errors import InternalError
-from ...ir import ACCUM, ACCUM_IMAG, ACCUM_UP, AXES, CONST, INPUT, Graph, Node, conditional_stores
+from ...ir import ACCUM, ACCUM_IMAG, ACCUM_UP, AXES, CONST, INPUT, Graph, Node, conditional_stores, fed_reductions
 from .gluon_api import gluon_api
 from .layout import Layout, OperandParams, OutputParams
 from .rules import LOG_OF_NORMAL, LogSum, _f, log_sum, rule_for
@@ -42,6 +46,10 @@ def emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tuple
     names: dict[int, str] = {}
     operand_prefix = {o.name: o for o in layout.operands}
     conditional, unread = conditional_stores(graph)
+    fed = {id(node) for node in fed_reductions(graph)}
+    if fed:
+        lines.append('tl.static_assert(EPI_N == BLOCK_N, "a reduction that feeds later math needs the whole '
+                     'tile in one piece")')
     for i, node in enumerate(graph.nodes()):
         var = f"v{i}"
         names[id(node)] = var
@@ -55,8 +63,12 @@ def emit_epilogue(graph: Graph, layout: Layout, style: str = "pointer") -> tuple
             names[id(node)] = _f(node.arg)
         elif node.op is INPUT:
             lines.extend(_load_operand(var, operand_prefix[node.arg.name], style))
-        elif node.op.is_reduction or node.op.kind == "join":
+        elif node.op.kind == "join":
             continue  # emitted by its output's store
+        elif node.op.is_reduction:
+            if id(node) in fed:
+                lines.extend(_row_reduction(var, node, names, style))
+            # else emitted by its output's store
         else:
             rule = rule_for(node)
             if rule is None:
@@ -221,6 +233,27 @@ def _log_of_products(p: str, names: dict, logs: LogSum, style: str, helpers: set
     helpers.update(("_log1p_of_excess",) if logs.shifted else LOG_OF_NORMAL.helpers)
     lines.append(f"{p} = tl.reduce({log}, 1, _add)")
     return lines
+
+
+def _row_reduction(var: str, node: Node, names: dict, style: str) -> list[str]:
+    """Lines leaving in `var` the (BLOCK_M, 1) reduction of `node`'s input over the piece's
+    columns, the whole row where the piece spans N. Masked columns count as the reduction's
+    identity (-inf for max and logsumexp, +inf for min, 0 for sums and amax); NaN propagates as
+    in the partials (_max_nan, _min_nan); a mean divides the sum by N."""
+    reduction = node.reduction
+    source = node.src[0]
+    tile = _as_full_tile(names[id(source)], source, style)
+    r = f"{var}_row"
+    if reduction.combine == "logsumexp":
+        lines = _logsumexp_lines(r, tile, ("N",))
+    else:
+        if reduction.magnitude:
+            tile = f"tl.abs({tile})"
+        lines = [f"{r} = tl.where(mask, {tile}, {_f(reduction.identity)})",
+                 f"{r} = tl.reduce({r}, 1, {COMBINE_HELPERS[reduction.combine]})"]
+        if reduction.mean:
+            lines.append(f"{r} = {r} / (N * 1.0)")
+    return lines + [f"{var} = {r}[:, None]"]
 
 
 def _logsumexp_lines(r: str, tile: str, dims) -> list[str]:

@@ -18,6 +18,10 @@ what the launch owns (split-K's workspace) or converts (the Gluon kernels' TMA d
                  two accumulators, the real and imaginary parts of accum
     gated        the tiled kernel over a gated GEMM (`gate, up = accum.chunk(2, dim=-1)`): each
                  A tile times both halves of B's columns, into two accumulators
+
+An epilogue whose reduction over N feeds later math (ir.fed_reductions) runs in one kernel of a
+family whose epilogue sees whole tiles (`in_tile_refusal` None: tiled, splitk), with a config
+whose tile spans N (in_tile_check); elsewhere epifuse.gemm runs it as passes (staging.py).
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ from typing import Callable
 import torch
 import triton
 
+from ... import staging
+from ...ir import fed_reductions
 from ...shapes import accumulator_types, misalignment
 from ..base import Status, unsupported
 from . import configs
@@ -71,6 +77,9 @@ class Family:
     gluon: bool = False                  # written in Gluon (tuning's tie-break prefers it)
     grouped: bool = False                # runs a GroupedGemmArguments
     form: str = "real"                   # the GEMMs it runs, and only those: "real", "planar", "gated"
+    # why it does not run a reduction that feeds later math in one pass; None: it does, where
+    # its config's tile spans N (in_tile_check)
+    in_tile_refusal: str | None = "this kernel does not run them yet"
 
     def __repr__(self) -> str:
         return f"Family({self.name})"
@@ -117,6 +126,36 @@ def common_check(args, cc: int | None) -> Status | None:
     return None
 
 
+def in_tile_check(family: Family, args, config) -> Status | None:
+    """Why `family` with `config` cannot run `args`'s reductions that feed later math in one
+    pass, or None (also where there are none). Such a reduction (over N: binding.bind) is
+    folded in registers over the epilogue's piece, so the piece must span N: one column tile
+    (BLOCK_N >= N) whose epilogue runs whole (one piece)."""
+    fed = fed_reductions(args.graph)
+    if not fed:
+        return None
+    folded = ", ".join(sorted({f"{node.op.name}()" for node in fed}))
+    if family.in_tile_refusal is not None:
+        return unsupported(f"{folded} over N feeds later math, and {family.in_tile_refusal} in one pass "
+                           "(triton_tiled does, where a tile spans N)")
+    width = config.block_n // family.pieces(config)
+    if width < args.N:
+        passes = len(staging.passes(args.epilogue.program))
+        return unsupported(f"N = {args.N} spans tiles ({width} columns here, {configs.WIDEST_N} at most): "
+                           f"{folded} over N feeds later math, so epifuse.gemm runs this epilogue as "
+                           f"{passes} passes (staging.py)")
+    return None
+
+
+def in_tile_note(args) -> str:
+    """What a supporting kernel's status adds for a reduction that feeds later math."""
+    fed = fed_reductions(args.graph)
+    if not fed:
+        return ""
+    folded = ", ".join(sorted({f"{node.op.name}()" for node in fed}))
+    return f"; one pass: {folded} over each row of N = {args.N} within its tile"
+
+
 def triton_meta(args, config, pieces: int) -> dict:
     """The constexprs of the Triton (not Gluon) kernels' main loops."""
     interpret = target.uses_interpreter(args.A.device)
@@ -151,7 +190,8 @@ def _said(label: str):
 
 
 TILED = Family("triton_tiled", lambda config: SourceSpec("pointer", "tiled", zeroes=True),
-               lambda args, config, cc: None, _tiled_launch, _said("tiled"), interpreter_config=configs.INTERPRETER)
+               lambda args, config, cc: None, _tiled_launch, _said("tiled"), interpreter_config=configs.INTERPRETER,
+               in_tile_refusal=None)
 
 
 # ---- planar complex -----------------------------------------------------------------------------
@@ -230,7 +270,7 @@ def _split_k_launch(args, config, layout) -> Launch:
 
 
 SPLIT_K = Family("triton_splitk", lambda config: SourceSpec("pointer", "splitk"), _split_k_check, _split_k_launch,
-                 _said("split-K"))
+                 _said("split-K"), in_tile_refusal=None)
 
 
 # ---- persistent ---------------------------------------------------------------------------------
@@ -313,7 +353,9 @@ def _install_allocator() -> None:
 
 PERSISTENT = Family("triton_persistent", lambda config: SourceSpec("persistent"), _persistent_check,
                     _persistent_launch, _said("persistent TMA"), pieces=lambda config: 2, interpreter_config=configs.INTERPRETER,
-                    before_launch=_install_allocator)
+                    before_launch=_install_allocator,
+                    in_tile_refusal="this kernel, whose epilogue runs on a tile's two column halves in turn, cannot "
+                                    "run them")
 
 
 # ---- Gluon ping-pong and cooperative ------------------------------------------------------------
@@ -341,6 +383,11 @@ def gluon_problem_check(schedule: str, args, config, cc) -> Status | None:
         return unsupported(f"the Gluon kernels do not take {', '.join(unchecked)} yet (the Triton ones do)")
     epilogue = getattr(args, "epilogue", None)   # a single GEMM's arguments (a grouped one has problems)
     updates = epilogue.program.updates if epilogue is not None else ()
+    fed = fed_reductions(args.graph) if epilogue is not None else ()
+    if fed:   # the in-tile reduction's lines are checked under the interpreter, which cannot run Gluon
+        return unsupported(f"the Gluon kernels do not run a reduction that feeds later math "
+                           f"({', '.join(sorted({node.op.name + '()' for node in fed}))} over N) in one pass yet "
+                           "(triton_tiled does)")
     if updates:   # the masked store's Gluon lines have not run on a GPU yet
         return unsupported(f"the Gluon kernels do not take in-place conditional stores ({', '.join(updates)} = "
                            "where(...)) yet (the Triton ones do)")

@@ -27,6 +27,7 @@ from ... import verify as verification
 from ...arguments import check_real
 from ...grouped_arguments import check_arguments
 from ...errors import UnsupportedError
+from ...ir import fed_reductions
 from ...runtime import compiled as compiled_index
 from ...shapes import is_stand_in, misalignment
 from ..base import Kernel, Status, supported, supported_before, unsupported
@@ -34,7 +35,7 @@ from . import configs
 from . import device as target
 from . import plan as plans
 from . import source
-from .families import Family, common_check
+from .families import Family, common_check, in_tile_check, in_tile_note
 from .launch import direct_launcher
 from .layout import launch_layout
 
@@ -65,13 +66,18 @@ class TritonKernel(Kernel):
                                   if self.family.form == "real" else f"this kernel runs {self.family.form} GEMMs only")
         if refusal is None:  # (a refusal is a Status, which is falsy)
             refusal = self.family.check(args, self.config, cc)
-        return refusal if refusal is not None else supported(self.family.describe(args, self.config))
+        if refusal is None:
+            refusal = in_tile_check(self.family, args, self.config_for(args))
+        if refusal is not None:
+            return refusal
+        return supported(self.family.describe(args, self.config) + in_tile_note(args))
 
     def config_for(self, args) -> configs.TileConfig:
-        """The config a launch for `args` uses: the interpreter's small tiles, a smaller
-        fallback after an out-of-resources failure, or this kernel's own."""
+        """The config a launch for `args` uses: the interpreter's small tiles (as wide as N
+        where a reduction over N feeds later math), a smaller fallback after an
+        out-of-resources failure, or this kernel's own."""
         if self.family.interpreter_config is not None and target.uses_interpreter(_device(args)):
-            return self.family.interpreter_config
+            return interpreter_config(self.family.interpreter_config, args)
         return _FALLBACK.get((self.family.name, args.key, self.config), self.config)
 
     def source(self, args, target_name: str = "cuda") -> str:
@@ -196,7 +202,7 @@ class TritonKernel(Kernel):
     def _smaller_plan(self, args) -> plans.Plan | None:
         """After an out-of-resources failure: remember the next smaller config for these
         arguments and return its plan, or None when there is none."""
-        smaller = configs.smaller(self.config_for(args))
+        smaller = configs.smaller(self.config_for(args), keep_n=bool(fed_reductions(args.graph)))
         if smaller is None:
             return None
         with _FALLBACK_LOCK:
@@ -243,6 +249,13 @@ class _Address:
 
     def element_size(self) -> int:
         return self.dtype.itemsize
+
+
+def interpreter_config(config: configs.TileConfig, args) -> configs.TileConfig:
+    """`config` as the interpreter runs it for `args`: tiles as wide as N where a reduction over
+    N feeds later math (and N fits one tile), so the in-tile reduction is what runs there too."""
+    grouped = hasattr(args, "problems")
+    return configs.spanning(config, args.N) if not grouped and fed_reductions(args.graph) else config
 
 
 def _device(args) -> torch.device:
