@@ -10,19 +10,23 @@ module); the installed package's `torch_dynamo_backends` entry point names it to
 
 `explain` compiles `fn` with the backend, runs it once on the example inputs (forward, and
 backward where an output requires grad), and returns what the pass fused (each region's
-epilogue source) and which GEMMs it left to Inductor, with why.
+epilogue source) and which GEMMs it left to Inductor, with why. `recorded()` gathers the same
+for whatever the backend compiles while it is open, from any thread (a backward compiles in
+autograd's own thread), for a caller that compiles and runs a model itself.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import sys
 import threading
 from dataclasses import dataclass, field
 
 from . import graph_fusion
-from .graph_fusion import Report, fuse_gemms
+from .graph_fusion import fuse_gemms
 
-_RECORDING = threading.local()
+_RECORDINGS: list[list] = []   # the open recorded() blocks' report lists
+_LOCK = threading.Lock()
 
 
 def _fusion_pass():
@@ -31,9 +35,9 @@ def _fusion_pass():
     class EpifuseFusion(CustomGraphPass):
         def __call__(self, graph) -> None:
             report = fuse_gemms(graph)
-            recording = getattr(_RECORDING, "reports", None)
-            if recording is not None:
-                recording.append(report)
+            with _LOCK:
+                for reports in _RECORDINGS:
+                    reports.append(report)
 
         def uuid(self):
             return get_hash_for_files((graph_fusion.__file__, __file__))
@@ -45,7 +49,7 @@ def backend(gm, example_inputs, **options):
     """The torch.compile backend: Inductor with epifuse's fusion pass after its post-grad passes."""
     from torch._inductor.compile_fx import compile_fx
     patches = {"post_grad_custom_post_pass": _fusion_pass()}
-    if getattr(_RECORDING, "reports", None) is not None:   # explain(): run the pass, not a cached result
+    if _RECORDINGS:   # recorded(): run the pass, not a cached result
         patches.update(fx_graph_cache=False, fx_graph_remote_cache=False)
     return compile_fx(gm, example_inputs, config_patches=patches)
 
@@ -73,32 +77,37 @@ def explain(fn, *example_inputs, **example_kwargs) -> Explanation:
     inputs (and backward through a sum of its floating outputs that require grad), and return
     the Explanation, which is also printed."""
     import torch
-    from torch._functorch import config as functorch_config
     torch._dynamo.reset()   # compile afresh, so the pass runs and is recorded
     compiled = torch.compile(fn, backend=backend)
-    reports: list[Report] = []
-    previous = getattr(_RECORDING, "reports", None)
-    _RECORDING.reports = reports
-    try:
-        with functorch_config.patch(enable_autograd_cache=False):
-            return _explained(compiled, example_inputs, example_kwargs, reports)
-    finally:
-        _RECORDING.reports = previous
-
-
-def _explained(compiled, example_inputs, example_kwargs, reports) -> Explanation:
-    import torch
-    out = compiled(*example_inputs, **example_kwargs)
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    loss = [o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
-    if loss:
-        torch.autograd.backward(loss)
-    result = Explanation()
-    for report in reports:
-        result.fused.extend(f.source for f in report.fused)
-        result.left.extend(report.skipped)
+    with recorded() as result:
+        out = compiled(*example_inputs, **example_kwargs)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        loss = [o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+        if loss:
+            torch.autograd.backward(loss)
     print(result)
     return result
+
+
+@contextlib.contextmanager
+def recorded():
+    """Yields an Explanation that, once the block ends, holds what the epifuse backend fused
+    and left in every graph it compiled meanwhile, from any thread. Within the block the pass
+    runs even where Inductor's or AOTAutograd's cache holds a compiled graph (so it is
+    recorded); a graph dynamo compiled before the block is not compiled again."""
+    from torch._functorch import config as functorch_config
+    result, reports = Explanation(), []
+    with _LOCK:
+        _RECORDINGS.append(reports)
+    try:
+        with functorch_config.patch(enable_autograd_cache=False):
+            yield result
+    finally:
+        with _LOCK:
+            _RECORDINGS[:] = [r for r in _RECORDINGS if r is not reports]   # by identity: all start empty
+        for report in reports:
+            result.fused.extend(f.source for f in report.fused)
+            result.left.extend(report.skipped)
 
 
 _REGISTRY = "torch._dynamo.backends.registry"

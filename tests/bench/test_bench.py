@@ -192,6 +192,25 @@ def test_uint8_benchmark_runs_end_to_end_on_cpu(tmp_path):
     assert all(0 < e < 4e-3 for e in row["rel_error"].values()), row
 
 
+@pytest.mark.slow
+def test_models_benchmark_runs_end_to_end_on_cpu(tmp_path):
+    """bench.models' plumbing at tiny sizes: every model's epifuse-backend step matches eager's
+    loss and gradients within bf16's rounding, and says what it fused and left."""
+    import json
+
+    from bench import models
+    assert models.main(["--device", "cpu", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("models_*_cpu.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["model"], r["variant"]) for r in rows] == [(m, v) for m in models.MODELS for v in ("eager", "epifuse")]
+    for row in rows:
+        if row["variant"] == "epifuse":
+            assert row["loss_rel_error_vs_eager"] < 1e-2 and row["grad_rel_error_vs_eager"] < 3e-2, row
+            assert row["fused"] or row["left"], row   # the pass ran and reported every GEMM
+    mlp = next(r for r in rows if r["model"] == "mlp" and r["variant"] == "epifuse")
+    assert mlp["fused"], mlp   # the MLP's GEMMs take their bias and GELU (and backward) epilogues
+
+
 def test_lce_benchmark_runs_end_to_end_on_cpu(tmp_path):
     """bench.lce's plumbing at a toy size: eager first (the reference), then epifuse with its
     loss and gradients against eager's and the float64 truth's (float32 on the CPU: agreement to
