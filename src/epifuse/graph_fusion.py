@@ -135,7 +135,7 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
                 return None
             if not _reads(v, region.shape):
                 return None
-            if v.dtype is torch.bool:   # read as its bytes (a uint8 view), and compared back to a bool
+            if v.dtype is torch.bool:   # read as uint8 0 and 1, and compared back to a bool
                 return f"gt({region.operand(a)}, 0.5)"
             return region.operand(a)
         return _literal(a)
@@ -348,10 +348,12 @@ def _first_user(region: _Region, outputs: list):
 
 
 def _as_bytes(graph, node):
-    """A bool operand's uint8 view (the kernels load integer operands, not bool ones)."""
-    view = graph.call_function(aten.view.dtype, (node, torch.uint8))
-    view.meta["val"] = _val(node).view(torch.uint8)
-    return view
+    """A bool operand as uint8 0 and 1 (the kernels load integer operands, not bool ones): a
+    conversion, which Inductor fuses into the mask's producer or runs as one small pass; a
+    bitcast view (aten.view.dtype) has no Inductor lowering from bool on CUDA."""
+    converted = graph.call_function(prims.convert_element_type.default, (node, torch.uint8))
+    converted.meta["val"] = _val(node).to(torch.uint8)
+    return converted
 
 
 def _fake_outputs(call):

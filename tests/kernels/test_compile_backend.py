@@ -123,7 +123,7 @@ def test_addmm_with_beta_and_alpha_is_left_to_inductor_and_stays_right():
 @pytest.mark.slow   # Inductor compiles the forward and the backward on the CPU (about 5 s)
 def test_a_relu_mask_saved_for_the_backward_joins_the_gradient_gemm():
     """ReLU's backward reads the bool mask the forward saved: the mask is read as its bytes
-    (a uint8 view) and its where() joins the epilogue of the GEMM producing the incoming
+    (as uint8 0 and 1) and its where() joins the epilogue of the GEMM producing the incoming
     gradient, with the bias gradient's column sum; values and gradients are eager's."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
