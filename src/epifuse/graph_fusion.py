@@ -8,7 +8,10 @@ batched `bmm`, and grows through its users while each is an op of `POINTWISE` (o
 of `REDUCTIONS`, which ends its branch) and each of its other inputs is an operand the epilogue
 can read: a Python number, or a tensor computed outside the region that broadcasts to accum's
 (M, N) or (L, M, N) without growing it (a scalar, a row (N,) / (1, N), a column (M, 1), a full
-tile, and for bmm each of those per batch or shared). Every region value used
+tile, and for bmm each of those per batch or shared). An operand that a pointwise op computes
+from such values and that nothing else reads is computed in the epilogue instead (`1 - target`:
+no pass writes it whole). Reductions over some dims or over every dim (a loss's mean, 0-d)
+end a branch. Every region value used
 outside the region becomes an output of the epilogue, in its node's dtype (accum itself
 included, when something else reads it). The epilogue is printed as source, registered with
 the custom ops, and the region's nodes are replaced by the op's outputs. So the activation of a
@@ -54,9 +57,10 @@ _BINARY = {
 }
 POINTWISE = {*_UNARY, *_BINARY, aten.where.self, aten.gelu.default, aten.clamp.default,
              aten.clamp_min.default, aten.clamp_max.default, prims.convert_element_type.default,
-             aten.add.Scalar, aten.mul.Scalar, aten.sub.Scalar, aten.div.Scalar}
+             aten.add.Scalar, aten.mul.Scalar, aten.sub.Scalar, aten.div.Scalar, aten.rsub.Scalar}
 REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.amax.default: "max", aten.amin.default: "min",
-              aten.mean.dim: "mean"}
+              aten.mean.dim: "mean", aten.sum.default: "sum", aten.mean.default: "mean"}
+_OVER_EVERY_DIM = (aten.sum.default, aten.mean.default)   # a loss's mean: a 0-d result
 
 # dtypes a fused output may be stored in, and what the epilogue computes in
 _STORED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -106,6 +110,8 @@ class _Region:
         self.nodes: list = [gemm]
         self.names: dict = {gemm: "accum"}
         self.operands: dict = {}   # outside node -> param name
+        self.inlined: list = []    # outside nodes whose expression the epilogue computes (_inlined)
+        self.depth = 0             # how deep _inlined is now
         self.lines: list[str] = []
 
     def operand(self, node) -> str:
@@ -130,6 +136,9 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
                 return region.names[a]
             if a in descendants:     # computed from the region outside it: would make a cycle
                 return None
+            inlined = _inlined(a, region, descendants)
+            if inlined is not None:
+                return inlined
             v = _val(a)
             if v is None or not isinstance(v, torch.Tensor) or not (v.dtype.is_floating_point or v.dtype is torch.bool):
                 return None
@@ -153,6 +162,11 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
                                        aten.div.Scalar: "div"}[target]
         a, b = arg(node.args[0]), arg(node.args[1])
         return (f"{name}({a}, {b})", False) if a is not None and b is not None else None
+    if target is aten.rsub.Scalar:   # other - x (alpha 1 only)
+        if len(node.args) != 2 or node.kwargs:
+            return None
+        x, other = arg(node.args[0]), arg(node.args[1])
+        return (f"sub({other}, {x})", False) if x is not None and other is not None else None
     if target is aten.where.self:
         parts = [arg(a) for a in node.args]
         return (f"where({', '.join(parts)})", False) if None not in parts and len(parts) == 3 else None
@@ -185,6 +199,11 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
         if dtype in (torch.float32, torch.float64):   # the epilogue computes in float32 or float64
             return x, False
         return f"to({x}, dtype={str(dtype).removeprefix('torch.')!r})", False
+    if target in _OVER_EVERY_DIM:
+        x = arg(node.args[0])
+        if x is None or node.kwargs.get("dtype") is not None:
+            return None
+        return f"{REDUCTIONS[target]}({x})", True
     if target in REDUCTIONS:
         x = arg(node.args[0])
         dims = node.args[1] if len(node.args) > 1 else None
@@ -194,6 +213,32 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
         dims = tuple(sorted(d % len(region.shape) for d in dims))
         return f"{REDUCTIONS[target]}({x}, dim={dims}, keepdim={keepdim})", True
     return None
+
+
+INLINE_DEPTH = 4   # how many pointwise ops deep an operand's own computation is taken in
+
+
+def _inlined(node, region: _Region, descendants: set) -> str | None:
+    """The expression of an operand that a pointwise op computes from values outside the region
+    and that nothing else reads (`1 - target` in a BCE loss), so the epilogue computes it from
+    its inputs and no pass writes it whole; None where it stays an operand. At most
+    INLINE_DEPTH such ops deep."""
+    v = _val(node)
+    if (region.depth >= INLINE_DEPTH or node.op != "call_function" or node.target not in POINTWISE
+            or len(node.users) != 1 or not isinstance(v, torch.Tensor) or v.dtype not in _STORED
+            or not _reads(v, region.shape)):
+        return None
+    operands, inlined = dict(region.operands), list(region.inlined)
+    region.depth += 1
+    try:
+        found = _expression(node, region, descendants)
+    finally:
+        region.depth -= 1
+    if found is None:   # what the attempt named is not read after all
+        region.operands, region.inlined = operands, inlined
+        return None
+    region.inlined.append(node)
+    return found[0]
 
 
 def _descendants(node) -> set:
@@ -320,16 +365,16 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
                 items.append(item)
         for out, item in zip(outputs, items):
             replacement = item
-            if _val(out).dtype is torch.bool:   # a comparison stored as 0/1 bytes: viewed as bool
+            if _val(out).dtype is torch.bool:   # a comparison stored as 0/1 bytes: converted back to bool
                 with graph.inserting_after(replacement):
-                    replacement = graph.call_function(aten.view.dtype, (replacement, torch.bool))
+                    replacement = graph.call_function(prims.convert_element_type.default, (replacement, torch.bool))
                     replacement.meta["val"] = _val(out)
             if tuple(item.meta["val"].shape) != tuple(_val(out).shape):   # keepdim: the reduced dims back as 1s
                 with graph.inserting_after(replacement):
                     replacement = graph.call_function(aten.view.default, (replacement, list(_val(out).shape)))
                     replacement.meta["val"] = _val(out)
             out.replace_all_uses_with(replacement)
-        for node in reversed(region.nodes):
+        for node in [*reversed(region.nodes), *reversed(region.inlined)]:
             if not node.users:
                 graph.erase_node(node)
         report.fused.append(Fused(source, gemm.name, [n.name for n in region.nodes]))

@@ -213,3 +213,48 @@ def test_a_keepdim_reduction_joins_and_comes_back_with_its_ones(batched):
     (fused,) = report.fused
     assert "sum(" in fused.source and "keepdim=True" in fused.source
     _close(got, fn(q, k, c), "keepdim row sum", tol=1e-5)
+
+
+def test_a_loss_over_every_dim_joins_and_its_operand_math_is_inlined():
+    """BCE-with-logits over a GEMM, as AOTAutograd's decomposition writes it: the mean over
+    every dim joins the epilogue (a 0-d output, as torch.mean's), and `1 - target`, computed
+    from a graph input and read by nothing else, is computed in the epilogue from target rather
+    than passed whole; the loss is eager's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from epifuse import graph_fusion
+    from helpers import integer_tensor
+    x, w = integer_tensor(12, 8, dtype=torch.float32), integer_tensor(8, 10, dtype=torch.float32)
+    bias = torch.randn(10)
+    target = torch.randint(0, 2, (12, 10)).float()
+
+    def fn(x, w, bias, target):
+        z = x @ w + bias
+        return (((1 - target) * z) - (torch.minimum(torch.zeros(()), z) - torch.log1p(torch.exp(-z.abs())))).mean()
+
+    got, report = _fused_by_the_pass(fn, x, w, bias, target)
+    (fused,) = report.fused
+    assert "mean(" in fused.source and "sub(1.0, x" in fused.source, fused.source
+    gm = make_fx(fn, tracing_mode="fake")(x, w, bias, target)
+    graph_fusion.fuse_gemms(gm.graph)
+    assert not any(n.target in (torch.ops.aten.sub.Tensor, torch.ops.aten.rsub.Scalar, torch.ops.aten.mean.default)
+                   for n in gm.graph.nodes if n.op == "call_function"), gm.graph   # no pass left for them
+    want = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + bias, target)
+    assert got.shape == () and want.shape == ()
+    _close(got, want, "bce mean", tol=1e-6)
+
+
+def test_an_operand_computed_for_another_user_too_stays_an_operand():
+    """`s = 2 * c` read by the epilogue and returned as well: inlining it would compute it
+    twice, so it stays an operand; values are eager's."""
+    a, b, c = torch.randn(6, 4), torch.randn(4, 5), torch.randn(6, 5)
+
+    def fn(a, b, c):
+        s = c * 2.0
+        return torch.relu(a @ b) + s, s
+
+    got, report = _fused_by_the_pass(fn, a, b, c)
+    (fused,) = report.fused
+    assert "mul(" not in fused.source, fused.source
+    for g, want in zip(got, fn(a, b, c)):
+        _close(g, want, "shared operand", tol=1e-6)
