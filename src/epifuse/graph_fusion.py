@@ -110,9 +110,16 @@ class _Region:
         self.nodes: list = [gemm]
         self.names: dict = {gemm: "accum"}
         self.operands: dict = {}   # outside node -> param name
-        self.inlined: list = []    # outside nodes whose expression the epilogue computes (_inlined)
+        self.inlined: dict = {}    # outside node -> its expression, which the epilogue computes (_inlined)
         self.depth = 0             # how deep _inlined is now
         self.lines: list[str] = []
+
+    def save(self) -> tuple:
+        return dict(self.operands), dict(self.inlined)
+
+    def restore(self, saved: tuple) -> None:
+        """Forget the operands and inlined nodes that an expression which failed had named."""
+        self.operands, self.inlined = dict(saved[0]), dict(saved[1])
 
     def operand(self, node) -> str:
         if node not in self.operands:
@@ -223,21 +230,23 @@ def _inlined(node, region: _Region, descendants: set) -> str | None:
     and that nothing else reads (`1 - target` in a BCE loss), so the epilogue computes it from
     its inputs and no pass writes it whole; None where it stays an operand. At most
     INLINE_DEPTH such ops deep."""
+    if node in region.inlined:   # read twice (x * x): computed from the same expression
+        return region.inlined[node]
     v = _val(node)
     if (region.depth >= INLINE_DEPTH or node.op != "call_function" or node.target not in POINTWISE
             or len(node.users) != 1 or not isinstance(v, torch.Tensor) or v.dtype not in _STORED
             or not _reads(v, region.shape)):
         return None
-    operands, inlined = dict(region.operands), list(region.inlined)
+    saved = region.save()
     region.depth += 1
     try:
         found = _expression(node, region, descendants)
     finally:
         region.depth -= 1
     if found is None:   # what the attempt named is not read after all
-        region.operands, region.inlined = operands, inlined
+        region.restore(saved)
         return None
-    region.inlined.append(node)
+    region.inlined[node] = found[0]
     return found[0]
 
 
@@ -285,9 +294,11 @@ def _grow(gemm, shape: tuple) -> _Region:
             if node.target not in REDUCTIONS and tuple(v.shape) != shape:
                 frontier.remove(node)
                 continue
+            saved = region.save()
             found = _expression(node, region, descendants)
             frontier.remove(node)
             if found is None:
+                region.restore(saved)
                 continue
             text, end = found
             name = f"t{len(region.lines)}"
@@ -374,7 +385,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
                     replacement = graph.call_function(aten.view.default, (replacement, list(_val(out).shape)))
                     replacement.meta["val"] = _val(out)
             out.replace_all_uses_with(replacement)
-        for node in [*reversed(region.nodes), *reversed(region.inlined)]:
+        for node in [*reversed(region.nodes), *reversed(list(region.inlined))]:
             if not node.users:
                 graph.erase_node(node)
         report.fused.append(Fused(source, gemm.name, [n.name for n in region.nodes]))

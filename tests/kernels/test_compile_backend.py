@@ -3,6 +3,7 @@ fusion pass (epifuse.graph_fusion) on the post-grad forward and backward graphs,
 the rest, the fused kernels run through the interpreter; values and gradients against eager."""
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -258,3 +259,39 @@ def test_an_operand_computed_for_another_user_too_stays_an_operand():
     assert "mul(" not in fused.source, fused.source
     for g, want in zip(got, fn(a, b, c)):
         _close(g, want, "shared operand", tol=1e-6)
+
+
+def test_an_inlined_operand_read_twice_by_one_op_is_removed_once():
+    """`s = c * 2.0` read twice by `s * s` (one user node): the epilogue computes s from c (the
+    same expression at both reads), and the rewrite removes its node once; values are eager's."""
+    a, b, c = torch.randn(6, 4), torch.randn(4, 5), torch.randn(6, 5)
+
+    def fn(a, b, c):
+        s = c * 2.0
+        return torch.relu(a @ b) + s * s
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got, report = _fused_by_the_pass(fn, a, b, c)
+    assert not [w for w in caught if "already erased" in str(w.message)], [str(w.message) for w in caught]
+    (fused,) = report.fused
+    assert fused.source.startswith("def fused_mm(accum, x0):") and "mul(x0, 2.0)" in fused.source, fused.source
+    _close(got, fn(a, b, c), "operand read twice", tol=1e-6)
+
+
+def test_an_op_that_cannot_join_leaves_no_operand_behind():
+    """`where(m, y, k)` with k an int64 tensor cannot join (the kernels read float or bool
+    operands), after its mask m was already named: the mask must not stay an operand of the
+    epilogue that the other user (`y * 3`) gets; values are eager's."""
+    a, b = torch.randn(6, 4), torch.randn(4, 5)
+    m, k = torch.rand(6, 5) > 0.5, torch.randint(-3, 3, (6, 5))
+
+    def fn(a, b, m, k):
+        y = torch.relu(a @ b)
+        return torch.where(m, y, k), y * 3.0
+
+    got, report = _fused_by_the_pass(fn, a, b, m, k)
+    (fused,) = report.fused
+    assert fused.source.splitlines()[0].endswith("(accum):"), fused.source
+    for g, want in zip(got, fn(a, b, m, k)):
+        _close(g, want, "left out", tol=1e-6)
