@@ -222,20 +222,34 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
     return None
 
 
-INLINE_DEPTH = 4   # how many pointwise ops deep an operand's own computation is taken in
+INLINE_DEPTH = 8   # how many pointwise ops deep an operand's own computation is taken in
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return max(n, 1)
+
+
+def _bytes_per_output(nodes, shape: tuple) -> float:
+    """The bytes the epilogue reads per output element for operands `nodes` (a broadcast one
+    counts by its own size)."""
+    return sum(_val(n).element_size() * _val(n).numel() for n in nodes) / _elements(shape)
 
 
 def _inlined(node, region: _Region, descendants: set) -> str | None:
-    """The expression of an operand that a pointwise op computes from values outside the region
-    and that nothing else reads (`1 - target` in a BCE loss), so the epilogue computes it from
-    its inputs and no pass writes it whole; None where it stays an operand. At most
-    INLINE_DEPTH such ops deep."""
+    """The expression of an operand that pointwise ops compute from values outside the region,
+    so the epilogue computes it from its inputs, at most INLINE_DEPTH ops deep; None where it
+    stays an operand. Taken in where nothing else reads it (`1 - target` in a BCE loss: no
+    pass writes it whole), or where what it is computed from is fewer bytes to read than it is
+    (a GELU backward's fp32 values computed from the bf16 pre-activation: the other readers
+    keep their pass, the epilogue reads the bf16 tensor)."""
     if node in region.inlined:   # read twice (x * x): computed from the same expression
         return region.inlined[node]
     v = _val(node)
     if (region.depth >= INLINE_DEPTH or node.op != "call_function" or node.target not in POINTWISE
-            or len(node.users) != 1 or not isinstance(v, torch.Tensor) or v.dtype not in _STORED
-            or not _reads(v, region.shape)):
+            or not isinstance(v, torch.Tensor) or v.dtype not in _STORED or not _reads(v, region.shape)):
         return None
     saved = region.save()
     region.depth += 1
@@ -243,6 +257,10 @@ def _inlined(node, region: _Region, descendants: set) -> str | None:
         found = _expression(node, region, descendants)
     finally:
         region.depth -= 1
+    if found is not None and len(node.users) != 1:
+        added = [n for n in region.operands if n not in saved[0]]
+        if _bytes_per_output(added, region.shape) >= _bytes_per_output([node], region.shape):
+            found = None   # no fewer bytes to read than the operand itself
     if found is None:   # what the attempt named is not read after all
         region.restore(saved)
         return None
@@ -352,6 +370,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None) -> Report:
                   + f"\n    return {', '.join(out_names)}\n")
         try:
             key = torch_ops.entry(torch_ops.register_epilogue(source)).key
+            torch_ops.time_heavy(key)
         except Exception as error:   # an epilogue the parser or binder refuses: left unfused, said why
             report.skipped.append((gemm.name, f"the epilogue it would get is refused: {error}"))
             continue

@@ -167,6 +167,17 @@ def register_epilogue(epilogue: Callable | str | Program | None, save_accum: boo
         return _IDS[key]
 
 
+_TIME_HEAVY: set[str] = set()   # keys whose heavy epilogues are timed among a few kernels
+
+
+def time_heavy(key: str) -> None:
+    """Have calls of the epilogue `key` time a short list where the epilogue is heavy, rather
+    than take the shipped table's first choice untimed (runtime/tune.choose's `time_heavy`):
+    the compile backend's fused GEMMs, whose first call is part of a compilation anyway."""
+    with _LOCK:
+        _TIME_HEAVY.add(key)
+
+
 def entry(eid: int) -> Entry:
     return _TABLE[eid]
 
@@ -399,7 +410,7 @@ def _run(key, program, A, B, values, outputs, compute_dtype, deterministic, prec
                                 compute_dtype=compute_dtype, **values, **outputs)
         args = GemmArguments(A, B, epilogue=epi, precision=precision)
         chosen_in = tune.generation()
-        kernel = choose_kernel(args)
+        kernel = choose_kernel(args, time_heavy=key in _TIME_HEAVY)
         kernel.run(args)
     if tune.generation() == chosen_in:   # else a background winner landed meanwhile: keep nothing stale
         callsite.remember(signature, args, kernel, (), tuple(outputs))

@@ -295,3 +295,44 @@ def test_an_op_that_cannot_join_leaves_no_operand_behind():
     assert fused.source.splitlines()[0].endswith("(accum):"), fused.source
     for g, want in zip(got, fn(a, b, m, k)):
         _close(g, want, "left out", tol=1e-6)
+
+
+def test_fp32_values_computed_from_a_bf16_tensor_are_computed_in_the_epilogue_from_it():
+    """A GELU backward as AOTAutograd writes it: fp32 values computed from the bf16
+    pre-activation h, h's fp32 copy read by several of them. The epilogue reads h itself (2
+    bytes an element, not three fp32 tensors), nothing computes the fp32 ones any more, and
+    the values are eager's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from epifuse import graph_fusion
+    g, w = torch.randn(12, 8), torch.randn(8, 10)
+    h = torch.randn(12, 10).to(torch.bfloat16)
+
+    def fn(g, w, h):
+        hf = h.float()
+        slope = 0.5 * (1 + torch.erf(hf * 0.7071067811865476)) + hf * torch.exp(-0.5 * hf * hf) * 0.3989422804014327
+        return (g @ w) * slope
+
+    got, report = _fused_by_the_pass(fn, g, w, h)
+    (fused,) = report.fused
+    assert fused.source.startswith("def fused_mm(accum, x0):"), fused.source
+    gm = make_fx(fn, tracing_mode="fake")(g, w, h)
+    graph_fusion.fuse_gemms(gm.graph)
+    left = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.erf.default not in left and torch.ops.aten.exp.default not in left, gm.graph
+    _close(got, fn(g, w, h), "gelu backward", tol=1e-6)
+
+
+def test_an_operand_read_elsewhere_stays_whole_where_its_inputs_are_no_narrower():
+    """`s = c * 2.0` (fp32 from fp32) read by the epilogue and by a second GEMM: computing it
+    in the epilogue would read as many bytes, so it stays an operand of both."""
+    a, b, c = torch.randn(6, 4), torch.randn(4, 5), torch.randn(6, 5)
+
+    def fn(a, b, c):
+        s = c * 2.0
+        return torch.relu(a @ b) + s, torch.relu(s @ b.t())
+
+    got, report = _fused_by_the_pass(fn, a, b, c)
+    assert all("mul(" not in f.source for f in report.fused), [f.source for f in report.fused]
+    for g, want in zip(got, fn(a, b, c)):
+        _close(g, want, "kept operand", tol=1e-6)

@@ -143,6 +143,50 @@ def test_a_full_tuning_choice_serves_fast_afterwards(gpu, monkeypatch):
     assert tune.choose(args, kernels) is kernels[1] and len(gpu) == 1   # remembered, over the table
 
 
+_HEAVY = "def e(accum, C):\n    D = accum + C\n    E = relu(D)\n    return D, E\n"
+
+
+def _heavy_args(M, N, K, dtype=torch.float16):
+    """An epilogue moving 6 bytes per output element: a full-size fp16 operand, two outputs."""
+    A = torch.empty(M, K, dtype=dtype, device="meta")
+    B = torch.empty(K, N, dtype=dtype, device="meta")
+    C, D, E = (torch.empty(M, N, dtype=dtype, device="meta") for _ in range(3))
+    return epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(_HEAVY, C=C, D=D, E=E))
+
+
+def test_epilogue_bytes_counts_full_size_operands_and_outputs_not_a_bias_row():
+    assert tune.epilogue_bytes(_heavy_args(256, 128, 64)) == 6.0
+    assert tune.epilogue_bytes(_args(256, 128, 64)) == 2.0
+    A, B = torch.empty(256, 64, device="meta"), torch.empty(64, 128, device="meta")
+    bias, D = torch.empty(128, device="meta"), torch.empty(256, 128, dtype=torch.bfloat16, device="meta")
+    args = epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(
+        "def e(accum, bias):\n    D = accum + bias\n    return D\n", bias=bias, D=D))
+    assert tune.epilogue_bytes(args) == pytest.approx(2 + 4 / 256)
+
+
+def test_distinct_tiles_takes_the_first_kernel_of_each_family_and_tile():
+    order = [Fake(text) for text in _s2_order()]
+    picked = [repr(k) for k in tune.distinct_tiles(order, 4)]
+    kinds = [tuple(text.strip("<>").split()[:2]) for text in picked]
+    assert len(set(kinds)) == 4 and picked[0] == repr(order[0])
+    for text in picked:   # each the best ranked of its kind
+        kind = tuple(text.strip("<>").split()[:2])
+        assert text == next(repr(k) for k in order if tuple(repr(k).strip("<>").split()[:2]) == kind)
+
+
+def test_a_heavy_epilogue_of_the_compile_backend_times_a_spread_of_the_table_and_remembers(gpu):
+    """time_heavy and 6 bytes per output: the first kernel of each family and tile of the
+    table's ranking are timed (fast), and the winner serves the next call with or without
+    time_heavy; a light epilogue, or a heavy one without time_heavy, takes the table's first."""
+    kernels = [Fake(text) for text in _s2_order()]
+    spread = [repr(k) for k in tune.distinct_tiles(kernels, tune.HEAVY_SHORT_LIST)]
+    assert tune.choose(_heavy_args(16384, 4096, 1024), kernels) is kernels[0] and gpu == []
+    assert tune.choose(_args(16384, 4096, 1024), kernels, time_heavy=True) is kernels[0] and gpu == []
+    winner = tune.choose(_heavy_args(16384, 4096, 1024), kernels, time_heavy=True)
+    assert gpu == [("fast", spread)] and repr(winner) == spread[-1]
+    assert tune.choose(_heavy_args(16384, 4096, 1024), kernels) is winner and len(gpu) == 1
+
+
 def test_zero_takes_the_untimed_order(gpu, monkeypatch):
     monkeypatch.setenv("EPIFUSE_TUNE", "0")
     kernels = [Fake("<first>"), Fake(_s2_order()[0])]
@@ -393,7 +437,7 @@ def test_a_choice_made_while_a_background_winner_lands_is_not_kept(worker, monke
     monkeypatch.setattr(select, "get_kernels", lambda args: kernels)
     other = _cpu_args(64, 48, 32)
 
-    def choose_as_the_worker_lands(args, candidates):
+    def choose_as_the_worker_lands(args, candidates, time_heavy=False):
         tune.tune_in_background(other, candidates, "another problem")
         assert tune.wait_for_background(5)   # remembered, listeners called
         return fast
@@ -401,7 +445,7 @@ def test_a_choice_made_while_a_background_winner_lands_is_not_kept(worker, monke
     args = _cpu_args(16, 8, 8)
     assert select.choose_kernel(args) is fast
     assert args.signature not in select._CHOSEN
-    monkeypatch.setattr(tune, "choose", lambda args, candidates: fast)   # nothing lands: kept
+    monkeypatch.setattr(tune, "choose", lambda args, candidates, time_heavy=False: fast)   # nothing lands: kept
     assert select.choose_kernel(args) is fast and args.signature in select._CHOSEN
 
 

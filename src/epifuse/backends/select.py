@@ -157,9 +157,9 @@ def _forget_choices() -> None:
 tune.LISTENERS.append(_forget_choices)
 
 
-def choose_kernel(args: GemmArguments):
+def choose_kernel(args: GemmArguments, time_heavy: bool = False):
     """The kernel `epifuse.gemm` runs for `args`: of the supported ones, the one the tuning
-    policy picks (runtime/tune.py)."""
+    policy picks (runtime/tune.py; `time_heavy` as tune.choose takes it)."""
     key = args.signature
     with _LOCK:
         kernel = _CHOSEN.get(key)
@@ -172,7 +172,7 @@ def choose_kernel(args: GemmArguments):
     kernels = get_kernels(args)
     if not kernels:
         raise UnsupportedError("No kernel supports these arguments.")
-    kernel = tune.choose(args, kernels)
+    kernel = tune.choose(args, kernels, time_heavy)
     with _LOCK:
         # kept only if no background winner was remembered meanwhile: its listeners may have
         # dropped the choices already, and this one would then outlive the winner

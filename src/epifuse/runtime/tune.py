@@ -4,7 +4,10 @@
                   the shipped table of tuned choices for this GPU model and the nearest shape
                   (runtime/shipped.py), untimed: one compile; else SHORT_LIST kernels are timed
                   and the winner remembered: the table's choices at its other shapes, nearest
-                  first, or on a GPU without a table the first of the untimed order.
+                  first, or on a GPU without a table the first of the untimed order. The
+                  compile backend's fused GEMMs (choose's `time_heavy`) whose epilogue moves
+                  HEAVY_BYTES or more per output element time HEAVY_SHORT_LIST kernels of the
+                  table's ranking instead of taking its first, which was ranked over light ones.
   full            every supported kernel is timed (today's tuning before fast existed), and the
                   winner remembered; fast and background then take it.
   background      fast's choice serves at once, while a worker thread times every kernel on
@@ -197,9 +200,40 @@ def _remember(key: str, kernel) -> None:
     _store(key, repr(kernel))
 
 
-def choose(args, kernels: list):
+HEAVY_BYTES = 4.0     # epilogue bytes per output element from which a heavy epilogue is timed
+HEAVY_SHORT_LIST = 4  # kernels of distinct families and tiles timed for a heavy epilogue
+
+
+def epilogue_bytes(args) -> float:
+    """The bytes the epilogue reads and writes per output element: its tensor operands and
+    outputs, each weighted by its size over the output's (a bias row counts next to nothing)."""
+    elements = max(args.L * args.M * args.N, 1)
+    tensors = [t for t in (*args.epilogue.operands.values(), *args.epilogue.outputs.values())
+               if isinstance(t, torch.Tensor)]
+    return sum(t.element_size() * t.numel() for t in tensors) / elements
+
+
+def distinct_tiles(order: list, count: int) -> list:
+    """The first kernel of each family and tile shape in `order`, up to `count`: a ranking made
+    over light epilogues, spread so that a heavy one finds the smaller or the register-lighter
+    tile among them."""
+    picked, seen = [], set()
+    for kernel in order:
+        kind = tuple(repr(kernel).strip("<>").split()[:2])   # family, tile
+        if kind not in seen:
+            seen.add(kind)
+            picked.append(kernel)
+    return picked[:count]
+
+
+def choose(args, kernels: list, time_heavy: bool = False):
     """The kernel to run `args` of `kernels` (all supporting args, best first in the untimed
-    order), by the tuning policy."""
+    order), by the tuning policy. `time_heavy` (the compile backend's fused GEMMs): under fast,
+    an epilogue moving HEAVY_BYTES or more per output element times HEAVY_SHORT_LIST kernels of
+    the shipped ranking (distinct_tiles) instead of taking its first, which was ranked over
+    light epilogues (measured on an H200, 16384 x 4096 x 1024: a BCE loss reading fp32 targets
+    ran 1019 us in the table's first choice and 410 us in the best of the four; bias + GELU
+    writing two bf16 outputs 489 against 294)."""
     mode = policy()
     generated = [k for k in kernels if k.name != "reference"]
     if len(generated) <= 1 or mode == "0" or not _on_gpu(args):
@@ -215,6 +249,12 @@ def choose(args, kernels: list):
     if mode == "background" and args.form == "real":   # the worker rebuilds real GEMMs only: two-accumulator ones time now
         tune_in_background(args, generated, key)
         return order[0] if order else generated[0]
+    if order and len(order) > 1 and epilogue_bytes(args) >= HEAVY_BYTES:
+        heavy = distinct_tiles(order, HEAVY_SHORT_LIST)
+        heavy_key = f"{key}|heavy {candidates_digest(heavy)}"
+        remembered = by_name.get(_remembered(heavy_key))   # timed by an earlier process too
+        if remembered is not None or time_heavy:
+            return remembered if remembered is not None else _tune(args, heavy, heavy_key, "fast")
     if order:
         return order[0]
     short = shipped.short_list(args, generated, _gpu_name(args), SHORT_LIST) or generated[:SHORT_LIST]
