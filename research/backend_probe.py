@@ -12,6 +12,8 @@ random tensors laid out the same way, and timed (do_bench medians) as:
   plain       epifuse.gemm(A, B) without an epilogue, at the graph's layouts
   cublas      torch.mm / torch.bmm of the same A and B
   full        (--full) every candidate timed, as EPIFUSE_TUNE=full: the fastest and its kernel
+--host profiles 20 compiled training steps on the host (cProfile, functions by own time) and
+gives the step's wall time against its GPU kernels' sum: where a step waits on Python.
 The table says whether a slow fused GEMM is slow for its layouts, its epilogue, or its kernel
 choice. `--device cpu` runs the plumbing on tiny sizes through the interpreter (no timing).
 """
@@ -30,8 +32,9 @@ def _layout(t):
     return {"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype).removeprefix("torch.")}
 
 
-def record_calls(model_name: str, scale: float, device: str):
-    """(calls, explanation) of one training step of `model_name` under the epifuse backend."""
+def record_calls(model_name: str, scale: float, device: str, host: dict | None = None):
+    """(calls, explanation) of one training step of `model_name` under the epifuse backend;
+    with `host` (a dict), 20 more steps profiled on the host into it."""
     import epifuse.backend
     import epifuse.torch_ops as ops
     from bench.models import build
@@ -51,7 +54,36 @@ def record_calls(model_name: str, scale: float, device: str):
             compiled(*inputs).backward()
     finally:
         ops._run = real
+    if host is not None:
+        host.update(_host_profile(compiled, inputs, device))
     return calls, explanation
+
+
+def _host_profile(compiled, inputs, device: str, steps: int = 20) -> dict:
+    import cProfile
+    import io
+    import pstats
+
+    def step():
+        compiled(*inputs).backward()
+    for _ in range(3):
+        step()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    wall_ms = (time.perf_counter() - start) / steps * 1e3
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    sync()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(20)
+    return {"step_ms": wall_ms, "profile": [line for line in text.getvalue().splitlines() if line.strip()][-22:]}
 
 
 def _fresh(t):
@@ -110,6 +142,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="linear_bce,bert_ffn")
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--full", action="store_true")
+    p.add_argument("--host", action="store_true")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--out", default=None)
     ns = p.parse_args(argv)
@@ -118,7 +151,8 @@ def main(argv=None) -> int:
     lines = []
     for name in ns.models.split(","):
         start = time.perf_counter()
-        calls, explanation = record_calls(name, ns.scale, ns.device)
+        host = {} if ns.host else None
+        calls, explanation = record_calls(name, ns.scale, ns.device, host)
         seen, rows = set(), []
         for call in calls:
             signature = (call["key"], *(tuple(t.shape) + tuple(t.stride()) for t in (call["A"], call["B"])))
@@ -127,7 +161,10 @@ def main(argv=None) -> int:
             seen.add(signature)
             rows.append(replay(call, ns.full, timed))
         result["models"][name] = {"fused": list(explanation.fused), "left": [list(x) for x in explanation.left],
-                                  "calls": rows, "seconds": time.perf_counter() - start}
+                                  "calls": rows, "seconds": time.perf_counter() - start, "host": host}
+        if host:
+            lines.append(f"{name:10s} host: {host['step_ms']:.3f} ms a step (wall, 20 steps)")
+            lines.extend(f"{name:10s}   {line[:150]}" for line in host["profile"][:14])
         for k, row in enumerate(rows):
             times = " ".join(f"{what} {row[what + '_us']:7.1f}" for what in ("as_called", "contiguous", "plain", "cublas", "full_best")
                              if what + "_us" in row)
