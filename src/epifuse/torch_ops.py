@@ -59,6 +59,7 @@ import math
 import sys
 import threading
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -424,13 +425,36 @@ def _gemm(epilogue: str, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: l
           precision: str) -> list[Tensor]:
     e = resolve(epilogue)
     values = unpack(e.program.operands, tensors, numbers, kinds)
-    program, graph, accum_shape, values, _ = _plan(e.program, A, B, values)
-    outs = [torch.empty(shape, dtype=dtype, device=A.device)
-            for shape, dtype in _output_specs(e, graph, accum_shape, A, out_dtypes, compute_dtype)]
-    names = [o.name for o in graph.outputs]
-    _run(epilogue, program, A, B, values, dict(zip(names, outs)), compute_dtype, deterministic,
+    specs, names = _planned_outputs(epilogue, e, A, B, values, out_dtypes, compute_dtype)
+    outs = [torch.empty(shape, dtype=dtype, device=A.device) for shape, dtype in specs]
+    _run(epilogue, e.program, A, B, values, dict(zip(names, outs)), compute_dtype, deterministic,
          precision, False)
     return outs
+
+
+_PLANS: OrderedDict = OrderedDict()   # (epilogue, tensors' metadata, options) -> (specs, names)
+PLANS_KEPT = 512
+
+
+def _planned_outputs(epilogue, e: Entry, A: Tensor, B: Tensor, values: dict, out_dtypes: str, compute_dtype):
+    """(shape, dtype) and name of each output of a call, remembered per epilogue and the
+    metadata of its tensors (a compiled graph calls the op with the same metadata every step,
+    and planning costs about 25 us of its host time). Only what was planned without error is
+    remembered; the call itself is checked as every call is (_run)."""
+    def meta(t):
+        return (t.shape, t.stride(), t.dtype, t.device, t.layout) if isinstance(t, Tensor) else None
+    key = (epilogue, meta(A), meta(B), tuple(meta(v) for v in values.values()), out_dtypes, compute_dtype)
+    with _LOCK:
+        found = _PLANS.get(key)
+    if found is not None:
+        return found
+    program, graph, accum_shape, _, _ = _plan(e.program, A, B, values)
+    found = (_output_specs(e, graph, accum_shape, A, out_dtypes, compute_dtype), [o.name for o in graph.outputs])
+    with _LOCK:
+        _PLANS[key] = found
+        while len(_PLANS) > PLANS_KEPT:
+            _PLANS.popitem(last=False)
+    return found
 
 
 @_gemm.register_fake

@@ -1022,3 +1022,32 @@ def test_second_derivatives_on_gpu_match_torch(recompute):
     for a, b in zip(ours, theirs):
         err = float((a.double() - b).norm() / b.norm())
         assert err < 1e-4, err
+
+
+def test_a_repeated_op_call_is_planned_once_per_metadata_and_errors_are_not_remembered(monkeypatch):
+    """epifuse::gemm plans its outputs once per epilogue and tensor metadata (a compiled graph
+    calls it with the same every step); a new shape is planned anew with its own output
+    shape; an operand that does not broadcast is refused at every call, never remembered."""
+    key = torch_ops.entry(torch_ops.register_epilogue(
+        "def e(accum, C):\n    D = relu(accum + C)\n    R = sum(D, dim=1)\n    return D, R\n")).key
+    planned = []
+    real = torch_ops._plan
+    monkeypatch.setattr(torch_ops, "_plan", lambda *a: planned.append(1) or real(*a))
+    monkeypatch.setattr(torch_ops, "_PLANS", type(torch_ops._PLANS)())
+    op = torch.ops.epifuse.gemm.default
+
+    def call(M, C_shape):
+        A, B = torch.randint(-3, 4, (M, 8)).float(), torch.randint(-3, 4, (8, 6)).float()
+        C = torch.randint(-3, 4, C_shape).float()
+        D, R = op(key, A, B, [C], [], "t", "", torch.float32, False, "highest")
+        want = torch.relu(A.double() @ B.double() + C.double())
+        assert torch.equal(D.double(), want) and torch.equal(R.double(), want.sum(1))
+    call(5, (5, 6))
+    call(5, (5, 6))
+    assert len(planned) == 1
+    call(7, (6,))
+    assert len(planned) == 2
+    for _ in range(2):
+        with pytest.raises(ShapeError, match="does not broadcast"):
+            call(5, (4, 6))
+    assert len(planned) == 4
