@@ -3,6 +3,7 @@ fusion pass (epifuse.graph_fusion) on the post-grad forward and backward graphs,
 the rest, the fused kernels run through the interpreter; values and gradients against eager."""
 import subprocess
 import sys
+import types
 import warnings
 
 import pytest
@@ -336,3 +337,25 @@ def test_an_operand_read_elsewhere_stays_whole_where_its_inputs_are_no_narrower(
     assert all("mul(" not in f.source for f in report.fused), [f.source for f in report.fused]
     for g, want in zip(got, fn(a, b, c)):
         _close(g, want, "kept operand", tol=1e-6)
+
+
+def test_a_gemm_below_min_elements_is_left_with_its_reason():
+    """fuse_gemms(min_elements=...): a GEMM writing fewer elements is left to Inductor, said
+    why; one at the bound is fused (the backend passes MIN_FUSED_ELEMENTS on a GPU, 0 on CPU)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from epifuse import backend, graph_fusion
+    a, b = torch.randn(6, 4), torch.randn(4, 5)
+
+    def fn(a, b):
+        return torch.relu(a @ b)
+    for bound, fused in ((31, False), (30, True)):
+        gm = make_fx(fn, tracing_mode="fake")(a, b)
+        report = graph_fusion.fuse_gemms(gm.graph, min_elements=bound)
+        assert bool(report.fused) is fused, report
+        if not fused:
+            assert "30 output elements are fewer than 31" in report.skipped[0][1], report.skipped
+    graph = make_fx(fn, tracing_mode="fake")(a, b).graph
+    assert backend._min_elements(graph) == 0
+    next(iter(graph.nodes)).meta["val"] = types.SimpleNamespace(device=torch.device("cuda"))   # as on a GPU
+    assert backend._min_elements(graph) == graph_fusion.MIN_FUSED_ELEMENTS > 0
