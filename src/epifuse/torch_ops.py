@@ -432,8 +432,8 @@ def _gemm(epilogue: str, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: l
     return outs
 
 
-_PLANS: OrderedDict = OrderedDict()   # (epilogue, tensors' metadata, options) -> (specs, names)
-PLANS_KEPT = 512
+_OUTPUT_PLANS: OrderedDict = OrderedDict()   # (epilogue, tensors' metadata, options) -> (specs, names)
+OUTPUT_PLANS_KEPT = 512
 
 
 def _planned_outputs(epilogue, e: Entry, A: Tensor, B: Tensor, values: dict, out_dtypes: str, compute_dtype):
@@ -445,15 +445,15 @@ def _planned_outputs(epilogue, e: Entry, A: Tensor, B: Tensor, values: dict, out
         return (t.shape, t.stride(), t.dtype, t.device, t.layout) if isinstance(t, Tensor) else None
     key = (epilogue, meta(A), meta(B), tuple(meta(v) for v in values.values()), out_dtypes, compute_dtype)
     with _LOCK:
-        found = _PLANS.get(key)
+        found = _OUTPUT_PLANS.get(key)
     if found is not None:
         return found
     program, graph, accum_shape, _, _ = _plan(e.program, A, B, values)
     found = (_output_specs(e, graph, accum_shape, A, out_dtypes, compute_dtype), [o.name for o in graph.outputs])
     with _LOCK:
-        _PLANS[key] = found
-        while len(_PLANS) > PLANS_KEPT:
-            _PLANS.popitem(last=False)
+        _OUTPUT_PLANS[key] = found
+        while len(_OUTPUT_PLANS) > OUTPUT_PLANS_KEPT:
+            _OUTPUT_PLANS.popitem(last=False)
     return found
 
 

@@ -1033,7 +1033,8 @@ def test_a_repeated_op_call_is_planned_once_per_metadata_and_errors_are_not_reme
     planned = []
     real = torch_ops._plan
     monkeypatch.setattr(torch_ops, "_plan", lambda *a: planned.append(1) or real(*a))
-    monkeypatch.setattr(torch_ops, "_PLANS", type(torch_ops._PLANS)())
+    monkeypatch.setattr(torch_ops, "_OUTPUT_PLANS", type(torch_ops._OUTPUT_PLANS)())
+    monkeypatch.setattr(torch_ops, "OUTPUT_PLANS_KEPT", 2)
     op = torch.ops.epifuse.gemm.default
 
     def call(M, C_shape):
@@ -1051,3 +1052,8 @@ def test_a_repeated_op_call_is_planned_once_per_metadata_and_errors_are_not_reme
         with pytest.raises(ShapeError, match="does not broadcast"):
             call(5, (4, 6))
     assert len(planned) == 4
+    call(9, (9, 6))   # a third shape: the oldest of the two kept is dropped, and planned again
+    assert len(torch_ops._OUTPUT_PLANS) == 2
+    call(5, (5, 6))
+    assert len(planned) == 6
+    assert torch_ops._PLANS is not torch_ops._OUTPUT_PLANS   # the backward plans keep their own store
