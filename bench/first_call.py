@@ -100,8 +100,8 @@ def gemm_child(spec: dict) -> dict:
     seen = []
     original = tune.choose
 
-    def choose(args, kernels):   # the arguments and candidates the call chose among
-        kernel = original(args, kernels)
+    def choose(args, kernels, *options):   # the arguments and candidates the call chose among
+        kernel = original(args, kernels, *options)
         seen.append((args, kernels, kernel))
         return kernel
     tune.choose = choose
