@@ -172,7 +172,7 @@ def choose_kernel(args: GemmArguments, time_heavy: bool = False):
     kernels = get_kernels(args)
     if not kernels:
         raise UnsupportedError("No kernel supports these arguments.")
-    kernel = tune.choose(args, kernels, time_heavy)
+    kernel = tune.choose(args, kernels, time_heavy=True) if time_heavy else tune.choose(args, kernels)
     with _LOCK:
         # kept only if no background winner was remembered meanwhile: its listeners may have
         # dropped the choices already, and this one would then outlive the winner
