@@ -17,6 +17,7 @@ import torch
 
 from epifuse import cli, commands, debug
 from epifuse.tools import harness
+from helpers import fast
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,8 +125,9 @@ def _cpu_env(tmp_path, pythonpath, interpret=False):
     return env
 
 
-@pytest.mark.parametrize("install", ["editable", "wheel"])
-@pytest.mark.parametrize("where", [".", "examples"])
+@pytest.mark.parametrize("where, install", fast([(".", "editable"), (".", "wheel"), ("examples", "editable"),
+                                                  ("examples", "wheel")], keep={0},
+                                                 ids=[".-editable", ".-wheel", "examples-editable", "examples-wheel"]))
 def test_bench_runs_from_a_checkout(tmp_path, install, where):
     """`epifuse bench` from the checkout's root (or a folder in it), as the README says, finds
     bench/ whether epifuse is imported from the checkout's src/ or installed elsewhere; the dry

@@ -54,6 +54,7 @@ def test_fused_linear_is_an_nn_linear_with_the_same_state():
     assert "epilogue=relu" in repr(layer)
 
 
+@pytest.mark.slow   # two processes (about 3 s); the README's run keeps the import-rules test
 def test_tensor_parallel_trains_as_nn_linear():
     _spawn(distributed_worker.tensor_parallel)
 
@@ -176,6 +177,7 @@ def test_choose_keeps_the_given_outputs_of_gemm_out():
         sharding.choose("epifuse::gemm_out", p, (2,), ((("S", 0), R),), ((("S", 0),), (R,)))
 
 
+@pytest.mark.slow   # two processes (about 3 s)
 def test_ops_on_dtensors_split_reduce_and_differentiate():
     _spawn(distributed_worker.op_sharding)
 

@@ -16,7 +16,7 @@ from epifuse.frontend import parse
 from epifuse.ops import relu
 
 from frontend_helpers import M, N, accum_of, body, cpu_ab, only_expr, op_names, shape_of, strip
-from helpers import integer_tensor
+from helpers import fast, integer_tensor
 
 
 @pytest.fixture
@@ -331,7 +331,7 @@ sys.exit(1 if results else 0)
 """
 
 
-@pytest.mark.parametrize("stack", [256, 128])
+@pytest.mark.parametrize("stack", fast([256, 128], keep={1}))
 def test_every_nesting_construct_is_refused_before_it_can_crash_a_small_stack(stack):
     """In a thread with a 256 or 128 KiB stack, each deep construct is refused by the nesting
     limit (an EpilogueSyntaxError that names it) before CPython's parser recurses into it. Run

@@ -187,6 +187,19 @@ def test_a_heavy_epilogue_of_the_compile_backend_times_a_spread_of_the_table_and
     assert tune.choose(_heavy_args(16384, 4096, 1024), kernels) is winner and len(gpu) == 1
 
 
+@pytest.mark.parametrize("policy", ["fast", "full"])
+def test_nothing_is_timed_while_a_cuda_graph_is_captured(gpu, monkeypatch, policy):
+    """Timing synchronizes, which fails a capture: during one, the table's first choice (or the
+    untimed order's first) serves, under every policy, heavy epilogues of the backend included."""
+    monkeypatch.setenv("EPIFUSE_TUNE", policy)
+    monkeypatch.setattr(tune, "_capturing", lambda: True)
+    kernels = [Fake(text) for text in _s2_order()]
+    assert tune.choose(_heavy_args(16384, 4096, 1024), kernels, time_heavy=True) is kernels[0]
+    far = [Fake(f"<k{i}>") for i in range(5)]
+    assert tune.choose(_args(64, 50000, 300), far) is far[0]
+    assert gpu == []
+
+
 def test_zero_takes_the_untimed_order(gpu, monkeypatch):
     monkeypatch.setenv("EPIFUSE_TUNE", "0")
     kernels = [Fake("<first>"), Fake(_s2_order()[0])]

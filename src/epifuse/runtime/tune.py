@@ -21,6 +21,8 @@
                   runs: the worker synchronizes and allocates, which makes a capture in another
                   thread fail; call wait_for_background() first.
   0               the first supported kernel of the untimed order, untimed.
+While the current stream captures a CUDA graph nothing is timed under any policy (timing
+synchronizes): a remembered choice, else the shipped table's first, else the untimed order's.
 
 Timing (`_time_all`) runs every kernel on scratch outputs (so tuning never touches the user's
 tensors, and `accumulate=True` or in-place outputs stay correct). Choices are kept in memory and
@@ -176,6 +178,11 @@ def policy() -> str:
     return value
 
 
+def _capturing() -> bool:
+    """Whether the current stream captures a CUDA graph (then nothing is timed)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _on_gpu(args) -> bool:
     return args.A.device.type == "cuda"
 
@@ -243,6 +250,9 @@ def choose(args, kernels: list, time_heavy: bool = False):
     tuned = by_name.get(_remembered(key))
     if tuned is not None:
         return tuned
+    if _capturing():   # timing synchronizes, which a CUDA graph capture does not allow
+        order = shipped.ranked(args, generated, _gpu_name(args))
+        return order[0] if order else generated[0]
     if mode == "full":
         return _tune(args, generated, key, "full")
     order = shipped.ranked(args, generated, _gpu_name(args))
