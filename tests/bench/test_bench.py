@@ -211,6 +211,7 @@ def test_models_benchmark_runs_end_to_end_on_cpu(tmp_path):
     assert mlp["fused"], mlp   # the MLP's GEMMs take their bias and GELU (and backward) epilogues
 
 
+@pytest.mark.slow   # about 3 s
 def test_lce_benchmark_runs_end_to_end_on_cpu(tmp_path):
     """bench.lce's plumbing at a toy size: eager first (the reference), then epifuse with its
     loss and gradients against eager's and the float64 truth's (float32 on the CPU: agreement to

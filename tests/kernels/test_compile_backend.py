@@ -77,13 +77,14 @@ def test_an_mlp_trains_as_eager_under_the_backend():
         _close(compiled(x), eager(x), "no_grad")
 
 
+@pytest.mark.slow   # Inductor compiles on the CPU (about 3 s)
 def test_functions_without_a_gemm_compile_unchanged():
     compiled = torch.compile(lambda x: torch.relu(x) * 2.0 + 1.0, backend="epifuse")
     x = torch.randn(5, 3)
     assert torch.equal(compiled(x), torch.relu(x) * 2.0 + 1.0)
 
 
-@pytest.mark.parametrize("order", ["epifuse first", "dynamo first"])
+@pytest.mark.parametrize("order", [pytest.param("epifuse first", marks=pytest.mark.slow), "dynamo first"])
 def test_import_epifuse_registers_the_name_with_torchs_registry(order):
     """From a source tree (no entry point needed): `import epifuse` registers "epifuse" when
     torch's backend registry loads later, or at once where it is loaded already; either way

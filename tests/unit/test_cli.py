@@ -155,7 +155,8 @@ def test_bench_outside_a_checkout_says_what_to_do(tmp_path):
         in result.stderr
 
 
-@pytest.mark.parametrize("interpret", [True, False], ids=["TRITON_INTERPRET=1", "no-TRITON_INTERPRET"])
+@pytest.mark.parametrize("interpret", [pytest.param(True, marks=pytest.mark.slow), False],
+                         ids=["TRITON_INTERPRET=1", "no-TRITON_INTERPRET"])
 def test_demo_says_which_kernel_ran(tmp_path, interpret):
     """On a CPU the demo runs the generated kernels through Triton's interpreter (it sets
     TRITON_INTERPRET=1 itself) and says so for every example, not only "matches torch"."""
@@ -549,6 +550,7 @@ sys.exit(1 if results else 0)
 """
 
 
+@pytest.mark.slow   # a subprocess (about 2 s); the one-line-error twin stays in the README's run
 def test_show_on_deeply_nested_files_in_a_small_stack(tmp_path):
     from helpers import run_python
     paths = {}

@@ -92,7 +92,8 @@ KERNEL_LINES = {
 }
 
 
-@pytest.mark.parametrize("interpret", [True, False], ids=["TRITON_INTERPRET=1", "no-TRITON_INTERPRET"])
+@pytest.mark.parametrize("interpret", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["TRITON_INTERPRET=1", "no-TRITON_INTERPRET"])
 def test_example_says_which_kernel_ran(tmp_path, interpret):
     """On a CPU, 01_custom_epilogue.py runs the fused kernel through Triton's interpreter with
     TRITON_INTERPRET=1 and the unfused reference kernel without it, and says which (with how to
