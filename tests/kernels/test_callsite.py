@@ -266,6 +266,7 @@ def threaded_calls(device, threads: int, calls: int, stream_of=lambda worker: No
     return errors
 
 
+@pytest.mark.slow   # threads through the interpreter (about 4.5 s)
 def test_threads_sharing_a_kept_launch_get_their_own_reductions(device, monkeypatch):
     """Eight threads calling with one signature at once, a reduction among the outputs: each
     call folds its own reductions (a kept launch's work buffers were shared by its calls, so one
