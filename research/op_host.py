@@ -15,9 +15,10 @@ import cProfile
 import importlib
 import io
 import pstats
-import time
 
 import torch
+
+from bench.overhead import _per_call_us as us
 
 SOURCE = """def fused_addmm(accum, x0, x1, x2):
     t0 = add(accum, x0)
@@ -29,18 +30,6 @@ SOURCE = """def fused_addmm(accum, x0, x1, x2):
     out1 = t10
     return out0, out1
 """
-
-
-def us(fn, n=2000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / n * 1e6
 
 
 def main() -> None:

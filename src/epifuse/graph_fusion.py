@@ -25,6 +25,7 @@ prologue fusion yet).
 """
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ import torch
 
 from . import torch_ops
 from .printing import number_literal
+from .shapes import bytes_per_output
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -225,19 +227,6 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
 INLINE_DEPTH = 8   # how many pointwise ops deep an operand's own computation is taken in
 
 
-def _elements(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return max(n, 1)
-
-
-def _bytes_per_output(nodes, shape: tuple) -> float:
-    """The bytes the epilogue reads per output element for operands `nodes` (a broadcast one
-    counts by its own size)."""
-    return sum(_val(n).element_size() * _val(n).numel() for n in nodes) / _elements(shape)
-
-
 def _inlined(node, region: _Region, descendants: set) -> str | None:
     """The expression of an operand that pointwise ops compute from values outside the region,
     so the epilogue computes it from its inputs, at most INLINE_DEPTH ops deep; None where it
@@ -259,7 +248,8 @@ def _inlined(node, region: _Region, descendants: set) -> str | None:
         region.depth -= 1
     if found is not None and len(node.users) != 1:
         added = [n for n in region.operands if n not in saved[0]]
-        if _bytes_per_output(added, region.shape) >= _bytes_per_output([node], region.shape):
+        elements = math.prod(region.shape)
+        if bytes_per_output([_val(n) for n in added], elements) >= bytes_per_output([v], elements):
             found = None   # no fewer bytes to read than the operand itself
     if found is None:   # what the attempt named is not read after all
         region.restore(saved)

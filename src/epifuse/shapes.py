@@ -238,6 +238,12 @@ def output_strides(name: str, dest: torch.Tensor, accum_shape, device, dims, op)
             for a in AXES if a not in dims}
 
 
+def bytes_per_output(tensors, output_elements: int) -> float:
+    """The bytes `tensors` hold per element of an output of `output_elements` elements (a
+    broadcast operand counts by its own size): what an epilogue moves for them."""
+    return sum(t.element_size() * t.numel() for t in tensors) / max(output_elements, 1)
+
+
 def span(t: torch.Tensor) -> int:
     """How many elements apart the first and last element of `t` lie, plus one."""
     return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0) + 1

@@ -192,7 +192,7 @@ def test_nothing_is_timed_while_a_cuda_graph_is_captured(gpu, monkeypatch, polic
     """Timing synchronizes, which fails a capture: during one, the table's first choice (or the
     untimed order's first) serves, under every policy, heavy epilogues of the backend included."""
     monkeypatch.setenv("EPIFUSE_TUNE", policy)
-    monkeypatch.setattr(tune, "_capturing", lambda: True)
+    monkeypatch.setattr(tune, "capturing", lambda device: True)
     kernels = [Fake(text) for text in _s2_order()]
     assert tune.choose(_heavy_args(16384, 4096, 1024), kernels, time_heavy=True) is kernels[0]
     far = [Fake(f"<k{i}>") for i in range(5)]

@@ -55,8 +55,8 @@ from triton.testing import do_bench
 
 from ..arguments import EpilogueArguments, GemmArguments
 from ..errors import EpilogueArgumentError
-from ..backends.triton.device import gpu_sms, output_tiles
-from ..shapes import operand_layouts
+from ..backends.triton.device import capturing, gpu_sms, output_tiles
+from ..shapes import bytes_per_output, operand_layouts
 from ..version import __version__
 from . import shipped
 from .cache import cache_dir, entry_lock, read_file, set_aside, write_atomically
@@ -178,11 +178,6 @@ def policy() -> str:
     return value
 
 
-def _capturing() -> bool:
-    """Whether the current stream captures a CUDA graph (then nothing is timed)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 def _on_gpu(args) -> bool:
     return args.A.device.type == "cuda"
 
@@ -214,10 +209,9 @@ HEAVY_SHORT_LIST = 4  # kernels of distinct families and tiles timed for a heavy
 def epilogue_bytes(args) -> float:
     """The bytes the epilogue reads and writes per output element: its tensor operands and
     outputs, each weighted by its size over the output's (a bias row counts next to nothing)."""
-    elements = max(args.L * args.M * args.N, 1)
     tensors = [t for t in (*args.epilogue.operands.values(), *args.epilogue.outputs.values())
                if isinstance(t, torch.Tensor)]
-    return sum(t.element_size() * t.numel() for t in tensors) / elements
+    return bytes_per_output(tensors, args.L * args.M * args.N)
 
 
 def distinct_tiles(order: list, count: int) -> list:
@@ -250,12 +244,11 @@ def choose(args, kernels: list, time_heavy: bool = False):
     tuned = by_name.get(_remembered(key))
     if tuned is not None:
         return tuned
-    if _capturing():   # timing synchronizes, which a CUDA graph capture does not allow
-        order = shipped.ranked(args, generated, _gpu_name(args))
+    order = shipped.ranked(args, generated, _gpu_name(args))
+    if capturing(args.A.device):   # timing synchronizes, which a CUDA graph capture does not allow
         return order[0] if order else generated[0]
     if mode == "full":
         return _tune(args, generated, key, "full")
-    order = shipped.ranked(args, generated, _gpu_name(args))
     if mode == "background" and args.form == "real":   # the worker rebuilds real GEMMs only: two-accumulator ones time now
         tune_in_background(args, generated, key)
         return order[0] if order else generated[0]
