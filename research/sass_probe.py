@@ -30,6 +30,7 @@ from .probe import EPILOGUES, make_args, make_operands
 KERNELS = {
     "coop": TritonKernel(COOPERATIVE, TileConfig(128, 256, 64, 8, 8, 3)),
     "coop2": TritonKernel(COOPERATIVE, TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=2)),
+    "coop4": TritonKernel(COOPERATIVE, TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=4)),
     "pingpong2": TritonKernel(PINGPONG, TileConfig(128, 128, 64, 8, 4, 5, epilogue_pieces=2)),
 }
 TESTS = Path(__file__).resolve().parent.parent / "tests"  # offline.py: the offline Gluon compile

@@ -164,14 +164,41 @@ def test_epilogue_bytes_counts_full_size_operands_and_outputs_not_a_bias_row():
     assert tune.epilogue_bytes(args) == pytest.approx(2 + 4 / 256)
 
 
-def test_distinct_tiles_takes_the_first_kernel_of_each_family_and_tile():
+def _kind(text):
+    return tuple(text.strip("<>").split()[:2])
+
+
+def test_distinct_tiles_takes_one_kernel_of_each_family_and_tile_in_the_most_pieces():
     order = [Fake(text) for text in _s2_order()]
     picked = [repr(k) for k in tune.distinct_tiles(order, 4)]
-    kinds = [tuple(text.strip("<>").split()[:2]) for text in picked]
-    assert len(set(kinds)) == 4 and picked[0] == repr(order[0])
-    for text in picked:   # each the best ranked of its kind
-        kind = tuple(text.strip("<>").split()[:2])
-        assert text == next(repr(k) for k in order if tuple(repr(k).strip("<>").split()[:2]) == kind)
+    kinds = [_kind(text) for text in picked]
+    assert len(set(kinds)) == 4
+    firsts = list(dict.fromkeys(_kind(repr(k)) for k in order))
+    assert kinds == firsts[:4]   # kinds in the order of their first kernel
+    for text in picked:   # of its kind, the most pieces, then the best ranked
+        same = [repr(k) for k in order if _kind(repr(k)) == _kind(text)]
+        most = max(tune._epilogue_pieces(t) for t in same)
+        assert text == next(t for t in same if tune._epilogue_pieces(t) == most)
+
+
+def test_distinct_tiles_prefers_the_epilogue_in_more_pieces_of_one_tile():
+    order = [Fake(t) for t in ("<gluon_cooperative 128x256x64 group 8, 8 warps, 3 stages, epilogue in 2>",
+                               "<triton_persistent 128x128x64 group 8, 8 warps, 4 stages, flat>",
+                               "<gluon_cooperative 128x256x64 group 8, 8 warps, 3 stages>",
+                               "<gluon_cooperative 128x256x64 group 8, 8 warps, 3 stages, epilogue in 4>",
+                               "<triton_persistent 128x128x64 group 8, 4 warps, 4 stages>")]
+    assert tune.distinct_tiles(order, 4) == [order[3], order[1]]
+    assert tune.distinct_tiles(order, 1) == [order[3]]
+
+
+def test_distinct_tiles_finds_more_pieces_among_kernels_the_ranking_left_out():
+    """A shipped ranking names the configs it was measured over; a split added since is a
+    candidate all the same, and a heavy epilogue takes it."""
+    ranked = [Fake("<gluon_cooperative 128x256x64 group 8, 8 warps, 3 stages, epilogue in 2>"),
+              Fake("<triton_persistent 128x128x64 group 8, 8 warps, 4 stages, flat>")]
+    four = Fake("<gluon_cooperative 128x256x64 group 8, 8 warps, 3 stages, epilogue in 4>")
+    other = Fake("<gluon_pingpong 128x128x64 group 8, 4 warps, 4 stages, epilogue in 2>")
+    assert tune.distinct_tiles(ranked, 4, [*ranked, four, other]) == [four, ranked[1]]
 
 
 def test_a_heavy_epilogue_of_the_compile_backend_times_a_spread_of_the_table_and_remembers(gpu):
@@ -179,7 +206,7 @@ def test_a_heavy_epilogue_of_the_compile_backend_times_a_spread_of_the_table_and
     table's ranking are timed (fast), and the winner serves the next call with or without
     time_heavy; a light epilogue, or a heavy one without time_heavy, takes the table's first."""
     kernels = [Fake(text) for text in _s2_order()]
-    spread = [repr(k) for k in tune.distinct_tiles(kernels, tune.HEAVY_SHORT_LIST)]
+    spread = [repr(k) for k in tune.distinct_tiles(kernels, tune.HEAVY_SHORT_LIST, kernels)]
     assert tune.choose(_heavy_args(16384, 4096, 1024), kernels) is kernels[0] and gpu == []
     assert tune.choose(_args(16384, 4096, 1024), kernels, time_heavy=True) is kernels[0] and gpu == []
     winner = tune.choose(_heavy_args(16384, 4096, 1024), kernels, time_heavy=True)

@@ -214,17 +214,32 @@ def epilogue_bytes(args) -> float:
     return bytes_per_output(tensors, args.L * args.M * args.N)
 
 
-def distinct_tiles(order: list, count: int) -> list:
-    """The first kernel of each family and tile shape in `order`, up to `count`: a ranking made
-    over light epilogues, spread so that a heavy one finds the smaller or the register-lighter
-    tile among them."""
-    picked, seen = [], set()
+def _epilogue_pieces(kernel) -> int:
+    """How many column pieces `kernel`'s epilogue runs in, from its repr ("..., epilogue in 4>")."""
+    found = re.search(r"epilogue in (\d+)", repr(kernel))
+    return int(found.group(1)) if found else 1
+
+
+def _kind(kernel) -> tuple:
+    """A kernel's family and tile shape, from its repr ("<family MxNxK ...>")."""
+    return tuple(repr(kernel).strip("<>").split()[:2])
+
+
+def distinct_tiles(order: list, count: int, kernels: list = ()) -> list:
+    """One kernel of each family and tile shape in `order`, in the order of each kind's first
+    kernel there, up to `count`: a ranking made over light epilogues, spread so that a heavy one
+    finds the smaller or the register-lighter tile among them. Of a kind's kernels in `order` or
+    `kernels` (the candidates the ranking may leave out), the one whose epilogue runs in the most
+    pieces (fewest registers live at once; ties: the best ranked): heavy epilogues spilled in
+    fewer."""
+    kinds: dict = {}
     for kernel in order:
-        kind = tuple(repr(kernel).strip("<>").split()[:2])   # family, tile
-        if kind not in seen:
-            seen.add(kind)
-            picked.append(kernel)
-    return picked[:count]
+        kinds.setdefault(_kind(kernel), kernel)
+    for kernel in [*order, *kernels]:
+        kind = _kind(kernel)
+        if kind in kinds and _epilogue_pieces(kernel) > _epilogue_pieces(kinds[kind]):
+            kinds[kind] = kernel
+    return list(kinds.values())[:count]
 
 
 def choose(args, kernels: list, time_heavy: bool = False):
@@ -253,7 +268,7 @@ def choose(args, kernels: list, time_heavy: bool = False):
         tune_in_background(args, generated, key)
         return order[0] if order else generated[0]
     if order and len(order) > 1 and epilogue_bytes(args) >= HEAVY_BYTES:
-        heavy = distinct_tiles(order, HEAVY_SHORT_LIST)
+        heavy = distinct_tiles(order, HEAVY_SHORT_LIST, generated)
         heavy_key = f"{key}|heavy {candidates_digest(heavy)}"
         remembered = by_name.get(_remembered(heavy_key))   # timed by an earlier process too
         if remembered is not None or time_heavy:

@@ -109,8 +109,11 @@ SPLIT_K = (
 PINGPONG = (*(TileConfig(128, 128, 64, 8, 4, 4, epilogue_pieces=p) for p in (1, 2)),
             TileConfig(128, 128, 64, 8, 4, 5, epilogue_pieces=2))
 PINGPONG_BYTES = tuple(TileConfig(128, 128, 128, 8, 4, 4, epilogue_pieces=p) for p in (1, 2))
-# The cooperative kernel's 128 x 256 tiles, its epilogue whole or in two pieces.
-COOPERATIVE = tuple(TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=p) for p in (1, 2))
+# The cooperative kernel's 128 x 256 tiles, its epilogue whole, in two or in four pieces. Four
+# leave no spills where a BCE loss or a GELU backward spilled in two (erf, exp and log1p over a
+# 64-column piece), and ran those 4-18 % faster on an H200, light epilogues within 3 %
+# (research/results/epilogue_pieces_20261128/).
+COOPERATIVE = tuple(TileConfig(128, 256, 64, 8, 8, 3, epilogue_pieces=p) for p in (1, 2, 4))
 COOPERATIVE_BYTES = (TileConfig(128, 256, 128, 8, 8, 3),)
 # Where 128-row tiles leave SMs idle (a decode-like M of a few hundred rows), tiles of 64
 # rows put twice the CTAs on B's stream, each with a deeper ring.
