@@ -103,6 +103,22 @@ def make_args(name, A, B, operands):
     return epifuse.GemmArguments(A, B, epilogue=epifuse.EpilogueArguments(src, **tensors))
 
 
+def extra_kernels(text: str) -> list:
+    """Kernels tuning does not offer at this shape, to time beside those it does:
+    "pingpong:64,128,64,8,4,8,1;cooperative:128,256,64,8,8,3,4", a Gluon family and its
+    TileConfig's block_m, block_n, block_k, group_m, num_warps, num_stages, epilogue_pieces."""
+    from epifuse.backends.triton.configs import TileConfig
+    from epifuse.backends.triton.families import COOPERATIVE, PINGPONG
+    from epifuse.backends.triton.kernels import TritonKernel
+    families = {"pingpong": PINGPONG, "cooperative": COOPERATIVE}
+    kernels = []
+    for item in filter(None, text.split(";")):
+        family, numbers = item.split(":")
+        m, n, k, group, warps, stages, pieces = (int(x) for x in numbers.split(","))
+        kernels.append(TritonKernel(families[family], TileConfig(m, n, k, group, warps, stages, epilogue_pieces=pieces)))
+    return kernels
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", type=int, nargs=3, default=(16384, 4096, 1024))
@@ -110,6 +126,7 @@ def main(argv=None):
     parser.add_argument("--out", default=None)
     parser.add_argument("--top", type=int, default=0, help="only the first N supported kernels (0: all)")
     parser.add_argument("--kernels", default="", help="only these kernels, by repr, ';'-separated")
+    parser.add_argument("--extra", default="", help="more Gluon kernels to time (extra_kernels)")
     parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     parser.add_argument("--b-kmajor", action="store_true", help="B as the transpose of an (N, K) weight")
     ns = parser.parse_args(argv)
@@ -121,6 +138,7 @@ def main(argv=None):
     for name in ns.epilogues.split(","):
         args = make_args(name, A, B, operands)
         kernels = [k for k in epifuse.get_kernels(args) if k.name != "reference"]
+        kernels += [k for k in extra_kernels(ns.extra) if k.supports(args).ok]
         if ns.kernels:
             wanted = ns.kernels.split(";")
             unknown = set(wanted) - {repr(k) for k in kernels}

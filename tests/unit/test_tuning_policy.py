@@ -206,7 +206,11 @@ def test_a_heavy_epilogue_of_the_compile_backend_times_a_spread_of_the_table_and
     table's ranking are timed (fast), and the winner serves the next call with or without
     time_heavy; a light epilogue, or a heavy one without time_heavy, takes the table's first."""
     kernels = [Fake(text) for text in _s2_order()]
-    spread = [repr(k) for k in tune.distinct_tiles(kernels, tune.HEAVY_SHORT_LIST, kernels)]
+    picked = tune.distinct_tiles(kernels, tune.HEAVY_SHORT_LIST, kernels)
+    smallest = tune.smallest_ping_pong(kernels)
+    if tune._kind(smallest) not in {tune._kind(k) for k in picked}:
+        picked.append(smallest)
+    spread = [repr(k) for k in picked]
     assert tune.choose(_heavy_args(16384, 4096, 1024), kernels) is kernels[0] and gpu == []
     assert tune.choose(_args(16384, 4096, 1024), kernels, time_heavy=True) is kernels[0] and gpu == []
     winner = tune.choose(_heavy_args(16384, 4096, 1024), kernels, time_heavy=True)
@@ -592,3 +596,24 @@ def test_rows_not_tuned_in_full_are_left_out_of_a_table():
                      {**row, "epifuse_tuning": {**_record("b", b=1.0), "policy": "fast"}}]}
     table = choices.table([full])
     assert table["gpu"] == "G" and [e["order"] for e in table["entries"]] == [["a"]]
+
+
+def test_the_smallest_ping_pong_is_the_first_kernel_of_the_smallest_ping_pong_tile():
+    kernels = [Fake("<gluon_pingpong 128x128x64 group 8, 4 warps, 4 stages, epilogue in 2>"),
+               Fake("<triton_tiled 64x64x64 group 8, 4 warps, 4 stages>"),
+               Fake("<gluon_pingpong 64x128x64 group 8, 4 warps, 8 stages>"),
+               Fake("<gluon_pingpong 64x128x64 group 8, 4 warps, 6 stages, epilogue in 2>")]
+    assert tune.smallest_ping_pong(kernels) is kernels[2]
+    assert tune.smallest_ping_pong(kernels[1:2]) is None
+
+
+def test_a_heavy_epilogue_also_times_the_smallest_ping_pong(gpu):
+    """The 64-row ping-pong, offered last on a full grid and named by no ranking, joins the
+    four of distinct_tiles for a heavy epilogue of the backend; a light one never times it."""
+    order = [Fake(text) for text in _s2_order()]
+    small = Fake("<gluon_pingpong 64x128x64 group 8, 4 warps, 8 stages>")
+    kernels = [*order, small]
+    winner = tune.choose(_heavy_args(16384, 4096, 1024), kernels, time_heavy=True)
+    timed = gpu[0][1]
+    assert repr(small) in timed and len(timed) == tune.HEAVY_SHORT_LIST + 1 and repr(winner) in timed
+    assert tune.choose(_args(16384, 4096, 1024), kernels, time_heavy=True) is order[0] and len(gpu) == 1

@@ -58,7 +58,7 @@ def candidates(args) -> list:
     """The kernels tried for one GEMM, in the untimed order: on a GPU the persistent TMA kernels,
     the Gluon ping-pong and cooperative ones, the tiled ones, the two-rows-deep ping-pong where
     all of B fits in a quarter of L2; split-K last, or first where the usual tiles leave SMs
-    idle and K is long; and there the 64-row ping-pong before all."""
+    idle and K is long; and there the 64-row ping-pong before all, elsewhere after all."""
     dtype = args.A.dtype
     if args.form != "real":   # two accumulators: the planar complex or the gated kernel
         family = PLANAR if args.planar else GATED
@@ -87,11 +87,12 @@ def candidates(args) -> list:
     split = [TritonKernel(SPLIT_K, c)
              for c in fitted(configs.by_dtype(dtype, configs.SPLIT_K, configs.SPLIT_K_BYTES))]
     candidates = [*split, *candidates] if split_k_first(args) else [*candidates, *split]
+    small_grid = [TritonKernel(PINGPONG, c) for c in configs.by_dtype(dtype, configs.SMALL_GRID, configs.SMALL_GRID_BYTES)]
     if target.leaves_sms_idle(args):
-        candidates = [*(TritonKernel(PINGPONG, c) for c in configs.by_dtype(dtype, configs.SMALL_GRID,
-                                                                            configs.SMALL_GRID_BYTES)),
-                      *candidates]
-    return candidates
+        return [*small_grid, *candidates]
+    # last elsewhere: each consumer holds half the unrolled epilogue of the 128-row kernel's,
+    # which heavy epilogues of the compile backend time (tune.choose)
+    return [*candidates, *small_grid]
 
 
 def _fitted(args):

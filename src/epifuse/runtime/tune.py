@@ -242,14 +242,30 @@ def distinct_tiles(order: list, count: int, kernels: list = ()) -> list:
     return list(kinds.values())[:count]
 
 
+def _tile_area(kernel) -> int:
+    """BLOCK_M x BLOCK_N of a kernel, from its repr's tile ("128x256x64")."""
+    m, n = _kind(kernel)[1].split("x")[:2]
+    return int(m) * int(n)
+
+
+def smallest_ping_pong(kernels: list):
+    """The ping-pong kernel of the smallest tile in `kernels` (the first of it), or None. A heavy
+    epilogue times it beside distinct_tiles' four: each consumer holds the epilogue unrolled over
+    its tile, and a math-heavy one overflowed the instruction cache at 128 x 128 (an H200,
+    16384 x 4096 x 1024: a BCE loss with fp32 targets ran 1017 us there, 337 at 64 x 128, 395
+    in the best of the four)."""
+    ping_pong = [k for k in kernels if _kind(k)[0] == "gluon_pingpong"]
+    return min(ping_pong, key=_tile_area, default=None)
+
+
 def choose(args, kernels: list, time_heavy: bool = False):
     """The kernel to run `args` of `kernels` (all supporting args, best first in the untimed
     order), by the tuning policy. `time_heavy` (the compile backend's fused GEMMs): under fast,
     an epilogue moving HEAVY_BYTES or more per output element times HEAVY_SHORT_LIST kernels of
-    the shipped ranking (distinct_tiles) instead of taking its first, which was ranked over
-    light epilogues (measured on an H200, 16384 x 4096 x 1024: a BCE loss reading fp32 targets
-    ran 1019 us in the table's first choice and 410 us in the best of the four; bias + GELU
-    writing two bf16 outputs 489 against 294)."""
+    the shipped ranking (distinct_tiles) and the smallest ping-pong (smallest_ping_pong) instead
+    of taking the ranking's first, which was ranked over light epilogues (measured on an H200,
+    16384 x 4096 x 1024: a BCE loss reading fp32 targets ran 1019 us in the table's first choice
+    and 410 us in the best of the four; bias + GELU writing two bf16 outputs 489 against 294)."""
     mode = policy()
     generated = [k for k in kernels if k.name != "reference"]
     if len(generated) <= 1 or mode == "0" or not _on_gpu(args):
@@ -269,6 +285,9 @@ def choose(args, kernels: list, time_heavy: bool = False):
         return order[0] if order else generated[0]
     if order and len(order) > 1 and epilogue_bytes(args) >= HEAVY_BYTES:
         heavy = distinct_tiles(order, HEAVY_SHORT_LIST, generated)
+        smallest = smallest_ping_pong(generated)
+        if smallest is not None and _kind(smallest) not in {_kind(k) for k in heavy}:
+            heavy.append(smallest)
         heavy_key = f"{key}|heavy {candidates_digest(heavy)}"
         remembered = by_name.get(_remembered(heavy_key))   # timed by an earlier process too
         if remembered is not None or time_heavy:
