@@ -188,6 +188,7 @@ def measure(model: str, variants, scale: float, device: str, rounds: int) -> lis
         if variant == "epifuse":   # what the pass fused (each region's epilogue) and what it left, with why
             rows[variant]["fused"] = list(explanation.fused)
             rows[variant]["left"] = [list(item) for item in explanation.left]
+            rows[variant]["eliminated"] = [list(item) for item in explanation.eliminated]
         steps[variant] = step
     eager = rows.get("eager")
     for variant, row in rows.items():
@@ -237,6 +238,9 @@ def main(argv=None) -> int:
             if "fused" in row:
                 print(f"{'':10s} {'':12s} fused {len(row['fused'])} GEMM(s); left "
                       + ("; ".join(f"{name}: {why}" for name, why in row["left"]) or "none"), flush=True)
+                if row.get("eliminated"):
+                    print(f"{'':10s} {'':12s} eliminated " + "; ".join(f"{name}: {rule}" for name, rule in row["eliminated"]),
+                          flush=True)
     print(save_rows("models_training", "models", rows, ns.out, ns.device))
     return 0
 

@@ -41,8 +41,8 @@ LAYERS = [
     ("built on the facade: nn.FusedLinear (and its shards under tensor parallelism), the fused linear "
      "cross-entropy, class-based and named epilogues, the demo",
      ["sharded", "losses", "nn", "fused", "epilogues", "demo"]),
-    ("the torch.compile backend: the GEMM fusion pass on FX graphs, the backend and explain",
-     ["graph_fusion", "backend"]),
+    ("the torch.compile backend: reduction elimination and the GEMM fusion pass on FX graphs, the backend and explain",
+     ["graph_reductions", "graph_fusion", "backend"]),
     ("tools: trace, draw, problems, profiler output, the ops reference", ["tools."]),
     ("entry points", ["debug", "cli", "commands", "__main__", "__init__"]),
 ]

@@ -22,8 +22,9 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from . import graph_fusion
-from .graph_fusion import fuse_gemms
+from . import graph_fusion, graph_reductions
+from .graph_fusion import Report, fuse_gemms
+from .graph_reductions import eliminate_reductions
 
 _RECORDINGS: list[list] = []   # the open recorded() blocks' report lists
 _LOCK = threading.Lock()
@@ -34,13 +35,14 @@ def _fusion_pass():
 
     class EpifuseFusion(CustomGraphPass):
         def __call__(self, graph) -> None:
-            report = fuse_gemms(graph, min_elements=_min_elements(graph))
+            report = Report(eliminated=eliminate_reductions(graph))
+            fuse_gemms(graph, report, min_elements=_min_elements(graph))
             with _LOCK:
                 for reports in _RECORDINGS:
                     reports.append(report)
 
         def uuid(self):
-            return get_hash_for_files((graph_fusion.__file__, __file__)) + \
+            return get_hash_for_files((graph_fusion.__file__, graph_reductions.__file__, __file__)) + \
                 f"|min {graph_fusion.MIN_FUSED_ELEMENTS}".encode()
 
     return EpifuseFusion()
@@ -68,18 +70,24 @@ def backend(gm, example_inputs, **options):
 @dataclass
 class Explanation:
     """What the epifuse backend did with one function: `fused`, the epilogue source of each
-    fused region (one per GEMM), and `left`, (GEMM node, reason) for each GEMM left to Inductor."""
+    fused region (one per GEMM), `left`, (GEMM node, reason) for each GEMM left to Inductor,
+    and `eliminated`, (reduction node, rule) for each reduction replaced by the value it was
+    known to have (epifuse.graph_reductions)."""
 
     fused: list = field(default_factory=list)
     left: list = field(default_factory=list)
+    eliminated: list = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"epifuse fused {len(self.fused)} GEMM(s), left {len(self.left)} to Inductor."]
+        lines = [f"epifuse fused {len(self.fused)} GEMM(s), left {len(self.left)} to Inductor"
+                 + (f", eliminated {len(self.eliminated)} reduction(s)." if self.eliminated else ".")]
         for k, source in enumerate(self.fused):
             lines.append(f"-- fused region {k}:")
             lines.append(source.rstrip())
         for name, why in self.left:
             lines.append(f"-- left {name}: {why}")
+        for name, rule in self.eliminated:
+            lines.append(f"-- eliminated {name}: {rule}")
         return "\n".join(lines)
 
 
@@ -119,6 +127,7 @@ def recorded():
         for report in reports:
             result.fused.extend(f.source for f in report.fused)
             result.left.extend(report.skipped)
+            result.eliminated.extend(report.eliminated)
 
 
 _REGISTRY = "torch._dynamo.backends.registry"

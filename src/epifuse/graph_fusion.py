@@ -79,10 +79,12 @@ class Fused:
 
 @dataclass
 class Report:
-    """What one run of the pass did: the fused regions, and each GEMM left as it was, with why."""
+    """What one run of the pass did: the fused regions, and each GEMM left as it was, with why
+    (and, from the backend's reduction elimination before it, each reduction replaced)."""
 
     fused: list = field(default_factory=list)
     skipped: list = field(default_factory=list)   # (gemm node name, reason)
+    eliminated: list = field(default_factory=list)   # (reduction node name, rule): graph_reductions
 
 
 def _val(node):

@@ -1,0 +1,318 @@
+"""Reduction elimination on an aten FX graph: sums and means whose value follows from how their
+input was built are replaced by that value, computed from the small tensors it came from, so
+no pass reads the whole input. The compile backend (epifuse.backend) runs this on the
+post-grad forward and backward graphs before the fusion pass.
+
+    one-hot row sum      sum(where(i == iota over d, a, b) [* f], d)
+                         -> where(0 <= i < n, a + (n - 1) b, n b) [* f]
+                         (n the size of dim d; i and f of size 1 along d, a and b scalars: the
+                         cross-entropy backward's one-hot target, times the loss's gradient)
+    sum of a share       sum(E / sum(E, d, keepdim=True), d)  ->  S / S, S = sum(E, d)
+                         (a softmax sums to 1; S / S is 1 where S is finite and not 0, and NaN
+                         where it is not, as the sum of the shares is there)
+    mean of a broadcast  mean(expand(v), dims along which v has size 1)  ->  v
+                         mean(full(shape, c))  ->  full(c) of the mean's shape
+
+Each rule is exact: the replacement computes the same value, up to the rounding that the
+sum it replaces would add (1.0 rather than a sum of shares that rounds near it). Nodes the
+replacement leaves unused are erased. `eliminate_reductions(graph)` returns (node name, rule)
+for each replaced reduction.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+_SUM = aten.sum.dim_IntList
+_MEANS = (aten.mean.dim, aten.mean.default)
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _dims(node, ndim: int) -> list | None:
+    """The reduced dims of a sum or mean node, non-negative and sorted; None if unknown."""
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None or dims == []:
+        return list(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted(d % ndim for d in dims)
+
+
+def _keepdim(node) -> bool:
+    return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+
+
+_FAKE_MODES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> the fake mode of its values
+
+
+def _fake_mode(graph):
+    """The fake tensor mode of `graph`'s values (a null context where they are real tensors)."""
+    if graph not in _FAKE_MODES:
+        from torch._guards import detect_fake_mode
+        values = [n.meta["val"] for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+        _FAKE_MODES[graph] = detect_fake_mode(values)
+    return _FAKE_MODES[graph] or contextlib.nullcontext()
+
+
+def _emit(graph, target, args, kwargs=None):
+    """A new node, its value computed from its inputs' in the graph's fake mode (so later passes
+    and Inductor see its shape and dtype)."""
+    kwargs = kwargs or {}
+    node = graph.call_function(target, tuple(args), kwargs)
+    values = [_val(a) if isinstance(a, torch.fx.Node) else a for a in args]
+    with _fake_mode(graph):
+        node.meta["val"] = target(*values, **kwargs)
+    return node
+
+
+def _scalar(node):
+    """A Python number for a scalar operand: a number, scalar_tensor(c) or full([], c); else None."""
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return node
+    if isinstance(node, torch.fx.Node) and node.op == "call_function":
+        if node.target is aten.scalar_tensor.default:
+            return node.args[0]
+        if node.target is aten.full.default and list(node.args[0]) == []:
+            return node.args[1]
+    return None
+
+
+def _iota_along(node, dim: int, ndim: int) -> int | None:
+    """n where `node` is iota(n) (start 0, step 1), reshaped or not, of size n along `dim` and 1
+    along every other dim of an `ndim`-dim tensor it broadcasts against (trailing-aligned)."""
+    def along(value) -> bool:
+        if value is None or value.dim() > ndim:
+            return False
+        shape = (1,) * (ndim - value.dim()) + tuple(value.shape)
+        return all(s == 1 for k, s in enumerate(shape) if k != dim)
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in (
+            aten.reshape.default, aten.view.default, aten.unsqueeze.default):
+        if not along(_val(node)):
+            return None
+        node = node.args[0]
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is prims.iota.default):
+        return None
+    if node.kwargs.get("start", 0) != 0 or node.kwargs.get("step", 1) != 1 or not along(_val(node)):
+        return None
+    return int(node.args[0])
+
+
+def _size_one_along(node, dims: list, ndim: int) -> bool:
+    value = _val(node)
+    return value is not None and value.dim() == ndim and all(value.shape[d] == 1 for d in dims)
+
+
+def _unexpanded(node, dims: list, ndim: int):
+    """`node`, or the input it expands, where that has size 1 along `dims`; else None."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    if _size_one_along(node, dims, ndim):
+        return node
+    if node.op == "call_function" and node.target is aten.expand.default and _size_one_along(node.args[0], dims, ndim):
+        return node.args[0]
+    return None
+
+
+def _peeled(x, dims: list, ndim: int) -> tuple:
+    """(inner, factors): `x` as inner * factor * ..., each factor constant along `dims` (size 1
+    there, or expanded from size 1), so it can leave a sum over them."""
+    factors = []
+    while isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target is aten.mul.Tensor:
+        left, right = x.args
+        if _unexpanded(right, dims, ndim) is not None:
+            factors.append(_unexpanded(right, dims, ndim))
+            x = left
+        elif _unexpanded(left, dims, ndim) is not None:
+            factors.append(_unexpanded(left, dims, ndim))
+            x = right
+        else:
+            break
+    return x, factors
+
+
+def _one_hot(x, dims: list, ndim: int):
+    """(index, n, a, b) where `x` is one-hot along the single dim in `dims`: a at column index[r]
+    of each row r and b elsewhere, as where(index == iota, a, b) or scatter(full(b), d, index, a)
+    (index of size 1 along d, integer); else None."""
+    if len(dims) != 1 or not (isinstance(x, torch.fx.Node) and x.op == "call_function"):
+        return None
+    d, shape = dims[0], tuple(_val(x).shape)
+    made_in = None   # the dtype a and b were made in, where x converts them
+    if x.target is prims.convert_element_type.default and isinstance(x.args[0], torch.fx.Node) \
+            and _val(x.args[0]) is not None:
+        made_in = _val(x.args[0]).dtype
+        x = x.args[0]
+        if not (x.op == "call_function" and made_in.is_floating_point):
+            return None
+    if x.target is aten.scatter.value:
+        base, dim, index, a = x.args
+        if dim % ndim != d or not (isinstance(base, torch.fx.Node) and base.target is aten.full.default):
+            return None
+        b = base.args[1]
+        value = _val(index)
+        if value is None or tuple(value.shape) != shape[:d] + (1,) + shape[d + 1:]:
+            return None   # an index narrower than the rows would leave rows without their a
+        n = shape[d]
+    elif x.target is aten.where.self:
+        cond, a, b = x.args
+        a, b = _scalar(a), _scalar(b)
+        if not (isinstance(cond, torch.fx.Node) and cond.op == "call_function" and cond.target is aten.eq.Tensor):
+            return None
+        n = index = None
+        for left, right in (cond.args, tuple(reversed(cond.args))):
+            n = _iota_along(right, d, ndim)
+            index = _unexpanded(left, dims, ndim) if n is not None else None
+            if index is not None:
+                break
+        if index is None or n != shape[d]:
+            return None
+    else:
+        return None
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or isinstance(a, bool) or isinstance(b, bool):
+        return None
+    if _val(index).dtype.is_floating_point or _val(index).dtype is torch.bool:
+        return None
+    if made_in is not None:   # a and b as the conversion reads them
+        a, b = (torch.tensor(v, dtype=made_in).item() for v in (a, b))
+    return index, n, a, b
+
+
+def _one_hot_row_sum(graph, x, dims: list, ndim: int):
+    """where(0 <= index < n, a + (n - 1) b, n b): the sum along d of a one-hot `x` (keepdim)."""
+    found = _one_hot(x, dims, ndim)
+    if found is None:
+        return None
+    index, n, a, b = found
+    value = _val(x)
+    inside = _emit(graph, aten.bitwise_and.Tensor, [_emit(graph, aten.ge.Scalar, [index, 0]),
+                                                     _emit(graph, aten.lt.Scalar, [index, n])])
+    hit = _emit(graph, aten.scalar_tensor.default, [float(a + (n - 1) * b)], {"dtype": value.dtype, "device": value.device})
+    miss = _emit(graph, aten.scalar_tensor.default, [float(n * b)], {"dtype": value.dtype, "device": value.device})
+    return _emit(graph, aten.where.self, [inside, hit, miss])
+
+
+def _share_sum(graph, x, dims: list, ndim: int):
+    """S / S where `x` is E / S and S = sum(E, dims, keepdim=True): the sum of `x` over dims (keepdim)."""
+    if not (isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target is aten.div.Tensor):
+        return None
+    share, total = x.args
+    while isinstance(share, torch.fx.Node) and share.op == "call_function" and share.target is aten.alias.default:
+        share = share.args[0]
+    if not (isinstance(total, torch.fx.Node) and total.op == "call_function" and total.target is _SUM):
+        return None
+    if total.args[0] is not share or not _keepdim(total) or _dims(total, ndim) != dims:
+        return None
+    if _val(total) is None or _val(total).dtype != _val(x).dtype:
+        return None
+    return _emit(graph, aten.div.Tensor, [total, total])
+
+
+def _sum_of_known(graph, node):
+    """The value of a sum over dims whose input is, up to factors constant along them, a one-hot
+    matrix or a share of its own sum, inserted before `node`; None where it is neither."""
+    x = node.args[0]
+    while isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target is aten.alias.default:
+        x = x.args[0]
+    value = _val(x)
+    if value is None or not value.dtype.is_floating_point:
+        return None
+    ndim = value.dim()
+    dims = _dims(node, ndim)
+    inner, factors = _peeled(x, dims, ndim)
+    while isinstance(inner, torch.fx.Node) and inner.op == "call_function" and inner.target is aten.alias.default:
+        inner = inner.args[0]
+    if _val(inner) is None or tuple(_val(inner).shape) != tuple(value.shape):
+        return None
+    with graph.inserting_before(node):
+        for rule, said in ((_one_hot_row_sum, "the row sum of a one-hot matrix"),
+                           (_share_sum, "the sum of a tensor divided by its own sum (a softmax's)")):
+            result = rule(graph, inner, dims, ndim)
+            if result is not None:
+                break
+        else:
+            return None
+        for factor in reversed(factors):
+            result = _emit(graph, aten.mul.Tensor, [result, factor])
+        if not _keepdim(node):
+            result = _emit(graph, aten.squeeze.dims, [result, dims])
+    result.meta["eliminated"] = said + (" times factors constant along it" if factors else "")
+    return result
+
+
+def _broadcast_mean(graph, node):
+    """The value of a mean over dims along which its input is a broadcast or a constant, inserted
+    before `node`; None where it is neither."""
+    x = node.args[0]
+    value, out = _val(x), _val(node)
+    if value is None or out is None or not value.dtype.is_floating_point:
+        return None
+    ndim = value.dim()
+    dims = _dims(node, ndim) if node.target is aten.mean.dim else list(range(ndim))
+    if not (isinstance(x, torch.fx.Node) and x.op == "call_function"):
+        return None
+    if x.target is aten.full.default and len(x.args) > 1:
+        with graph.inserting_before(node):
+            return _emit(graph, aten.full.default, [list(out.shape), x.args[1]],
+                         {"dtype": out.dtype, "device": out.device})
+    if x.target is not aten.expand.default:
+        return None
+    source = _val(x.args[0])
+    if source is None or source.dtype != out.dtype:
+        return None
+    lead = ndim - source.dim()   # expand may add leading dims
+    if any(k >= lead and source.shape[k - lead] != 1 for k in dims):
+        return None
+    with graph.inserting_before(node):
+        return _emit(graph, aten.reshape.default, [x.args[0], list(out.shape)])   # numel matches: only size-1 dims reduced
+
+
+def _erase_unused(graph, node, erased: set) -> None:
+    """Erase `node` and, in turn, every call it was the last user of (pure ops only); adds
+    each erased node to `erased`."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in erased or n.users or n.op != "call_function" or n.is_impure():
+            continue
+        inputs = list(n.all_input_nodes)
+        graph.erase_node(n)
+        erased.add(n)
+        stack.extend(inputs)
+
+
+_RULES = ((_SUM, _sum_of_known), (aten.mean.dim, _broadcast_mean), (aten.mean.default, _broadcast_mean))
+
+
+def eliminate_reductions(graph: torch.fx.Graph) -> list:
+    """Replace (in place) every reduction of `graph` a rule above computes from smaller tensors;
+    returns (node name, rule) for each."""
+    done, erased = [], set()
+    for node in list(graph.nodes):
+        if node in erased or node.op != "call_function":
+            continue
+        for target, rule in _RULES:
+            if node.target is not target:
+                continue
+            replacement = rule(graph, node)
+            if replacement is None:
+                continue
+            if tuple(_val(replacement).shape) != tuple(_val(node).shape) or _val(replacement).dtype != _val(node).dtype:
+                _erase_unused(graph, replacement, erased)   # a rule's result that does not fit: keep the reduction
+                continue
+            name, said = node.name, replacement.meta.pop("eliminated", "the mean of a broadcast value")
+            node.replace_all_uses_with(replacement)
+            _erase_unused(graph, node, erased)
+            done.append((name, said))
+            break
+    return done
+
+
+__all__ = ["eliminate_reductions"]
