@@ -40,9 +40,9 @@ LAYERS = [
     ("the facade: gemm, and planar complex GEMMs", ["api", "planar"]),
     ("built on the facade: nn.FusedLinear (and its shards under tensor parallelism), the fused linear "
      "cross-entropy, class-based and named epilogues, the demo",
-     ["sharded", "losses", "nn", "fused", "epilogues", "demo"]),
-    ("the torch.compile backend: reduction elimination and the GEMM fusion pass on FX graphs, the backend and explain",
-     ["graph_reductions", "graph_fusion", "backend"]),
+     ["sharded", "losses", "loss_ops", "nn", "fused", "epilogues", "demo"]),
+    ("the torch.compile backend: the LM-head rewrite, reduction elimination and the GEMM fusion pass on FX graphs, the backend and explain",
+     ["graph_heads", "graph_reductions", "graph_fusion", "backend"]),
     ("tools: trace, draw, problems, profiler output, the ops reference", ["tools."]),
     ("entry points", ["debug", "cli", "commands", "__main__", "__init__"]),
 ]
@@ -51,6 +51,8 @@ LAYERS = [
 LOCAL: dict[tuple[str, str], str] = {
     ("cli", "commands"): "the commands load once the arguments parse: `epifuse --help` and a "
                          "mistyped option load neither torch nor Triton",
+    ("backend", "graph_heads"): "the LM-head rewrite (and the linear cross-entropy it calls, with epifuse.api) "
+                                "loads when a graph is compiled: `import epifuse` does not load them",
 }
 
 # Modules that load names on first use through a module __getattr__ (PEP 562) and importlib,

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, field
 
 from . import graph_fusion, graph_reductions
-from .graph_fusion import Report, fuse_gemms
+from .graph_fusion import Fused, Report, fuse_gemms
 from .graph_reductions import eliminate_reductions
 
 _RECORDINGS: list[list] = []   # the open recorded() blocks' report lists
@@ -59,8 +59,16 @@ def _min_elements(graph) -> int:
 
 
 def backend(gm, example_inputs, **options):
-    """The torch.compile backend: Inductor with epifuse's fusion pass after its post-grad passes."""
+    """The torch.compile backend: LM heads rewritten on dynamo's graph (graph_heads), then
+    Inductor with epifuse's passes after its post-grad passes."""
     from torch._inductor.compile_fx import compile_fx
+
+    from .graph_heads import fuse_heads
+    heads, left = fuse_heads(gm)
+    if heads or left:
+        with _LOCK:
+            for reports in _RECORDINGS:
+                reports.append(Report(fused=[Fused(source, "linear") for source in heads], skipped=left))
     patches = {"post_grad_custom_post_pass": _fusion_pass()}
     if _RECORDINGS:   # recorded(): run the pass, not a cached result
         patches.update(fx_graph_cache=False, fx_graph_remote_cache=False)
