@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import loss_ops
+from .losses import REDUCTIONS
 
 _LINEARS = (torch._C._nn.linear, F.linear)
 _CROSS_ENTROPY = inspect.signature(F.cross_entropy)
@@ -36,18 +37,43 @@ def _value(node):
     return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
 
 
+_WIDE = (torch.float32, torch.float64)   # what the op computes the loss in: conversions to these lose nothing
+
+
+def _source(node):
+    """The tensor a reshape or conversion node reads (its first argument, or `input=`)."""
+    value = node.args[0] if node.args else node.kwargs.get("input", node.kwargs.get("self"))
+    return value if isinstance(value, torch.fx.Node) else None
+
+
 def _passes_values_through(node) -> bool:
-    """A reshape or a conversion to a floating dtype: the logits' values, in another shape or dtype."""
+    """A reshape, or a conversion to float32 or float64: the logits' values, in another shape, or
+    in a dtype at least as wide as what the op computes them in."""
     if node.op == "call_method":
-        if node.target in _RESHAPES:
-            return True
-        if node.target in ("float", "double"):
+        if node.target in _RESHAPES or node.target in ("float", "double"):
             return True
         if node.target == "to":
-            return all(isinstance(a, torch.dtype) and a.is_floating_point for a in node.args[1:]) and \
-                set(node.kwargs) <= {"dtype"} and (not node.kwargs or node.kwargs["dtype"].is_floating_point)
+            dtypes = [*node.args[1:], *node.kwargs.values()]
+            return bool(dtypes) and set(node.kwargs) <= {"dtype"} and all(d in _WIDE for d in dtypes)
         return False
     return node.op == "call_function" and node.target in (torch.reshape, torch.flatten)
+
+
+def _mutates(node) -> bool:
+    """Whether `node` may write a tensor in place (an in-place method or function, setitem)."""
+    if node.op == "call_method":
+        return node.target.endswith("_") and not node.target.startswith("__")
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", "")
+        return node.target is operator.setitem or (name.endswith("_") and not name.startswith("__"))
+    return False
+
+
+def _linear_arguments(linear) -> tuple:
+    """(input, weight, bias) of a linear call, positional or by keyword."""
+    bound = dict(zip(("input", "weight", "bias"), linear.args))
+    bound.update(linear.kwargs)
+    return bound.get("input"), bound.get("weight"), bound.get("bias")
 
 
 def _logits_of(node):
@@ -55,10 +81,10 @@ def _logits_of(node):
     reshapes and conversions alone, each read only by the next; else (None, why)."""
     chain = []
     while not (node.op == "call_function" and node.target in _LINEARS):
-        if not _passes_values_through(node) or not isinstance(node.args[0], torch.fx.Node):
+        if not _passes_values_through(node) or _source(node) is None:
             return None, f"its input is {node.target!r} of a value, not the output of a linear"
         chain.append(node)
-        node = node.args[0]
+        node = _source(node)
     for n in [node, *chain]:
         if len(n.users) != 1:
             return None, "the logits are read elsewhere too (they would have to exist whole)"
@@ -90,6 +116,9 @@ def fuse_heads(gm: torch.fx.GraphModule) -> tuple[list, list]:
         if not (isinstance(ignore_index, int) and isinstance(reduction, str) and isinstance(smoothing, (int, float))):
             left.append((ce.name, "its ignore_index, reduction or label_smoothing is not a constant"))
             continue
+        if reduction not in REDUCTIONS or not 0.0 <= smoothing <= 1.0:
+            left.append((ce.name, f"reduction {reduction!r} or label_smoothing {smoothing!r} is not one it runs"))
+            continue
         logits_in, target = options["input"], options["target"]
         if not isinstance(logits_in, torch.fx.Node) or not isinstance(target, torch.fx.Node):
             left.append((ce.name, "its input or target is not a tensor of the graph"))
@@ -98,8 +127,15 @@ def fuse_heads(gm: torch.fx.GraphModule) -> tuple[list, list]:
         if linear is None:
             left.append((ce.name, chain))
             continue
-        x, weight, *rest = (*linear.args, *linear.kwargs.values())
-        bias = rest[0] if rest else None
+        x, weight, bias = _linear_arguments(linear)
+        if not isinstance(x, torch.fx.Node) or not isinstance(weight, torch.fx.Node):
+            left.append((ce.name, "its linear's input or weight is not a tensor of the graph"))
+            continue
+        order = {n: k for k, n in enumerate(graph.nodes)}
+        if any(_mutates(n) for n in graph.nodes if order[linear] < order[n] < order[ce]):
+            left.append((ce.name, "a tensor is written in place between its linear and it (the op would read "
+                                  "the inputs later than the linear did)"))
+            continue
         vx, vw, vin, vt, vloss = (_value(n) for n in (x, weight, logits_in, target, ce))
         if any(v is None for v in (vx, vw, vin, vt, vloss)) or (bias is not None and _value(bias) is None):
             left.append((ce.name, "no example values to check its shapes by"))
@@ -114,22 +150,27 @@ def fuse_heads(gm: torch.fx.GraphModule) -> tuple[list, list]:
         if vx.dtype != vw.dtype or not vx.dtype.is_floating_point:
             left.append((ce.name, f"x is {vx.dtype} and the weight {vw.dtype}"))
             continue
-        training = bool(vin.requires_grad)
+        training = bool(vin.requires_grad)   # the logits need a gradient: x, the weight or the bias does
         if training and reduction not in loss_ops.TRAINED_REDUCTIONS:
             left.append((ce.name, f"reduction {reduction!r} with gradients: the per-token gradient is known only "
                                   "in the backward"))
             continue
-        with graph.inserting_before(ce):
-            rows = graph.call_method("reshape", (x, -1, vx.shape[-1]))
-            flat = graph.call_method("reshape", (target, -1))
+        need_x, need_weight = bool(vx.requires_grad), bool(vw.requires_grad)
+        need_bias = bias is not None and bool(_value(bias).requires_grad)
+        with graph.inserting_before(ce):   # no sizes written out: they may be symbolic (dynamic shapes)
+            rows = x
+            if vx.dim() == 1:
+                rows = graph.call_method("unsqueeze", (x, 0))
+            elif vx.dim() > 2:
+                rows = graph.call_function(torch.flatten, (x, 0, -2))
+            flat = graph.call_function(torch.flatten, (target,))
             args = (rows, weight, flat, bias, ignore_index, reduction, float(smoothing))
             if training:
-                call = graph.call_function(torch.ops.epifuse.linear_cross_entropy_train.default, args)
+                call = graph.call_function(torch.ops.epifuse.linear_cross_entropy_train.default,
+                                           (*args, need_x, need_weight, need_bias))
                 loss = graph.call_function(operator.getitem, (call, 0))
             else:
                 loss = graph.call_function(torch.ops.epifuse.linear_cross_entropy.default, args)
-            if reduction == "none":
-                loss = graph.call_method("reshape", (loss, tuple(vt.shape)))
             loss = graph.call_method("to", (loss, vloss.dtype))
         ce.replace_all_uses_with(loss)
         for node in [ce, *chain, linear]:   # chain runs from the cross-entropy's input back to the linear

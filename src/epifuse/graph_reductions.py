@@ -6,17 +6,22 @@ post-grad forward and backward graphs before the fusion pass.
     one-hot row sum      sum(where(i == iota over d, a, b) [* f], d)
                          -> where(0 <= i < n, a + (n - 1) b, n b) [* f]
                          (n the size of dim d; i and f of size 1 along d, a and b scalars: the
-                         cross-entropy backward's one-hot target, times the loss's gradient)
-    sum of a share       sum(E / sum(E, d, keepdim=True), d)  ->  S / S, S = sum(E, d)
-                         (a softmax sums to 1; S / S is 1 where S is finite and not 0, and NaN
-                         where it is not, as the sum of the shares is there)
+                         cross-entropy backward's one-hot target, times the loss's gradient;
+                         also scatter(full(b), d, i, a), whose indices torch checks are in range)
+    softmax row sum      sum(E / sum(E, d, keepdim=True) [* f], d), E = exp(y - amax(y, d))
+                         -> S / S [* f], S = sum(E, d): 1 (S lies in [1, n]), NaN where y holds NaN or infinities,
+                         as the sum's
     mean of a broadcast  mean(expand(v), dims along which v has size 1)  ->  v
                          mean(full(shape, c))  ->  full(c) of the mean's shape
 
-Each rule is exact: the replacement computes the same value, up to the rounding that the
-sum it replaces would add (1.0 rather than a sum of shares that rounds near it). Nodes the
-replacement leaves unused are erased. `eliminate_reductions(graph)` returns (node name, rule)
-for each replaced reduction.
+Each rule gives the value the reduction computes, up to the rounding the reduction would add
+(1.0 rather than a sum of shares that rounds near it, a + (n - 1) b rounded once), NaN and
+infinity included: a non-finite factor f gives NaN where a term of the sum would be 0 times
+infinity (f - f is added for that where the one-hot's a or b is 0 or they differ in sign). The
+one case that differs: a softmax row sum times an infinite factor, where a share underflowed to
+0, is NaN in the sum and infinite here. Reductions over a dim of size 0 and graphs with
+symbolic sizes (dynamic shapes) are left alone. Nodes the replacement leaves unused are erased.
+`eliminate_reductions(graph)` returns (node name, rule) for each replaced reduction.
 """
 from __future__ import annotations
 
@@ -29,7 +34,6 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 _SUM = aten.sum.dim_IntList
-_MEANS = (aten.mean.dim, aten.mean.default)
 
 
 def _val(node):
@@ -38,12 +42,20 @@ def _val(node):
 
 def _dims(node, ndim: int) -> list | None:
     """The reduced dims of a sum or mean node, non-negative and sorted; None if unknown."""
+    if ndim == 0:
+        return None
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if dims is None or dims == []:
         return list(range(ndim))
     if isinstance(dims, int):
         dims = [dims]
     return sorted(d % ndim for d in dims)
+
+
+def _static(value) -> bool:
+    """Whether `value` is a tensor of known sizes, none of them 0 (no symbolic size of dynamic
+    shapes, no empty reduction whose mean or sum of shares differs from the rules')."""
+    return isinstance(value, torch.Tensor) and all(isinstance(s, int) and s > 0 for s in value.shape)
 
 
 def _keepdim(node) -> bool:
@@ -89,7 +101,7 @@ def _iota_along(node, dim: int, ndim: int) -> int | None:
     """n where `node` is iota(n) (start 0, step 1), reshaped or not, of size n along `dim` and 1
     along every other dim of an `ndim`-dim tensor it broadcasts against (trailing-aligned)."""
     def along(value) -> bool:
-        if value is None or value.dim() > ndim:
+        if not _static(value) or value.dim() > ndim:
             return False
         shape = (1,) * (ndim - value.dim()) + tuple(value.shape)
         return all(s == 1 for k, s in enumerate(shape) if k != dim)
@@ -102,12 +114,12 @@ def _iota_along(node, dim: int, ndim: int) -> int | None:
         return None
     if node.kwargs.get("start", 0) != 0 or node.kwargs.get("step", 1) != 1 or not along(_val(node)):
         return None
-    return int(node.args[0])
+    return node.args[0] if isinstance(node.args[0], int) else None
 
 
 def _size_one_along(node, dims: list, ndim: int) -> bool:
     value = _val(node)
-    return value is not None and value.dim() == ndim and all(value.shape[d] == 1 for d in dims)
+    return _static(value) and value.dim() == ndim and all(value.shape[d] == 1 for d in dims)
 
 
 def _unexpanded(node, dims: list, ndim: int):
@@ -145,20 +157,23 @@ def _one_hot(x, dims: list, ndim: int):
     if len(dims) != 1 or not (isinstance(x, torch.fx.Node) and x.op == "call_function"):
         return None
     d, shape = dims[0], tuple(_val(x).shape)
-    made_in = None   # the dtype a and b were made in, where x converts them
+    dtypes = [_val(x).dtype]   # what a and b pass through, last first: x's, then what x converts
     if x.target is prims.convert_element_type.default and isinstance(x.args[0], torch.fx.Node) \
             and _val(x.args[0]) is not None:
-        made_in = _val(x.args[0]).dtype
         x = x.args[0]
-        if not (x.op == "call_function" and made_in.is_floating_point):
+        dtypes.append(_val(x).dtype)
+        if x.op != "call_function":
             return None
+    if not all(t.is_floating_point for t in dtypes):
+        return None   # an integer or bool one-hot rounds a and b in ways the rule does not follow
     if x.target is aten.scatter.value:
         base, dim, index, a = x.args
-        if dim % ndim != d or not (isinstance(base, torch.fx.Node) and base.target is aten.full.default):
+        if not isinstance(dim, int) or dim % ndim != d or not (isinstance(base, torch.fx.Node)
+                                                               and base.target is aten.full.default):
             return None
         b = base.args[1]
         value = _val(index)
-        if value is None or tuple(value.shape) != shape[:d] + (1,) + shape[d + 1:]:
+        if not _static(value) or tuple(value.shape) != shape[:d] + (1,) + shape[d + 1:]:
             return None   # an index narrower than the rows would leave rows without their a
         n = shape[d]
     elif x.target is aten.where.self:
@@ -180,13 +195,14 @@ def _one_hot(x, dims: list, ndim: int):
         return None
     if _val(index).dtype.is_floating_point or _val(index).dtype is torch.bool:
         return None
-    if made_in is not None:   # a and b as the conversion reads them
-        a, b = (torch.tensor(v, dtype=made_in).item() for v in (a, b))
+    for dtype in reversed(dtypes):   # a and b as the graph holds them: made in the one-hot's dtype, then converted
+        a, b = (torch.tensor(v, dtype=dtype).item() for v in (a, b))
     return index, n, a, b
 
 
 def _one_hot_row_sum(graph, x, dims: list, ndim: int):
-    """where(0 <= index < n, a + (n - 1) b, n b): the sum along d of a one-hot `x` (keepdim)."""
+    """(where(0 <= index < n, a + (n - 1) b, n b), whether a non-finite factor makes a term 0
+    times infinity or two of opposite infinities): the sum along d of a one-hot `x` (keepdim)."""
     found = _one_hot(x, dims, ndim)
     if found is None:
         return None
@@ -196,23 +212,32 @@ def _one_hot_row_sum(graph, x, dims: list, ndim: int):
                                                      _emit(graph, aten.lt.Scalar, [index, n])])
     hit = _emit(graph, aten.scalar_tensor.default, [float(a + (n - 1) * b)], {"dtype": value.dtype, "device": value.device})
     miss = _emit(graph, aten.scalar_tensor.default, [float(n * b)], {"dtype": value.dtype, "device": value.device})
-    return _emit(graph, aten.where.self, [inside, hit, miss])
+    return _emit(graph, aten.where.self, [inside, hit, miss]), a == 0 or b == 0 or a * b < 0
+
+
+def _is_call(node, target) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
 
 
 def _share_sum(graph, x, dims: list, ndim: int):
-    """S / S where `x` is E / S and S = sum(E, dims, keepdim=True): the sum of `x` over dims (keepdim)."""
-    if not (isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target is aten.div.Tensor):
+    """(S / S, False) where `x` is a softmax E / S over dims, E = exp(y - amax(y, dims)) and S =
+    sum(E, dims, keepdim=True): the sum of `x` over dims (keepdim). E lies in [0, 1], so S lies
+    in [1, n] wherever y is finite: no overflow or cancellation makes the sum of shares differ."""
+    if not _is_call(x, aten.div.Tensor):
         return None
     share, total = x.args
-    while isinstance(share, torch.fx.Node) and share.op == "call_function" and share.target is aten.alias.default:
+    while _is_call(share, aten.alias.default):
         share = share.args[0]
-    if not (isinstance(total, torch.fx.Node) and total.op == "call_function" and total.target is _SUM):
+    if not (_is_call(total, _SUM) and total.args[0] is share and _keepdim(total) and _dims(total, ndim) == dims):
         return None
-    if total.args[0] is not share or not _keepdim(total) or _dims(total, ndim) != dims:
+    if not (_is_call(share, aten.exp.default) and _is_call(share.args[0], aten.sub.Tensor)):
+        return None
+    y, peak = share.args[0].args
+    if not (_is_call(peak, aten.amax.default) and peak.args[0] is y and _keepdim(peak) and _dims(peak, ndim) == dims):
         return None
     if _val(total) is None or _val(total).dtype != _val(x).dtype:
         return None
-    return _emit(graph, aten.div.Tensor, [total, total])
+    return _emit(graph, aten.div.Tensor, [total, total]), False
 
 
 def _sum_of_known(graph, node):
@@ -222,7 +247,7 @@ def _sum_of_known(graph, node):
     while isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target is aten.alias.default:
         x = x.args[0]
     value = _val(x)
-    if value is None or not value.dtype.is_floating_point:
+    if not _static(value) or not value.dtype.is_floating_point or value.dim() == 0:
         return None
     ndim = value.dim()
     dims = _dims(node, ndim)
@@ -233,14 +258,17 @@ def _sum_of_known(graph, node):
         return None
     with graph.inserting_before(node):
         for rule, said in ((_one_hot_row_sum, "the row sum of a one-hot matrix"),
-                           (_share_sum, "the sum of a tensor divided by its own sum (a softmax's)")):
-            result = rule(graph, inner, dims, ndim)
-            if result is not None:
+                           (_share_sum, "the row sum of a softmax")):
+            found = rule(graph, inner, dims, ndim)
+            if found is not None:
                 break
         else:
             return None
+        result, guard = found
         for factor in reversed(factors):
             result = _emit(graph, aten.mul.Tensor, [result, factor])
+            if guard:   # NaN where the factor is not finite, as a term 0 * inf (or inf - inf) makes the sum
+                result = _emit(graph, aten.add.Tensor, [result, _emit(graph, aten.sub.Tensor, [factor, factor])])
         if not _keepdim(node):
             result = _emit(graph, aten.squeeze.dims, [result, dims])
     result.meta["eliminated"] = said + (" times factors constant along it" if factors else "")
@@ -252,7 +280,7 @@ def _broadcast_mean(graph, node):
     before `node`; None where it is neither."""
     x = node.args[0]
     value, out = _val(x), _val(node)
-    if value is None or out is None or not value.dtype.is_floating_point:
+    if not (_static(value) and isinstance(out, torch.Tensor) and value.dtype.is_floating_point and value.dim() > 0):
         return None
     ndim = value.dim()
     dims = _dims(node, ndim) if node.target is aten.mean.dim else list(range(ndim))
@@ -265,8 +293,8 @@ def _broadcast_mean(graph, node):
     if x.target is not aten.expand.default:
         return None
     source = _val(x.args[0])
-    if source is None or source.dtype != out.dtype:
-        return None
+    if not _static(source) or source.dtype != out.dtype or source.numel() != out.numel():
+        return None   # a kept dim expanded too: the mean is the source broadcast, not reshaped
     lead = ndim - source.dim()   # expand may add leading dims
     if any(k >= lead and source.shape[k - lead] != 1 for k in dims):
         return None

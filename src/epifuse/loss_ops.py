@@ -3,9 +3,9 @@ compile backend's LM-head rewrite, graph_heads.py):
 
     epifuse::linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, label_smoothing)
         -> loss                                  the forward alone (no gradient wanted)
-    epifuse::linear_cross_entropy_train(...) -> (loss, dx, dweight, dbias)
-        the loss and its gradients for a loss gradient of 1, in one call; the op's backward
-        multiplies them by the actual one
+    epifuse::linear_cross_entropy_train(..., need_x, need_weight, need_bias) -> (loss, dx, dweight, dbias)
+        the loss and the gradients asked for, for a loss gradient of 1, in one call (an empty
+        tensor for each not asked for); the op's backward multiplies them by the actual one
 
 AOTAutograd traces a custom op as one node (its fake implementation gives the shapes), where it
 could not trace linear_cross_entropy itself (the call reads a device flag once, to learn whether
@@ -13,7 +13,7 @@ every target is in range). The training op runs linear_cross_entropy's forward a
 to back: the training path computes the gradients during the forward anyway (losses.py), so the
 extra memory is theirs, dweight's size, as in an eager step. x is (tokens, hidden), target
 (tokens,); reduction "mean" or "sum" ("none" needs the per-token gradient, known only in the
-backward: the rewrite leaves it to Inductor). dbias is an empty tensor where bias is None.
+backward: the rewrite leaves it to Inductor). The gradients are contiguous.
 """
 from __future__ import annotations
 
@@ -56,35 +56,40 @@ class _Context:
 
 @torch.library.custom_op("epifuse::linear_cross_entropy_train", mutates_args=())
 def forward_and_gradients(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-                          ignore_index: int, reduction: str, label_smoothing: float
+                          ignore_index: int, reduction: str, label_smoothing: float, need_x: bool,
+                          need_weight: bool, need_bias: bool
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if reduction not in TRAINED_REDUCTIONS:
         raise ValueError(f"epifuse::linear_cross_entropy_train takes reduction 'mean' or 'sum', not {reduction!r}")
-    ctx = _Context((True, True, bias is not None, False, False, False, False, False, False, False))
+    need_bias = need_bias and bias is not None
+    ctx = _Context((need_x, need_weight, need_bias, False, False, False, False, False, False, False))
     with torch.no_grad():
         loss = _LinearCrossEntropy.forward(ctx, x, weight, bias, target, ignore_index, reduction,
                                            float(label_smoothing), 0.0, None, True)
-        dx, dweight, dbias = _LinearCrossEntropy.backward(ctx, torch.ones((), dtype=loss.dtype, device=loss.device))[:3]
-    return loss, dx, dweight, dbias if dbias is not None else x.new_empty(0)
+        grads = _LinearCrossEntropy.backward(ctx, torch.ones((), dtype=loss.dtype, device=loss.device))[:3]
+    # contiguous, as the fake outputs say; an empty tensor for a gradient not asked for
+    return (loss, *(g.contiguous() if need and g is not None else x.new_empty(0)
+                    for g, need in zip(grads, (need_x, need_weight, need_bias))))
 
 
 @forward_and_gradients.register_fake
-def _(x, weight, target, bias, ignore_index, reduction, label_smoothing):
-    dbias = torch.empty_like(bias) if bias is not None else x.new_empty(0)
-    return x.new_empty((), dtype=_loss_dtype(x)), torch.empty_like(x), torch.empty_like(weight), dbias
+def _(x, weight, target, bias, ignore_index, reduction, label_smoothing, need_x, need_weight, need_bias):
+    def grad(t, need):
+        return t.new_empty(t.shape) if need and t is not None else x.new_empty(0)
+    return (x.new_empty((), dtype=_loss_dtype(x)), grad(x, need_x), grad(weight, need_weight),
+            grad(bias, need_bias and bias is not None))
 
 
 def _setup_context(ctx, inputs, output) -> None:
     _, dx, dweight, dbias = output
-    ctx.has_bias = inputs[3] is not None
+    ctx.needs = inputs[7], inputs[8], inputs[9] and inputs[3] is not None
     ctx.save_for_backward(dx, dweight, dbias)
     ctx.mark_non_differentiable(dx, dweight, dbias)
 
 
 def _backward(ctx, grad_loss, *unused):
-    dx, dweight, dbias = ctx.saved_tensors
-    return (dx * grad_loss, dweight * grad_loss, None, dbias * grad_loss if ctx.has_bias else None,
-            None, None, None)
+    grads = [g * grad_loss if need else None for g, need in zip(ctx.saved_tensors, ctx.needs)]
+    return grads[0], grads[1], None, grads[2], None, None, None, None, None, None
 
 
 torch.library.register_autograd("epifuse::linear_cross_entropy_train", _backward, setup_context=_setup_context)
