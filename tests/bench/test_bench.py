@@ -229,3 +229,23 @@ fp32 rounding)."""
     assert rows[0]["loss"] == pytest.approx(rows[1]["loss"], rel=1e-5)
     for row in rows:   # both against the float64 truth of the same inputs
         assert all(0 <= e < 1e-5 for e in row["error_vs_float64"].values()), row
+
+
+def test_models_chart_takes_each_block_from_the_last_file_that_has_it(tmp_path):
+    """bench.models_chart's table: a later file's block replaces an earlier one's; files of two
+    GPUs are refused (the chart is per GPU)."""
+    import json
+
+    from bench import models_chart
+
+    def write(name, gpu, rows):
+        path = tmp_path / name
+        path.write_text(json.dumps({"gpu": gpu, "rows": [dict(model=m, variant=v, speedup_vs_best_compile=s)
+                                                          for m, v, s in rows]}))
+        return str(path)
+    a = write("a.json", "H200", [("mlp", "epifuse", 0.9), ("gcn", "epifuse", 0.5), ("gcn", "eager", None)])
+    b = write("b.json", "H200", [("gcn", "epifuse", 0.7), ("gcn", "compile", 1.0)])
+    table, gpu = models_chart.blocks([a, b])
+    assert gpu == "H200" and table == {"mlp": {"epifuse": 0.9}, "gcn": {"epifuse": 0.7, "compile": 1.0}}
+    with pytest.raises(SystemExit, match="2 GPUs"):
+        models_chart.blocks([a, write("c.json", "H100", [("mlp", "epifuse", 1.0)])])
