@@ -48,3 +48,40 @@ def test_a_block_under_the_backend_matches_float64_eager(model, monkeypatch):
     for got, want in zip(grads, want_grads):
         error = float((got.double() - want).norm() / want.norm().clamp(min=1e-30))
         assert error <= 3e-2, (model, error)
+
+
+class _LMHead(torch.nn.Module):
+    """A last layer and an LM head: what the backend's head rewrite takes (graph_heads)."""
+
+    def __init__(self, hidden=256, vocab=4000, bias=False):
+        super().__init__()
+        self.body = torch.nn.Linear(hidden, hidden)
+        self.head = torch.nn.Linear(hidden, vocab, bias=bias)
+
+    def forward(self, x, target):
+        logits = self.head(torch.nn.functional.gelu(self.body(x)))
+        return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), target.view(-1),
+                                                 label_smoothing=0.1)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_an_lm_head_under_the_backend_runs_the_linear_cross_entropy_and_matches_float64(bias):
+    """bf16 head on the GPU: the backend turns it into one linear cross-entropy call (the
+    training op, its gradients computed in the forward) and the loss and gradients lie within
+    bf16's rounding of the float64 module's; an ignored token among the targets."""
+    torch.manual_seed(2)
+    module = _LMHead(bias=bias).cuda().bfloat16()
+    exact = _LMHead(bias=bias).cuda().double()
+    exact.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
+    x = torch.randn(4, 96, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, 4000, (4, 96), device="cuda")
+    target[1, 5] = -100
+    torch._dynamo.reset()
+    with epifuse.backend.recorded() as explanation:
+        loss, grads = _loss_and_grads(torch.compile(module, backend=epifuse.backend.backend), [x, target])
+    assert any("linear_cross_entropy(" in source for source in explanation.fused), explanation
+    want_loss, want_grads = _loss_and_grads(exact, [x.double(), target])
+    assert abs(float(loss) - float(want_loss)) <= 1e-2 * abs(float(want_loss)), (float(loss), float(want_loss))
+    for got, want in zip(grads, want_grads):
+        error = float((got.double() - want).norm() / want.norm().clamp(min=1e-30))
+        assert error <= 3e-2, error
