@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import torch_ops
+from .graph_reductions import keeps_dims, reduced_dims
 from .printing import number_literal
 from .shapes import bytes_per_output
 
@@ -217,12 +218,10 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
         return f"{REDUCTIONS[target]}({x})", True
     if target in REDUCTIONS:
         x = arg(node.args[0])
-        dims = node.args[1] if len(node.args) > 1 else None
-        keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
-        if x is None or not dims or node.kwargs.get("dtype") is not None:
+        if x is None or not (len(node.args) > 1 and node.args[1]) or node.kwargs.get("dtype") is not None:
             return None
-        dims = tuple(sorted(d % len(region.shape) for d in dims))
-        return f"{REDUCTIONS[target]}({x}, dim={dims}, keepdim={keepdim})", True
+        dims = tuple(reduced_dims(node, len(region.shape)))
+        return f"{REDUCTIONS[target]}({x}, dim={dims}, keepdim={keeps_dims(node)})", True
     return None
 
 

@@ -40,7 +40,19 @@ def _val(node):
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
-def _dims(node, ndim: int) -> list | None:
+def _is_call(node, target) -> bool:
+    """Whether `node` is a call of `target`."""
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+
+
+def _unaliased(node):
+    """`node`, or what the alias nodes it is (make_fx writes them) stand for."""
+    while _is_call(node, aten.alias.default):
+        node = node.args[0]
+    return node
+
+
+def reduced_dims(node, ndim: int) -> list | None:
     """The reduced dims of a sum or mean node, non-negative and sorted; None if unknown."""
     if ndim == 0:
         return None
@@ -58,7 +70,8 @@ def _static(value) -> bool:
     return isinstance(value, torch.Tensor) and all(isinstance(s, int) and s > 0 for s in value.shape)
 
 
-def _keepdim(node) -> bool:
+def keeps_dims(node) -> bool:
+    """A reduction node's keepdim."""
     return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
 
 
@@ -110,7 +123,7 @@ def _iota_along(node, dim: int, ndim: int) -> int | None:
         if not along(_val(node)):
             return None
         node = node.args[0]
-    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is prims.iota.default):
+    if not _is_call(node, prims.iota.default):
         return None
     if node.kwargs.get("start", 0) != 0 or node.kwargs.get("step", 1) != 1 or not along(_val(node)):
         return None
@@ -137,7 +150,7 @@ def _peeled(x, dims: list, ndim: int) -> tuple:
     """(inner, factors): `x` as inner * factor * ..., each factor constant along `dims` (size 1
     there, or expanded from size 1), so it can leave a sum over them."""
     factors = []
-    while isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target is aten.mul.Tensor:
+    while _is_call(x, aten.mul.Tensor):
         left, right = x.args
         if _unexpanded(right, dims, ndim) is not None:
             factors.append(_unexpanded(right, dims, ndim))
@@ -179,7 +192,7 @@ def _one_hot(x, dims: list, ndim: int):
     elif x.target is aten.where.self:
         cond, a, b = x.args
         a, b = _scalar(a), _scalar(b)
-        if not (isinstance(cond, torch.fx.Node) and cond.op == "call_function" and cond.target is aten.eq.Tensor):
+        if not _is_call(cond, aten.eq.Tensor):
             return None
         n = index = None
         for left, right in (cond.args, tuple(reversed(cond.args))):
@@ -215,25 +228,19 @@ def _one_hot_row_sum(graph, x, dims: list, ndim: int):
     return _emit(graph, aten.where.self, [inside, hit, miss]), a == 0 or b == 0 or a * b < 0
 
 
-def _is_call(node, target) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
-
-
 def _share_sum(graph, x, dims: list, ndim: int):
     """(S / S, False) where `x` is a softmax E / S over dims, E = exp(y - amax(y, dims)) and S =
     sum(E, dims, keepdim=True): the sum of `x` over dims (keepdim). E lies in [0, 1], so S lies
     in [1, n] wherever y is finite: no overflow or cancellation makes the sum of shares differ."""
     if not _is_call(x, aten.div.Tensor):
         return None
-    share, total = x.args
-    while _is_call(share, aten.alias.default):
-        share = share.args[0]
-    if not (_is_call(total, _SUM) and total.args[0] is share and _keepdim(total) and _dims(total, ndim) == dims):
+    share, total = _unaliased(x.args[0]), x.args[1]
+    if not (_is_call(total, _SUM) and total.args[0] is share and keeps_dims(total) and reduced_dims(total, ndim) == dims):
         return None
     if not (_is_call(share, aten.exp.default) and _is_call(share.args[0], aten.sub.Tensor)):
         return None
     y, peak = share.args[0].args
-    if not (_is_call(peak, aten.amax.default) and peak.args[0] is y and _keepdim(peak) and _dims(peak, ndim) == dims):
+    if not (_is_call(peak, aten.amax.default) and peak.args[0] is y and keeps_dims(peak) and reduced_dims(peak, ndim) == dims):
         return None
     if _val(total) is None or _val(total).dtype != _val(x).dtype:
         return None
@@ -243,17 +250,14 @@ def _share_sum(graph, x, dims: list, ndim: int):
 def _sum_of_known(graph, node):
     """The value of a sum over dims whose input is, up to factors constant along them, a one-hot
     matrix or a share of its own sum, inserted before `node`; None where it is neither."""
-    x = node.args[0]
-    while isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target is aten.alias.default:
-        x = x.args[0]
+    x = _unaliased(node.args[0])
     value = _val(x)
     if not _static(value) or not value.dtype.is_floating_point or value.dim() == 0:
         return None
     ndim = value.dim()
-    dims = _dims(node, ndim)
+    dims = reduced_dims(node, ndim)
     inner, factors = _peeled(x, dims, ndim)
-    while isinstance(inner, torch.fx.Node) and inner.op == "call_function" and inner.target is aten.alias.default:
-        inner = inner.args[0]
+    inner = _unaliased(inner)
     if _val(inner) is None or tuple(_val(inner).shape) != tuple(value.shape):
         return None
     with graph.inserting_before(node):
@@ -269,7 +273,7 @@ def _sum_of_known(graph, node):
             result = _emit(graph, aten.mul.Tensor, [result, factor])
             if guard:   # NaN where the factor is not finite, as a term 0 * inf (or inf - inf) makes the sum
                 result = _emit(graph, aten.add.Tensor, [result, _emit(graph, aten.sub.Tensor, [factor, factor])])
-        if not _keepdim(node):
+        if not keeps_dims(node):
             result = _emit(graph, aten.squeeze.dims, [result, dims])
     result.meta["eliminated"] = said + (" times factors constant along it" if factors else "")
     return result
@@ -283,7 +287,7 @@ def _broadcast_mean(graph, node):
     if not (_static(value) and isinstance(out, torch.Tensor) and value.dtype.is_floating_point and value.dim() > 0):
         return None
     ndim = value.dim()
-    dims = _dims(node, ndim) if node.target is aten.mean.dim else list(range(ndim))
+    dims = reduced_dims(node, ndim) if node.target is aten.mean.dim else list(range(ndim))
     if not (isinstance(x, torch.fx.Node) and x.op == "call_function"):
         return None
     if x.target is aten.full.default and len(x.args) > 1:
@@ -343,4 +347,4 @@ def eliminate_reductions(graph: torch.fx.Graph) -> list:
     return done
 
 
-__all__ = ["eliminate_reductions"]
+__all__ = ["eliminate_reductions", "reduced_dims", "keeps_dims"]
