@@ -8,7 +8,9 @@ Each step is forward + backward (no optimizer), bf16 weights and activations, lo
   bert_ffn    LayerNorm(x + Linear(4096 -> 1024)(GELU(Linear(1024 -> 4096)(x)))), 16384 tokens
   llama_mlp   x + W_down(silu(RMSNorm(x) @ W_gate) * (RMSNorm(x) @ W_up)), 4096 -> 2 x 11008 ->
               4096, 8192 tokens
-              (the three blocks' loss: mean(y * probe), a fixed random probe per feature)
+  llama_merged the same block with W_gate and W_up kept as one weight (a Linear to 2 x 11008,
+              its result chunked: the gated GEMM's case)
+              (the four blocks' loss: mean(y * probe), a fixed random probe per feature)
   linear_bce  BCE-with-logits of Linear(1024 -> 4096) over 16384 rows against 0/1 targets (the
               EVT paper's loss subgraph); the loss itself
   gcn         two GCN layers, A_hat @ (X @ W) with ReLU between, over a dense normalized
@@ -33,7 +35,7 @@ import time
 import torch
 from torch import nn
 
-MODELS = ("mlp", "bert_ffn", "llama_mlp", "linear_bce", "gcn")
+MODELS = ("mlp", "bert_ffn", "llama_mlp", "llama_merged", "linear_bce", "gcn")
 VARIANTS = ("eager", "compile", "max_autotune", "epifuse")
 
 
@@ -80,6 +82,18 @@ class _LlamaMlp(_Block):
         return self.loss(x + self.down(nn.functional.silu(self.gate(n)) * self.up(n)))
 
 
+class _LlamaMergedMlp(_Block):
+    def __init__(self, h, f):
+        super().__init__(h)
+        self.norm = nn.RMSNorm(h, eps=1e-6)
+        self.gate_up = nn.Linear(h, 2 * f, bias=False)
+        self.down = nn.Linear(f, h, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(self.norm(x)).chunk(2, dim=-1)
+        return self.loss(x + self.down(nn.functional.silu(gate) * up))
+
+
 class _LinearBce(nn.Module):
     def __init__(self, h, f):
         super().__init__()
@@ -108,6 +122,7 @@ def _sizes(model: str, scale: float, device: str) -> dict:
     return {"mlp": dict(tokens=s(8192, 24), h=s(4096, 16), f=s(16384, 48)),
             "bert_ffn": dict(tokens=s(16384, 24), h=s(1024, 16), f=s(4096, 48)),
             "llama_mlp": dict(tokens=s(8192, 24), h=s(4096, 16), f=s(11008, 40)),
+            "llama_merged": dict(tokens=s(8192, 24), h=s(4096, 16), f=s(11008, 40)),
             "linear_bce": dict(tokens=s(16384, 24), h=s(1024, 16), f=s(4096, 48)),
             "gcn": dict(tokens=s(8192, 32), h=s(1024, 16), f=s(1024, 16), classes=s(64, 8))}[model]
 
@@ -129,7 +144,8 @@ def build(model: str, scale: float, device: str, dtype, seed: int = 0):
         labels = torch.randint(0, size["classes"], (n,), generator=g)
         inputs = (x.to(device, dtype), adjacency.to(device, dtype), labels.to(device))
     else:
-        module = {"mlp": _Mlp, "bert_ffn": _BertFfn, "llama_mlp": _LlamaMlp, "linear_bce": _LinearBce}[model](h, f)
+        module = {"mlp": _Mlp, "bert_ffn": _BertFfn, "llama_mlp": _LlamaMlp, "llama_merged": _LlamaMergedMlp,
+                  "linear_bce": _LinearBce}[model](h, f)
         x = torch.randn(n, h, generator=g).to(device, dtype)
         if model == "linear_bce":
             inputs = (x, torch.randint(0, 2, (n, f), generator=g).float().to(device))
@@ -225,10 +241,8 @@ def main(argv=None) -> int:
     for name in [*ns.models.split(","), *variants]:
         if name not in (*MODELS, *VARIANTS):
             p.error(f"unknown model or variant {name!r}: models {', '.join(MODELS)}; variants {', '.join(VARIANTS)}")
-    rows = []
-    for model in ns.models.split(","):
-        rows.extend(measure(model, variants, ns.scale, ns.device, ns.rounds))
-        done = rows[-len(variants):]
+    for model in ns.models.split(","):   # one JSON per model, written as soon as it is measured
+        done = measure(model, variants, ns.scale, ns.device, ns.rounds)
         for row in done:
             timing = (f"{row['ms']:8.3f} ms  x{row['speedup_vs_best_compile']:.2f} vs best compile"
                       if "ms" in row else "(not timed on the CPU)")
@@ -241,7 +255,7 @@ def main(argv=None) -> int:
                 if row.get("eliminated"):
                     print(f"{'':10s} {'':12s} eliminated " + "; ".join(f"{name}: {rule}" for name, rule in row["eliminated"]),
                           flush=True)
-    print(save_rows("models_training", "models", rows, ns.out, ns.device))
+        print(save_rows("models_training", f"models_{model}", done, ns.out, ns.device), flush=True)
     return 0
 
 

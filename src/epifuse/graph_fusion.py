@@ -18,6 +18,13 @@ the custom ops, and the region's nodes are replaced by the op's outputs. So the 
 forward Linear joins its GEMM, and in the backward the activation's derivative and the bias
 gradient (a column sum) join the GEMM that produces the incoming gradient.
 
+An `mm` whose result is split into its two column halves (`gate, up = (x @ W).chunk(2, dim=-1)`
+over a merged weight) gets a gated epilogue (`gate, up = accum.chunk(2, dim=-1)`): the region's
+values are then N / 2 wide, and the whole result, where something else reads it (the backward
+saves it), is the output `cat((gate, up), dim=-1)`. Two `mm`s of one input over separate weights
+whose results meet (`silu(x @ Wg) * (x @ Wu)`) are reported, not merged (a copy of both weights
+per step).
+
 Not fused (left to Inductor, with the reason `fuse_gemms` reports): `baddbmm`, GEMMs without a
 pointwise consumer, integer GEMMs, and values of dtypes the
 kernels do not store. A chain between two GEMMs always joins the producer's epilogue (no
@@ -118,6 +125,7 @@ class _Region:
         self.inlined: dict = {}    # outside node -> its expression, which the epilogue computes (_inlined)
         self.depth = 0             # how deep _inlined is now
         self.lines: list[str] = []
+        self.gated = False         # accum chunked into its two column halves (_halves)
 
     def save(self) -> tuple:
         return dict(self.operands), dict(self.inlined)
@@ -270,9 +278,35 @@ def _descendants(node) -> set:
     return seen
 
 
+def _halves(gemm, shape: tuple):
+    """(split, first half, second half) where an `mm`'s result is read only as its two column
+    halves (`gate, up = (x @ W).chunk(2, dim=-1)`, which the decompositions leave as a split and
+    two getitems; other readers of the whole result are allowed), else None."""
+    if gemm.target is not aten.mm.default or len(shape) != 2 or not isinstance(shape[1], int) or shape[1] % 2:
+        return None
+    for split in gemm.users:
+        if split.op != "call_function" or split.target is not aten.split.Tensor or split.kwargs:
+            continue
+        size, dim = split.args[1], (split.args[2] if len(split.args) > 2 else 0)
+        if size != shape[1] // 2 or dim not in (1, -1):
+            continue
+        items = {u.args[1]: u for u in split.users if u.target is operator.getitem}
+        if len(items) == len(split.users) == 2 and set(items) == {0, 1}:
+            return split, items[0], items[1]
+    return None
+
+
 def _grow(gemm, shape: tuple) -> _Region:
     region = _Region(gemm, shape)
     descendants = _descendants(gemm)
+    halves = _halves(gemm, shape)
+    if halves is not None:   # a gated epilogue: its values are N / 2 wide; accum whole is the halves' cat
+        split, first, second = halves
+        shape = region.shape = (shape[0], shape[1] // 2)
+        region.lines.append("    gate, up = accum.chunk(2, dim=-1)")
+        region.names.update({gemm: "cat((gate, up), dim=-1)", first: "gate", second: "up"})
+        region.nodes += [split, first, second]
+        region.gated = True
     if gemm.target is aten.addmm.default:   # bias + A @ B: the bias is an operand added to accum
         bias = gemm.args[0]
         v = _val(bias)
@@ -280,7 +314,7 @@ def _grow(gemm, shape: tuple) -> _Region:
             return region
         region.lines.append(f"    t0 = add(accum, {region.operand(bias)})")
         region.names[gemm] = "t0"
-    frontier = list(gemm.users)
+    frontier = [u for n in region.nodes for u in n.users if u not in region.nodes]
     ends: set = set()
     progress = True
     while progress:   # users join once every region input they read is in; order kept topological
@@ -338,6 +372,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements
     """Rewrite every fusible region of `graph` (in place) whose GEMM writes at least
     `min_elements` elements; returns what was fused and what not."""
     report = report if report is not None else Report()
+    report.skipped.extend(_unmerged_gates(graph))
     for gemm in [n for n in graph.nodes if _is_gemm(n)]:
         A, B = (gemm.args[1], gemm.args[2]) if gemm.target is aten.addmm.default else gemm.args[:2]
         va, vb, vout = _val(A), _val(B), _val(gemm)
@@ -356,7 +391,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements
             report.skipped.append((gemm.name, "an addmm whose bias is not an operand an epilogue reads, or that "
                                               "scales by beta or alpha"))
             continue
-        if len(region.nodes) == 1:   # an addmm alone: cuBLAS adds its bias in its own epilogue already
+        if len(region.nodes) == (4 if region.gated else 1):   # an addmm alone: cuBLAS adds its bias already
             report.skipped.append((gemm.name, "no pointwise op or reduction consumes it"
                                    + (" beyond its bias" if gemm.target is aten.addmm.default else "")))
             continue
@@ -412,6 +447,39 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements
                 graph.erase_node(node)
         report.fused.append(Fused(source, gemm.name, [n.name for n in region.nodes]))
     return report
+
+
+GATE_DEPTH = 8   # how many pointwise ops deep _unmerged_gates looks for where two GEMMs meet
+
+
+def _pointwise_reach(node, depth: int = GATE_DEPTH) -> set:
+    """The nodes that pointwise ops compute from `node`, at most `depth` ops deep."""
+    seen, layer = set(), [node]
+    for _ in range(depth):
+        layer = [u for n in layer for u in n.users
+                 if u not in seen and u.op == "call_function" and u.target in POINTWISE]
+        seen.update(layer)
+    return seen
+
+
+def _unmerged_gates(graph) -> list:
+    """(names, why) for each pair of `mm`s of one input with weights of one shape whose results
+    meet in pointwise math (`silu(x @ Wg) * (x @ Wu)`): one gated GEMM would read x once, but
+    only over one merged weight, and concatenating two weights copies both every step; a model
+    that keeps them as one (a Linear to twice the features, chunked) gets the gated GEMM."""
+    gemms = [n for n in graph.nodes if n.op == "call_function" and n.target is aten.mm.default]
+    found = []
+    for k, a in enumerate(gemms):
+        for b in gemms[k + 1:]:
+            va, vb = _val(a.args[1]), _val(b.args[1])
+            if a.args[0] is not b.args[0] or va is None or vb is None or tuple(va.shape) != tuple(vb.shape):
+                continue
+            if _pointwise_reach(a) & _pointwise_reach(b):
+                found.append((f"{a.name} and {b.name}",
+                              "their results meet in pointwise math over one input: one gated GEMM needs the two "
+                              "weights merged, which would copy both every step; keep them as one weight (a Linear "
+                              "to twice the features, its result chunked in two) to get it"))
+    return found
 
 
 def _first_user(region: _Region, outputs: list):

@@ -200,8 +200,8 @@ def test_models_benchmark_runs_end_to_end_on_cpu(tmp_path):
 
     from bench import models
     assert models.main(["--device", "cpu", "--out", str(tmp_path)]) == 0
-    (path,) = tmp_path.glob("models_*_cpu.json")
-    rows = json.loads(path.read_text())["rows"]
+    rows = {m: json.loads(next(tmp_path.glob(f"models_{m}_*_cpu.json")).read_text())["rows"] for m in models.MODELS}
+    rows = [row for m in models.MODELS for row in rows[m]]   # one file per model
     assert [(r["model"], r["variant"]) for r in rows] == [(m, v) for m in models.MODELS for v in ("eager", "epifuse")]
     for row in rows:
         if row["variant"] == "epifuse":
@@ -209,6 +209,10 @@ def test_models_benchmark_runs_end_to_end_on_cpu(tmp_path):
             assert row["fused"] or row["left"], row   # the pass ran and reported every GEMM
     mlp = next(r for r in rows if r["model"] == "mlp" and r["variant"] == "epifuse")
     assert mlp["fused"], mlp   # the MLP's GEMMs take their bias and GELU (and backward) epilogues
+    merged = next(r for r in rows if r["model"] == "llama_merged" and r["variant"] == "epifuse")
+    assert any("gate, up = accum.chunk(2, dim=-1)" in source for source in merged["fused"]), merged
+    separate = next(r for r in rows if r["model"] == "llama_mlp" and r["variant"] == "epifuse")
+    assert any("one gated GEMM needs the two weights merged" in why for _, why in separate["left"]), separate
 
 
 @pytest.mark.slow   # about 3 s

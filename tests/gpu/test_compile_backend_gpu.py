@@ -27,7 +27,7 @@ def _loss_and_grads(module, inputs):
     return loss.detach(), [p.grad for p in module.parameters()] + [t.grad for t in inputs if t.requires_grad]
 
 
-@pytest.mark.parametrize("model", ["mlp", "bert_ffn", "llama_mlp", "linear_bce", "gcn"])
+@pytest.mark.parametrize("model", ["mlp", "bert_ffn", "llama_mlp", "llama_merged", "linear_bce", "gcn"])
 def test_a_block_under_the_backend_matches_float64_eager(model, monkeypatch):
     """bf16 block, fused by the backend, within bf16's rounding of the float64 block (the
     relative error of the loss and of every gradient, as a norm), and the pass fused at least
@@ -43,6 +43,8 @@ def test_a_block_under_the_backend_matches_float64_eager(model, monkeypatch):
     with epifuse.backend.recorded() as explanation:
         loss, grads = _loss_and_grads(compiled, inputs)
     assert explanation.fused, explanation
+    if model == "llama_merged":   # the merged gate/up GEMM runs the gated epilogue
+        assert any("accum.chunk(2, dim=-1)" in source for source in explanation.fused), explanation
     want_loss, want_grads = _loss_and_grads(exact, exact_inputs)
     assert abs(float(loss) - float(want_loss)) <= 2e-2 * abs(float(want_loss)) + 1e-6, (float(loss), float(want_loss))
     for got, want in zip(grads, want_grads):

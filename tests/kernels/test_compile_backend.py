@@ -360,3 +360,93 @@ def test_a_gemm_below_min_elements_is_left_with_its_reason():
     assert backend._min_elements(graph) == 0
     next(iter(graph.nodes)).meta["val"] = types.SimpleNamespace(device=torch.device("cuda"))   # as on a GPU
     assert backend._min_elements(graph) == graph_fusion.MIN_FUSED_ELEMENTS > 0
+
+
+@pytest.mark.parametrize("whole_read", [False, True], ids=["halves", "halves-and-whole"])
+def test_a_gemm_chunked_in_two_gets_a_gated_epilogue(whole_read):
+    """`gate, up = (x @ W).chunk(2, dim=-1)` over a merged weight, then silu(gate) * up: one
+    gated epilogue (accum chunked), its values N / 2 wide; where the whole result is read too
+    (the backward saves it), it is the output cat((gate, up), dim=-1). Values against eager in
+    float64, fresh random inputs."""
+    x, w = torch.randn(24, 16, dtype=torch.float64), torch.randn(16, 40, dtype=torch.float64)
+
+    def fn(x, w):
+        y = x @ w
+        gate, up = y.chunk(2, dim=-1)
+        h = torch.nn.functional.silu(gate) * up
+        return (h, y * 1) if whole_read else (h,)
+    got, report = _fused_by_the_pass(fn, x, w)
+    (fused,) = report.fused
+    assert "gate, up = accum.chunk(2, dim=-1)" in fused.source, fused.source
+    assert ("cat((gate, up), dim=-1)" in fused.source) is whole_read, fused.source
+    for a, b in zip(got, fn(x, w)):
+        _close(a, b, "gated", tol=1e-12)
+
+
+def test_a_split_that_is_not_two_equal_column_halves_is_not_gated():
+    """A split into three, or along the rows, is not the gated epilogue's chunk: left alone
+    (the GEMM's other consumers still fuse), values unchanged."""
+    x, w = torch.randn(24, 16, dtype=torch.float64), torch.randn(16, 36, dtype=torch.float64)
+
+    def thirds(x, w):
+        a, b, c = (x @ w).chunk(3, dim=-1)
+        return torch.relu(a) * b + c
+
+    def rows(x, w):
+        a, b = (x @ w).chunk(2, dim=0)
+        return torch.relu(a) * b
+    for fn in (thirds, rows):
+        got, report = _fused_by_the_pass(fn, x, w)
+        assert not any("chunk" in f.source for f in report.fused), report
+        _close(got, fn(x, w), fn.__name__, tol=1e-12)
+
+
+def test_gate_and_up_gemms_over_separate_weights_are_reported_not_merged():
+    """silu(x @ Wg) * (x @ Wu) with two weights: explained (merging would copy both weights
+    every step), and the values stay right."""
+    x, wg, wu = (torch.randn(*s, dtype=torch.float64) for s in ((24, 16), (16, 20), (16, 20)))
+
+    def fn(x, wg, wu):
+        return torch.nn.functional.silu(x @ wg) * (x @ wu)
+    got, report = _fused_by_the_pass(fn, x, wg, wu)
+    (why,) = [why for name, why in report.skipped if " and " in name]
+    assert "one gated GEMM needs the two weights merged" in why, report.skipped
+    _close(got, fn(x, wg, wu), "separate", tol=1e-12)
+    unrelated, report = _fused_by_the_pass(lambda x, wg, wu: (torch.relu(x @ wg), x @ wu), x, wg, wu)
+    assert not [name for name, _ in report.skipped if " and " in name], report.skipped
+
+
+@pytest.mark.slow   # Inductor compiles the forward and the backward on the CPU (about 6 s)
+def test_a_merged_gate_up_block_trains_as_eager_under_the_backend():
+    """A LLaMA-style MLP over a merged gate/up weight, float64: the backend's forward runs the
+    gated epilogue (saving the whole GEMM result as the halves' cat for the backward), and the
+    loss and every gradient match eager over two SGD steps."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up = torch.nn.Linear(16, 48, bias=False)
+            self.down = torch.nn.Linear(24, 16, bias=False)
+
+        def forward(self, x):
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return self.down(torch.nn.functional.silu(gate) * up).pow(2).mean()
+    torch.manual_seed(0)
+    eager = Block().double()
+    fused = Block().double()
+    fused.load_state_dict(eager.state_dict())
+    compiled = torch.compile(fused, backend="epifuse")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, fused)]
+    from epifuse.backend import recorded
+    with recorded() as found:
+        for _ in range(2):
+            x = torch.randn(8, 16, dtype=torch.float64)
+            losses = [eager(x), compiled(x)]
+            for loss, opt in zip(losses, opts):
+                opt.zero_grad()
+                loss.backward()
+            _close(losses[1].detach(), losses[0].detach(), "loss", tol=1e-12)
+            for (name, a), b in zip(fused.named_parameters(), eager.parameters()):
+                _close(a.grad, b.grad, name, tol=1e-12)
+            for opt in opts:
+                opt.step()
+    assert any("accum.chunk(2, dim=-1)" in s and "cat((gate, up), dim=-1)" in s for s in found.fused), found
