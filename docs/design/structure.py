@@ -42,7 +42,7 @@ LAYERS = [
      "cross-entropy, class-based and named epilogues, the demo",
      ["sharded", "losses", "loss_ops", "nn", "fused", "epilogues", "demo"]),
     ("the torch.compile backend: the LM-head rewrite, reduction elimination and the GEMM fusion pass on FX graphs, the backend and explain",
-     ["graph_heads", "graph_reductions", "graph_fusion", "backend"]),
+     ["graph_heads", "graph_reductions", "graph_fusion", "graph_payoff", "backend"]),
     ("tools: trace, draw, problems, profiler output, the ops reference", ["tools."]),
     ("entry points", ["debug", "cli", "commands", "__main__", "__init__"]),
 ]

@@ -3,7 +3,9 @@
 The backend is Inductor with one more pass: after AOTAutograd has split the joint graph into
 forward and backward and Inductor has decomposed them (post-grad), epifuse.graph_fusion
 rewrites each GEMM and the pointwise ops and reductions consuming it into one epifuse GEMM with
-a generated epilogue; Inductor compiles everything else as it would. `import epifuse` registers the
+a generated epilogue; Inductor compiles everything else as it would. On a GPU a region is
+rewritten only where its fused call measures no slower than the GEMM plus the pass it replaces
+(epifuse.graph_payoff, timed while the graph compiles). `import epifuse` registers the
 name "epifuse" without importing torch._dynamo (1-2 s): with torch's backend registry when
 that is loaded already, else when it loads (`_register_by_name`, an import hook for that one
 module); the installed package's `torch_dynamo_backends` entry point names it too.
@@ -22,11 +24,15 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from . import graph_fusion, graph_reductions
+from . import graph_fusion, graph_payoff, graph_reductions
 from .graph_fusion import Fused, Report, fuse_gemms
 from .graph_reductions import eliminate_reductions
 
 _RECORDINGS: list[list] = []   # the open recorded() blocks' report lists
+# On a GPU, fuse a region only where the fused call measures no slower than the GEMM plus the
+# pass it replaces (epifuse.graph_payoff); False fuses every region the pass can (tests of the
+# fused kernels themselves)
+MEASURE_PAYOFF = True
 _LOCK = threading.Lock()
 
 
@@ -36,14 +42,17 @@ def _fusion_pass():
     class EpifuseFusion(CustomGraphPass):
         def __call__(self, graph) -> None:
             report = Report(eliminated=eliminate_reductions(graph))
-            fuse_gemms(graph, report, min_elements=_min_elements(graph))
+            min_elements = _min_elements(graph)
+            judge = graph_payoff.slower if min_elements and MEASURE_PAYOFF else None   # on a GPU
+            fuse_gemms(graph, report, min_elements=min_elements, judge=judge)
             with _LOCK:
                 for reports in _RECORDINGS:
                     reports.append(report)
 
         def uuid(self):
-            return get_hash_for_files((graph_fusion.__file__, graph_reductions.__file__, __file__)) + \
-                f"|min {graph_fusion.MIN_FUSED_ELEMENTS}".encode()
+            return get_hash_for_files((graph_fusion.__file__, graph_reductions.__file__, graph_payoff.__file__,
+                                       __file__)) + \
+                f"|min {graph_fusion.MIN_FUSED_ELEMENTS}|measure {MEASURE_PAYOFF}".encode()
 
     return EpifuseFusion()
 

@@ -368,9 +368,13 @@ def _outputs(region: _Region) -> list:
 MIN_FUSED_ELEMENTS = 1 << 22
 
 
-def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements: int = 0) -> Report:
+def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements: int = 0, judge=None) -> Report:
     """Rewrite every fusible region of `graph` (in place) whose GEMM writes at least
-    `min_elements` elements; returns what was fused and what not."""
+    `min_elements` elements; returns what was fused and what not. `judge`, where given, is
+    asked about each region before it is rewritten, as judge(GEMM's aten op, its input values,
+    the fused call's arguments (fake values for tensors), accum's value, the operands' values,
+    the outputs' values), and returns why the region should be left to Inductor, or None to
+    fuse it (the backend's is epifuse.graph_payoff.slower, on a GPU)."""
     report = report if report is not None else Report()
     report.skipped.extend(_unmerged_gates(graph))
     for gemm in [n for n in graph.nodes if _is_gemm(n)]:
@@ -420,11 +424,22 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements
             report.skipped.append((gemm.name, "an operand of its epilogue is computed after a value of the "
                                               "region is first used"))
             continue
+        operand_values = [_val(o).to(torch.uint8) if _val(o).dtype is torch.bool else _val(o) for o in region.operands]
+        call_args = (key, va, vb, operand_values, [], "t" * len(operand_values), ",".join(dtypes), compute, False,
+                     precision)
+        if judge is not None:
+            try:
+                why = judge(gemm.target, [_val(a) for a in (gemm.args[:3] if gemm.target is aten.addmm.default
+                                                             else gemm.args[:2])],
+                            call_args, vout, operand_values, [_val(o) for o in outputs])
+            except Exception as error:   # a fused call that fails here would fail in the graph too
+                why = f"measuring the fused call failed: {type(error).__name__}: {error}"
+            if why is not None:
+                report.skipped.append((gemm.name, why))
+                continue
         with graph.inserting_before(place):
             operand_nodes = [_as_bytes(graph, o) if _val(o).dtype is torch.bool else o for o in region.operands]
-            call = graph.call_function(torch.ops.epifuse.gemm.default, (
-                key, A, B, operand_nodes, [], "t" * len(operand_nodes), ",".join(dtypes), compute, False,
-                precision))
+            call = graph.call_function(torch.ops.epifuse.gemm.default, (key, A, B, operand_nodes, *call_args[4:]))
             call.meta["val"] = _fake_outputs(call)
             items = []
             for k in range(len(outputs)):

@@ -87,3 +87,35 @@ def test_an_lm_head_under_the_backend_runs_the_linear_cross_entropy_and_matches_
     for got, want in zip(grads, want_grads):
         error = float((got.double() - want).norm() / want.norm().clamp(min=1e-30))
         assert error <= 3e-2, error
+
+
+def test_on_a_gpu_the_backend_fuses_only_regions_measured_no_slower():
+    """The backend's payoff guard on the GPU (graph_payoff): a bf16 MLP whose GEMMs are all
+    above the fusion bound; every region is either fused or left with its measurement (the
+    fused call against the GEMM plus the pass), the values stay within bf16's rounding of
+    float64, and measure() itself gives positive times at one of the shapes."""
+    from epifuse import graph_payoff
+    torch._dynamo.reset()
+    module, inputs, _ = build("mlp", 1 / 4, "cuda", torch.bfloat16, seed=3)
+    exact, exact_inputs, _ = build("mlp", 1 / 4, "cuda", torch.bfloat16, seed=3)
+    exact, exact_inputs = exact.double(), [t.double() for t in exact_inputs]
+    assert epifuse.backend.MEASURE_PAYOFF
+    with epifuse.backend.recorded() as explanation:
+        loss, grads = _loss_and_grads(torch.compile(module, backend=epifuse.backend.backend), inputs)
+    measured = [why for _, why in explanation.left if why.startswith("measured on the GPU")]
+    assert len(explanation.fused) + len(measured) >= 2, explanation   # the forward GELU and its backward
+    want_loss, want_grads = _loss_and_grads(exact, exact_inputs)
+    assert abs(float(loss) - float(want_loss)) <= 2e-2 * abs(float(want_loss)) + 1e-6
+    for got, want in zip(grads, want_grads):
+        assert float((got.double() - want).norm() / want.norm().clamp(min=1e-30)) <= 3e-2
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        a = torch.empty(2048, 1024, device="cuda", dtype=torch.bfloat16)
+        b = torch.empty(4096, 1024, device="cuda", dtype=torch.bfloat16).t()
+        out = torch.empty(2048, 4096, device="cuda", dtype=torch.bfloat16)
+    del mode
+    key = epifuse.torch_ops.entry(epifuse.torch_ops.register_epilogue(
+        "def relu_only(accum):\n    out0 = relu(accum)\n    return out0\n")).key
+    timing = graph_payoff.measure(torch.ops.aten.mm.default, [a, b],
+                                  (key, a, b, [], [], "", "bfloat16", torch.float32, False, "default"), out, [], [out])
+    assert timing is not None and 0 < timing.gemm_us < 1e4 and 0 < timing.fused_us < 1e4 and 0 < timing.pass_us < 1e4, timing

@@ -450,3 +450,81 @@ def test_a_merged_gate_up_block_trains_as_eager_under_the_backend():
             for opt in opts:
                 opt.step()
     assert any("accum.chunk(2, dim=-1)" in s and "cat((gate, up), dim=-1)" in s for s in found.fused), found
+
+
+def test_a_region_the_judge_declines_is_left_to_inductor_with_its_reason():
+    """fuse_gemms(judge=...): the judge sees the GEMM's op and inputs, the fused call's
+    arguments, accum, the operands and the outputs (fake values); where it gives a reason the
+    graph is left as it was (no epifuse call) and the reason is reported; a judge that raises
+    leaves the region too, saying so; a judge returning None lets it fuse."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from epifuse import graph_fusion
+    a, b, bias = torch.randn(12, 8, dtype=torch.float64), torch.randn(8, 6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+
+    def fn(a, b, bias):
+        return torch.relu(torch.addmm(bias, a, b)) * 2.0
+    seen = []
+
+    def declines(target, inputs, call_args, accum, operands, outputs):
+        seen.append((target, [tuple(v.shape) for v in inputs], tuple(accum.shape), len(operands), len(outputs),
+                     call_args[1] is inputs[1]))
+        return "slower, measured"
+
+    def raises(*args):
+        raise RuntimeError("out of memory")
+    for judge, fused, why in ((declines, False, "slower, measured"),
+                              (raises, False, "measuring the fused call failed: RuntimeError: out of memory"),
+                              (lambda *args: None, True, None)):
+        gm = make_fx(fn, tracing_mode="fake")(a, b, bias)
+        report = graph_fusion.fuse_gemms(gm.graph, judge=judge)
+        gm.recompile()
+        calls = [n for n in gm.graph.nodes if n.target is torch.ops.epifuse.gemm.default]
+        assert bool(calls) is fused and bool(report.fused) is fused, report
+        if why is not None:
+            assert (report.skipped[0][1]) == why, report.skipped
+        _close(gm(a, b, bias), fn(a, b, bias), "judged", tol=1e-12)
+    assert seen == [(torch.ops.aten.addmm.default, [(6,), (12, 8), (8, 6)], (12, 6), 1, 1, True)], seen
+
+
+def test_the_payoff_estimate_counts_the_pass_bytes_and_compares_the_sum():
+    """graph_payoff's arithmetic: the pass reads accum and the operands and writes the outputs
+    other than accum; a fused call pays when no slower than the GEMM plus that pass."""
+    from epifuse.graph_payoff import Timing, pass_bytes
+    accum, row, out = torch.empty(64, 32, dtype=torch.bfloat16), torch.empty(32), torch.empty(64, 32, dtype=torch.bfloat16)
+    assert pass_bytes(accum, [row], [out, accum]) == 64 * 32 * 2 + 32 * 4 + 64 * 32 * 2
+    assert Timing(110.0, 100.0, 10.0).pays and not Timing(110.5, 100.0, 10.0).pays
+    assert "110 us against 100 us" in Timing(110.4, 100.0, 10.0).why_not()
+
+
+@pytest.mark.parametrize("fused_us, fuses", [(44.0, True), (60.0, False)])
+def test_the_payoff_judge_runs_both_sides_on_real_inputs_drawn_from_the_fakes(monkeypatch, fused_us, fuses):
+    """graph_payoff.slower as fuse_gemms' judge, its timer replaced (do_bench needs a GPU) by
+    one that runs each call once and returns set times: the fused call, torch's GEMM and the
+    copy all run on real tensors drawn with the graph's shapes and strides (a transposed
+    weight, a broadcast bias), outside the fake mode; the region is fused exactly when the
+    fused time is within the GEMM's plus the estimated pass."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from epifuse import graph_fusion, graph_payoff
+    times = iter([fused_us, 40.0, 4.0])   # fused call, addmm, copy of accum's size
+    ran = []
+
+    def timer(fn):
+        out = fn()
+        ran.append(out[0] if isinstance(out, (tuple, list)) else out)
+        return next(times)
+    monkeypatch.setattr(graph_payoff, "_time_us", timer)
+    a, w, bias = torch.randn(12, 8), torch.randn(6, 8), torch.randn(6)
+
+    def fn(a, w, bias):
+        return torch.relu(torch.nn.functional.linear(a, w, bias))
+    gm = make_fx(fn, tracing_mode="fake")(a, w, bias)
+    report = graph_fusion.fuse_gemms(gm.graph, judge=graph_payoff.slower)
+    gm.recompile()
+    assert [tuple(t.shape) for t in ran] == [(12, 6), (12, 6), (72,)] and all(not isinstance(t, torch._subclasses.FakeTensor) for t in ran)
+    # the pass reads accum and the bias and writes the output, 12*6*4 * 2 + 6*4 bytes: 4 us * 600 / 576 = 4.17 us
+    assert bool(report.fused) is fuses, report
+    if not fuses:
+        assert report.skipped[-1][1].startswith("measured on the GPU, the fused call takes 60 us against 40 us"), report.skipped
+    _close(gm(a, w, bias), fn(a, w, bias), "judged", tol=1e-6)
