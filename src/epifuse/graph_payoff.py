@@ -7,7 +7,10 @@ and Inductor's pointwise pass over its result, which reads accum and the operand
 the outputs: memory-bound, so it takes about as long as a copy of as many bytes (a copy of
 accum's size is timed for the rate). Fused, it is the epifuse call itself, timed after its
 first call (which tunes it, as the compiled graph's first call would have; the choice is
-remembered for that call). The region is fused where the fused call is no slower than the two.
+remembered for that call). Host time counts too: a step whose GPU work is short waits for the
+host, and an epifuse call costs more of it than torch's GEMM (the calls are launched back to
+back and the clock stopped before the GPU is waited for). The region is fused where the fused
+call's GPU time plus the host time it adds is no more than the GEMM's plus the pass's.
 What the estimate leaves out: a pointwise pass that Inductor fuses with other work (then it
 saves less than estimated), and host time (GEMMs below graph_fusion.MIN_FUSED_ELEMENTS are
 left alone before this is asked).
@@ -18,6 +21,7 @@ fake mode. Symbolic sizes (dynamic shapes) are not measured: the region is fused
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -29,19 +33,30 @@ WARMUP_MS, REP_MS = 3, 15   # each timing (do_bench)
 
 @dataclass
 class Timing:
-    """Microseconds: the fused call, the GEMM as torch runs it, and the estimated pass."""
+    """Microseconds: the fused call, the GEMM as torch runs it, and the estimated pass, on the
+    GPU; and the host time of a fused call and of the GEMM's call (what a step waits for when
+    the GPU outruns the host)."""
 
     fused_us: float
     gemm_us: float
     pass_us: float
+    fused_host_us: float = 0.0
+    gemm_host_us: float = 0.0
+
+    @property
+    def extra_host_us(self) -> float:
+        return max(0.0, self.fused_host_us - self.gemm_host_us)
 
     @property
     def pays(self) -> bool:
-        return self.fused_us <= self.gemm_us + self.pass_us
+        """The fused call's GPU time plus the host time it adds (counted as if the step waited
+        for the host: never slower either way) against the GEMM's plus the pass's."""
+        return self.fused_us + self.extra_host_us <= self.gemm_us + self.pass_us
 
     def why_not(self) -> str:
-        return (f"measured on the GPU, the fused call takes {self.fused_us:.0f} us against {self.gemm_us:.0f} us for "
-                f"the GEMM plus about {self.pass_us:.0f} us for the pass it would replace")
+        return (f"measured on the GPU, the fused call takes {self.fused_us:.0f} us (and {self.extra_host_us:.0f} us "
+                f"more host time than the GEMM's call) against {self.gemm_us:.0f} us for the GEMM plus about "
+                f"{self.pass_us:.0f} us for the pass it would replace")
 
 
 def pass_bytes(accum, operands, outputs) -> int:
@@ -75,6 +90,21 @@ def _time_us(fn) -> float:
     return do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median") * 1e3
 
 
+HOST_CALLS = 10   # calls launched back to back to time the host's share (fewer than the launch queue holds)
+
+
+def _host_us(fn) -> float:
+    """The host time of one call: HOST_CALLS calls launched back to back after a sync, the
+    clock stopped before waiting for the GPU."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(HOST_CALLS):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / HOST_CALLS * 1e6
+
+
 def measure(gemm_target, gemm_inputs, call_args, accum, operands, outputs) -> Timing | None:
     """Times the fused call (`torch.ops.epifuse.gemm` with `call_args`, its tensors given as
     fake values) against torch's GEMM of `gemm_target` over `gemm_inputs` (fake values, in
@@ -89,15 +119,21 @@ def measure(gemm_target, gemm_inputs, call_args, accum, operands, outputs) -> Ti
         real = {id(v): _drawn(v, generators) for v in (*gemm_inputs, *call_args[3])}
         fused_args = (call_args[0], real[id(call_args[1])], real[id(call_args[2])],
                       [real[id(o)] for o in call_args[3]], *call_args[4:])
-        fused_us = _time_us(lambda: torch.ops.epifuse.gemm.default(*fused_args))
+        def fused():
+            return torch.ops.epifuse.gemm.default(*fused_args)
         gemm = {aten.mm.default: torch.mm, aten.addmm.default: torch.addmm, aten.bmm.default: torch.bmm}[gemm_target]
         inputs = [real[id(v)] for v in gemm_inputs]
-        gemm_us = _time_us(lambda: gemm(*inputs))
+
+        def unfused():
+            return gemm(*inputs)
+        fused_us, gemm_us = _time_us(fused), _time_us(unfused)
+        fused_host_us, gemm_host_us = _host_us(fused), _host_us(unfused)
         total = pass_bytes(accum, operands, outputs)
         block = torch.randn(math.prod(accum.shape), device=accum.device, dtype=accum.dtype,
                             generator=generators.setdefault(accum.device, torch.Generator(device=accum.device)))
         copy_us = _time_us(lambda: block.clone())
-    return Timing(fused_us, gemm_us, copy_us * total / (2 * math.prod(accum.shape) * accum.element_size()))
+    return Timing(fused_us, gemm_us, copy_us * total / (2 * math.prod(accum.shape) * accum.element_size()),
+                  fused_host_us, gemm_host_us)
 
 
 def slower(gemm_target, gemm_inputs, call_args, accum, operands, outputs) -> str | None:
