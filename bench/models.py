@@ -205,6 +205,7 @@ def measure(model: str, variants, scale: float, device: str, rounds: int) -> lis
             rows[variant]["fused"] = list(explanation.fused)
             rows[variant]["left"] = [list(item) for item in explanation.left]
             rows[variant]["eliminated"] = [list(item) for item in explanation.eliminated]
+            rows[variant]["notes"] = [list(item) for item in explanation.notes]
         steps[variant] = step
     eager = rows.get("eager")
     for variant, row in rows.items():
@@ -252,6 +253,8 @@ def main(argv=None) -> int:
             if "fused" in row:
                 print(f"{'':10s} {'':12s} fused {len(row['fused'])} GEMM(s); left "
                       + ("; ".join(f"{name}: {why}" for name, why in row["left"]) or "none"), flush=True)
+                for names, note in row.get("notes", []):
+                    print(f"{'':10s} {'':12s} note on {names}: {note}", flush=True)
                 if row.get("eliminated"):
                     print(f"{'':10s} {'':12s} eliminated " + "; ".join(f"{name}: {rule}" for name, rule in row["eliminated"]),
                           flush=True)

@@ -42,9 +42,9 @@ def _fusion_pass():
     class EpifuseFusion(CustomGraphPass):
         def __call__(self, graph) -> None:
             report = Report(eliminated=eliminate_reductions(graph))
-            min_elements = _min_elements(graph)
-            judge = graph_payoff.slower if min_elements and MEASURE_PAYOFF else None   # on a GPU
-            fuse_gemms(graph, report, min_elements=min_elements, judge=judge)
+            on_gpu = _on_gpu(graph)
+            judge = graph_payoff.slower if on_gpu and MEASURE_PAYOFF else None
+            fuse_gemms(graph, report, min_elements=graph_fusion.MIN_FUSED_ELEMENTS if on_gpu else 0, judge=judge)
             with _LOCK:
                 for reports in _RECORDINGS:
                     reports.append(report)
@@ -57,14 +57,16 @@ def _fusion_pass():
     return EpifuseFusion()
 
 
-def _min_elements(graph) -> int:
-    """graph_fusion.MIN_FUSED_ELEMENTS where the graph runs on a GPU (the host time it weighs is
-    a GPU launch's), else 0 (the CPU runs the kernels through Triton's interpreter, for tests)."""
+def _on_gpu(graph) -> bool:
+    """Whether the graph runs on a GPU: then GEMMs below graph_fusion.MIN_FUSED_ELEMENTS are
+    left alone (the host time it weighs is a GPU launch's) and regions are timed before they
+    are fused (graph_payoff); on the CPU the kernels run through Triton's interpreter, for
+    tests, and every region the pass can fuse is fused."""
     for node in graph.nodes:
         value = node.meta.get("val")
         if getattr(getattr(value, "device", None), "type", None) == "cuda":
-            return graph_fusion.MIN_FUSED_ELEMENTS
-    return 0
+            return True
+    return False
 
 
 def backend(gm, example_inputs, **options):
@@ -88,12 +90,14 @@ def backend(gm, example_inputs, **options):
 class Explanation:
     """What the epifuse backend did with one function: `fused`, the epilogue source of each
     fused region (one per GEMM), `left`, (GEMM node, reason) for each GEMM left to Inductor,
-    and `eliminated`, (reduction node, rule) for each reduction replaced by the value it was
-    known to have (epifuse.graph_reductions)."""
+    `eliminated`, (reduction node, rule) for each reduction replaced by the value it was
+    known to have (epifuse.graph_reductions), and `notes`, (GEMM nodes, what a change to the
+    model would let fuse: two gate and up weights kept as one)."""
 
     fused: list = field(default_factory=list)
     left: list = field(default_factory=list)
     eliminated: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"epifuse fused {len(self.fused)} GEMM(s), left {len(self.left)} to Inductor"
@@ -105,6 +109,8 @@ class Explanation:
             lines.append(f"-- left {name}: {why}")
         for name, rule in self.eliminated:
             lines.append(f"-- eliminated {name}: {rule}")
+        for names, note in self.notes:
+            lines.append(f"-- note on {names}: {note}")
         return "\n".join(lines)
 
 
@@ -145,6 +151,7 @@ def recorded():
             result.fused.extend(f.source for f in report.fused)
             result.left.extend(report.skipped)
             result.eliminated.extend(report.eliminated)
+            result.notes.extend(report.notes)
 
 
 _REGISTRY = "torch._dynamo.backends.registry"

@@ -92,6 +92,7 @@ class Report:
 
     fused: list = field(default_factory=list)
     skipped: list = field(default_factory=list)   # (gemm node name, reason)
+    notes: list = field(default_factory=list)     # (gemm node names, what a model change would let fuse)
     eliminated: list = field(default_factory=list)   # (reduction node name, rule): graph_reductions
 
 
@@ -324,6 +325,9 @@ def _grow(gemm, shape: tuple) -> _Region:
                     (node.target not in POINTWISE and node.target not in REDUCTIONS):
                 frontier.remove(node)
                 continue
+            if region.gated and gemm in node.all_input_nodes:
+                frontier.remove(node)   # reads the whole result, which a gated epilogue has only as an output
+                continue
             if any(a in ends for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)):
                 frontier.remove(node)   # reads a reduction of this region: that would take another pass
                 continue
@@ -376,7 +380,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements
     the outputs' values), and returns why the region should be left to Inductor, or None to
     fuse it (the backend's is epifuse.graph_payoff.slower, on a GPU)."""
     report = report if report is not None else Report()
-    report.skipped.extend(_unmerged_gates(graph))
+    report.notes.extend(_unmerged_gates(graph))
     for gemm in [n for n in graph.nodes if _is_gemm(n)]:
         A, B = (gemm.args[1], gemm.args[2]) if gemm.target is aten.addmm.default else gemm.args[:2]
         va, vb, vout = _val(A), _val(B), _val(gemm)

@@ -12,11 +12,14 @@ host, and an epifuse call costs more of it than torch's GEMM (the calls are laun
 back and the clock stopped before the GPU is waited for). The region is fused where the fused
 call's GPU time plus the host time it adds is no more than the GEMM's plus the pass's.
 What the estimate leaves out: a pointwise pass that Inductor fuses with other work (then it
-saves less than estimated), and host time (GEMMs below graph_fusion.MIN_FUSED_ELEMENTS are
-left alone before this is asked).
+saves less than estimated), and the host time of launching that pass (not credited to the
+unfused side). GEMMs below graph_fusion.MIN_FUSED_ELEMENTS are left alone before this is asked.
+Timing noise decides close calls; the decision is part of the compiled graph (and of
+Inductor's cache of it).
 
 Inputs are drawn at random with the graph's shapes, strides and dtypes, outside the graph's
-fake mode. Symbolic sizes (dynamic shapes) are not measured: the region is fused.
+fake mode and without the Python dispatcher (on while a forward graph compiles, it adds host
+time to every op). Symbolic sizes (dynamic shapes) are not measured: the region is fused.
 """
 from __future__ import annotations
 
@@ -114,7 +117,7 @@ def measure(gemm_target, gemm_inputs, call_args, accum, operands, outputs) -> Ti
     values = [*gemm_inputs, accum, *operands, *outputs]
     if not all(_concrete(v) for v in values):
         return None
-    with unset_fake_temporarily(), torch.no_grad():
+    with unset_fake_temporarily(), torch._C._DisablePythonDispatcher(), torch.no_grad():
         generators: dict = {}
         real = {id(v): _drawn(v, generators) for v in (*gemm_inputs, *call_args[3])}
         fused_args = (call_args[0], real[id(call_args[1])], real[id(call_args[2])],

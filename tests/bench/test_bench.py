@@ -212,7 +212,7 @@ def test_models_benchmark_runs_end_to_end_on_cpu(tmp_path):
     merged = next(r for r in rows if r["model"] == "llama_merged" and r["variant"] == "epifuse")
     assert any("gate, up = accum.chunk(2, dim=-1)" in source for source in merged["fused"]), merged
     separate = next(r for r in rows if r["model"] == "llama_mlp" and r["variant"] == "epifuse")
-    assert any("one gated GEMM needs the two weights merged" in why for _, why in separate["left"]), separate
+    assert any("one gated GEMM needs the two weights merged" in note for _, note in separate["notes"]), separate
 
 
 @pytest.mark.slow   # about 3 s

@@ -34,6 +34,7 @@ def test_a_block_under_the_backend_matches_float64_eager(model, monkeypatch):
     one GEMM: a backend that fused nothing would pass the values trivially. At these sizes
     every GEMM is below the size the backend fuses from, which is lifted here."""
     monkeypatch.setattr(epifuse.graph_fusion, "MIN_FUSED_ELEMENTS", 0)
+    monkeypatch.setattr(epifuse.backend, "MEASURE_PAYOFF", False)   # the fused kernels themselves, every region
     torch._dynamo.reset()
     module, inputs, _ = build(model, 1 / 32, "cuda", torch.bfloat16, seed=1)
     exact, exact_inputs, _ = build(model, 1 / 32, "cuda", torch.bfloat16, seed=1)
@@ -89,7 +90,7 @@ def test_an_lm_head_under_the_backend_runs_the_linear_cross_entropy_and_matches_
         assert error <= 3e-2, error
 
 
-def test_on_a_gpu_the_backend_fuses_only_regions_measured_no_slower():
+def test_on_a_gpu_the_backend_fuses_only_regions_measured_no_slower(monkeypatch):
     """The backend's payoff guard on the GPU (graph_payoff): a bf16 MLP whose GEMMs are all
     above the fusion bound; every region is either fused or left with its measurement (the
     fused call against the GEMM plus the pass), the values stay within bf16's rounding of
@@ -100,10 +101,20 @@ def test_on_a_gpu_the_backend_fuses_only_regions_measured_no_slower():
     exact, exact_inputs, _ = build("mlp", 1 / 4, "cuda", torch.bfloat16, seed=3)
     exact, exact_inputs = exact.double(), [t.double() for t in exact_inputs]
     assert epifuse.backend.MEASURE_PAYOFF
+    verdicts = []
+
+    def judged(*args):
+        timing = graph_payoff.measure(*args)
+        verdicts.append(timing)
+        return None if timing is None or timing.pays else timing.why_not()
+    monkeypatch.setattr(graph_payoff, "slower", judged)
     with epifuse.backend.recorded() as explanation:
         loss, grads = _loss_and_grads(torch.compile(module, backend=epifuse.backend.backend), inputs)
     measured = [why for _, why in explanation.left if why.startswith("measured on the GPU")]
-    assert len(explanation.fused) + len(measured) >= 2, explanation   # the forward GELU and its backward
+    # the forward GELU and its backward at least, each timed, each fused exactly where it paid
+    assert len(verdicts) >= 2 and all(t is not None for t in verdicts), (verdicts, explanation)
+    assert len(explanation.fused) == sum(t.pays for t in verdicts), (verdicts, explanation)
+    assert len(measured) == sum(not t.pays for t in verdicts), (verdicts, explanation)
     want_loss, want_grads = _loss_and_grads(exact, exact_inputs)
     assert abs(float(loss) - float(want_loss)) <= 2e-2 * abs(float(want_loss)) + 1e-6
     for got, want in zip(grads, want_grads):

@@ -357,9 +357,27 @@ def test_a_gemm_below_min_elements_is_left_with_its_reason():
         if not fused:
             assert "30 output elements are fewer than 31" in report.skipped[0][1], report.skipped
     graph = make_fx(fn, tracing_mode="fake")(a, b).graph
-    assert backend._min_elements(graph) == 0
+    assert not backend._on_gpu(graph)
     next(iter(graph.nodes)).meta["val"] = types.SimpleNamespace(device=torch.device("cuda"))   # as on a GPU
-    assert backend._min_elements(graph) == graph_fusion.MIN_FUSED_ELEMENTS > 0
+    assert backend._on_gpu(graph) and graph_fusion.MIN_FUSED_ELEMENTS > 0
+
+
+def test_a_reduction_of_the_whole_gated_result_stays_outside_and_the_halves_still_fuse():
+    """The whole result of a chunked GEMM exists in a gated epilogue only as an output: a
+    reduction (or any op) reading it whole is left to Inductor, reading that output, and the
+    halves' math still fuses."""
+    x, w = torch.randn(24, 16, dtype=torch.float64), torch.randn(16, 40, dtype=torch.float64)
+
+    def fn(x, w):
+        y = x @ w
+        gate, up = y.chunk(2, dim=-1)
+        return torch.relu(gate) * up, y.sum(0), y.amax(0, keepdim=True)
+    got, report = _fused_by_the_pass(fn, x, w)
+    (fused,) = report.fused
+    assert "accum.chunk(2, dim=-1)" in fused.source and "cat((gate, up), dim=-1)" in fused.source, fused.source
+    assert "sum(" not in fused.source and "max(" not in fused.source, fused.source
+    for a, b in zip(got, fn(x, w)):
+        _close(a, b, "gated", tol=1e-12)
 
 
 @pytest.mark.parametrize("whole_read", [False, True], ids=["halves", "halves-and-whole"])
@@ -392,10 +410,11 @@ def test_a_split_that_is_not_two_equal_column_halves_is_not_gated():
         a, b, c = (x @ w).chunk(3, dim=-1)
         return torch.relu(a) * b + c
 
-    def rows(x, w):
+    def rows(x, w):   # a square result: row halves have the shape column halves would
         a, b = (x @ w).chunk(2, dim=0)
-        return torch.relu(a) * b
-    for fn in (thirds, rows):
+        return torch.relu(a) * b + 1.0
+    for fn, x, w in ((thirds, x, w), (rows, torch.randn(24, 16, dtype=torch.float64),
+                                      torch.randn(16, 24, dtype=torch.float64)[:, :12].repeat(1, 2))):
         got, report = _fused_by_the_pass(fn, x, w)
         assert not any("chunk" in f.source for f in report.fused), report
         _close(got, fn(x, w), fn.__name__, tol=1e-12)
@@ -409,11 +428,12 @@ def test_gate_and_up_gemms_over_separate_weights_are_reported_not_merged():
     def fn(x, wg, wu):
         return torch.nn.functional.silu(x @ wg) * (x @ wu)
     got, report = _fused_by_the_pass(fn, x, wg, wu)
-    (why,) = [why for name, why in report.skipped if " and " in name]
-    assert "one gated GEMM needs the two weights merged" in why, report.skipped
+    ((names, why),) = report.notes
+    assert names == "mm and mm_1" and "one gated GEMM needs the two weights merged" in why, report.notes
+    assert not [name for name, _ in report.skipped if " and " in name], report.skipped   # not a GEMM left
     _close(got, fn(x, wg, wu), "separate", tol=1e-12)
     unrelated, report = _fused_by_the_pass(lambda x, wg, wu: (torch.relu(x @ wg), x @ wu), x, wg, wu)
-    assert not [name for name, _ in report.skipped if " and " in name], report.skipped
+    assert not report.notes, report.notes
 
 
 @pytest.mark.slow   # Inductor compiles the forward and the backward on the CPU (about 6 s)
