@@ -18,6 +18,11 @@ the custom ops, and the region's nodes are replaced by the op's outputs. So the 
 forward Linear joins its GEMM, and in the backward the activation's derivative and the bias
 gradient (a column sum) join the GEMM that produces the incoming gradient.
 
+A Linear over (B, S, features) is an `mm` over a view of its input to 2-D whose result is viewed
+back to three dims: the region passes through views that only split or merge accum's rows,
+computing in accum's (M, N) shape and reading operands of the (B, S, N) shape as views of its
+rows (_row_operand; reductions' dims mapped by _row_dims).
+
 An `mm` whose result is split into its two column halves (`gate, up = (x @ W).chunk(2, dim=-1)`
 over a merged weight) gets a gated epilogue (`gate, up = accum.chunk(2, dim=-1)`): the region's
 values are then N / 2 wide, and the whole result, where something else reads it (the backward
@@ -127,13 +132,19 @@ class _Region:
         self.depth = 0             # how deep _inlined is now
         self.lines: list[str] = []
         self.gated = False         # accum chunked into its two column halves (_halves)
+        self.rows: tuple | None = None   # accum's rows viewed as several dims, (B, S, N) for (B * S, N)
+        self.in_rows: dict = {gemm: False}   # region node -> whether its value has the rows view's shape
+        self.current = shape       # the shape of the node being added: accum's, or the rows view's
+        self.transparent: set = set()   # nodes that name a value without computing one (views, halves)
+        self.whole: set = {gemm}   # nodes whose value is all of accum (only an output, once accum is chunked)
+        self.operand_views: dict = {}   # operand node -> the 2-D shape it is read as (_row_operand)
 
     def save(self) -> tuple:
-        return dict(self.operands), dict(self.inlined)
+        return dict(self.operands), dict(self.inlined), dict(self.operand_views)
 
     def restore(self, saved: tuple) -> None:
         """Forget the operands and inlined nodes that an expression which failed had named."""
-        self.operands, self.inlined = dict(saved[0]), dict(saved[1])
+        self.operands, self.inlined, self.operand_views = dict(saved[0]), dict(saved[1]), dict(saved[2])
 
     def operand(self, node) -> str:
         if node not in self.operands:
@@ -163,8 +174,14 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
             v = _val(a)
             if v is None or not isinstance(v, torch.Tensor) or not (v.dtype.is_floating_point or v.dtype is torch.bool):
                 return None
-            if not _reads(v, region.shape):
+            if not _reads(v, region.current):
                 return None
+            if region.current != region.shape:   # in the rows view: read as a 2-D operand of accum's rows
+                view = _row_operand(v, region.current, region.shape)
+                if view is False or region.operand_views.get(a, view) != view:
+                    return None
+                if view is not None:
+                    region.operand_views[a] = view
             if v.dtype is torch.bool:   # read as uint8 0 and 1, and compared back to a bool
                 return f"gt({region.operand(a)}, 0.5)"
             return region.operand(a)
@@ -229,7 +246,11 @@ def _expression(node, region: _Region, descendants: set) -> tuple[str, bool] | N
         x = arg(node.args[0])
         if x is None or not (len(node.args) > 1 and node.args[1]) or node.kwargs.get("dtype") is not None:
             return None
-        dims = tuple(reduced_dims(node, len(region.shape)))
+        dims = tuple(reduced_dims(node, len(region.current)))
+        if region.current != region.shape:
+            dims = _row_dims(dims, len(region.current))
+            if dims is None:
+                return None
         return f"{REDUCTIONS[target]}({x}, dim={dims}, keepdim={keeps_dims(node)})", True
     return None
 
@@ -248,7 +269,7 @@ def _inlined(node, region: _Region, descendants: set) -> str | None:
         return region.inlined[node]
     v = _val(node)
     if (region.depth >= INLINE_DEPTH or node.op != "call_function" or node.target not in POINTWISE
-            or not isinstance(v, torch.Tensor) or v.dtype not in _STORED or not _reads(v, region.shape)):
+            or not isinstance(v, torch.Tensor) or v.dtype not in _STORED or not _reads(v, region.current)):
         return None
     saved = region.save()
     region.depth += 1
@@ -258,7 +279,7 @@ def _inlined(node, region: _Region, descendants: set) -> str | None:
         region.depth -= 1
     if found is not None and len(node.users) != 1:
         added = [n for n in region.operands if n not in saved[0]]
-        elements = math.prod(region.shape)
+        elements = math.prod(region.current)
         if bytes_per_output([_val(n) for n in added], elements) >= bytes_per_output([v], elements):
             found = None   # no fewer bytes to read than the operand itself
     if found is None:   # what the attempt named is not read after all
@@ -279,21 +300,82 @@ def _descendants(node) -> set:
     return seen
 
 
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _row_operand(value, rows: tuple, shape: tuple):
+    """How an operand that broadcasts to the rows view `rows` ((B, S, N) of accum's (M, N)) is
+    read in accum's shape: None as it is (a scalar or a row), the 2-D shape it is viewed to
+    ((1, N) or (M, N), or with a last dim of 1), or False where no view gives it (broadcast
+    along some of the leading dims only, or strides a view cannot merge)."""
+    if value.dim() <= 1:
+        return None
+    full = (1,) * (len(rows) - value.dim()) + tuple(value.shape)
+    lead, last = full[:-1], full[-1]
+    if all(n == 1 for n in lead):
+        target = (1, last)
+    elif lead == tuple(rows[:-1]):
+        target = (shape[0], last)
+    else:
+        return False
+    try:
+        value.view(target)
+    except RuntimeError:
+        return False
+    return target
+
+
+def _row_dims(dims: tuple, rank: int):
+    """A reduction's dims over the rows view (rank dims, the last accum's columns) as dims of
+    accum: every leading dim is accum's dim 0, the last its dim 1; None where only some of the
+    leading dims are reduced."""
+    lead = set(range(rank - 1)) & set(dims)
+    if lead and lead != set(range(rank - 1)):
+        return None
+    return ((0,) if lead else ()) + ((1,) if rank - 1 in dims else ())
+
+
+def _rows_view(node, region: _Region):
+    """Where `node` views a region value between accum's shape and a rows view of it (the
+    (B * S, N) <-> (B, S, N) of a Linear over three dims), whether its value is in the rows
+    view; None where it is another view."""
+    source, v = node.args[0], _val(node)
+    if source not in region.in_rows or source in region.whole and region.gated or v is None or len(region.shape) != 2:
+        return None
+    shape = tuple(v.shape)
+    if not all(isinstance(n, int) for n in shape):
+        return None
+    if region.in_rows[source]:
+        return False if shape == region.shape else None
+    if len(shape) < 3 or shape[-1] != region.shape[1] or math.prod(shape[:-1]) != region.shape[0] or \
+            region.rows not in (None, shape):
+        return None
+    return True
+
+
 def _halves(gemm, shape: tuple):
-    """(split, first half, second half) where an `mm`'s result is read only as its two column
-    halves (`gate, up = (x @ W).chunk(2, dim=-1)`, which the decompositions leave as a split and
-    two getitems; other readers of the whole result are allowed), else None."""
+    """(rows view or None, split, first half, second half) where an `mm`'s result is read as
+    its two column halves (`gate, up = (x @ W).chunk(2, dim=-1)`, which the decompositions
+    leave as a split and two getitems), directly or through a view of its rows as several dims
+    (a Linear over (B, S, features)); other readers of the whole result are allowed. None
+    where it is not."""
     if gemm.target is not aten.mm.default or len(shape) != 2 or not isinstance(shape[1], int) or shape[1] % 2:
         return None
-    for split in gemm.users:
-        if split.op != "call_function" or split.target is not aten.split.Tensor or split.kwargs:
-            continue
-        size, dim = split.args[1], (split.args[2] if len(split.args) > 2 else 0)
-        if size != shape[1] // 2 or dim not in (1, -1):
-            continue
-        items = {u.args[1]: u for u in split.users if u.target is operator.getitem}
-        if len(items) == len(split.users) == 2 and set(items) == {0, 1}:
-            return split, items[0], items[1]
+    views = [u for u in gemm.users if u.op == "call_function" and u.target in _VIEWS and not u.kwargs
+             and _val(u) is not None and len(_val(u).shape) >= 3 and _val(u).shape[-1] == shape[1]
+             and all(isinstance(n, int) for n in _val(u).shape) and math.prod(_val(u).shape[:-1]) == shape[0]]
+    for view in (None, *views):
+        source = gemm if view is None else view
+        rank = 2 if view is None else len(_val(view).shape)
+        for split in source.users:
+            if split.op != "call_function" or split.target is not aten.split.Tensor or split.kwargs:
+                continue
+            size, dim = split.args[1], (split.args[2] if len(split.args) > 2 else 0)
+            if size != shape[1] // 2 or dim not in (rank - 1, -1):
+                continue
+            items = {u.args[1]: u for u in split.users if u.target is operator.getitem}
+            if len(items) == len(split.users) == 2 and set(items) == {0, 1}:
+                return view, split, items[0], items[1]
     return None
 
 
@@ -302,11 +384,19 @@ def _grow(gemm, shape: tuple) -> _Region:
     descendants = _descendants(gemm)
     halves = _halves(gemm, shape)
     if halves is not None:   # a gated epilogue: its values are N / 2 wide; accum whole is the halves' cat
-        split, first, second = halves
+        view, split, first, second = halves
         shape = region.shape = (shape[0], shape[1] // 2)
         region.lines.append("    gate, up = accum.chunk(2, dim=-1)")
         region.names.update({gemm: "cat((gate, up), dim=-1)", first: "gate", second: "up"})
+        in_rows = view is not None
+        if in_rows:   # the halves of a rows view: (B, S, N / 2)
+            region.names[view], region.in_rows[view] = region.names[gemm], True
+            region.nodes.append(view)
+            region.whole.add(view)
+            region.rows = (*_val(view).shape[:-1], shape[1])
         region.nodes += [split, first, second]
+        region.transparent.update(n for n in (view, split, first, second) if n is not None)
+        region.in_rows.update({split: in_rows, first: in_rows, second: in_rows})
         region.gated = True
     if gemm.target is aten.addmm.default:   # bias + A @ B: the bias is an operand added to accum
         bias = gemm.args[0]
@@ -322,10 +412,10 @@ def _grow(gemm, shape: tuple) -> _Region:
         progress = False
         for node in list(frontier):
             if node in region.names or node.op != "call_function" or \
-                    (node.target not in POINTWISE and node.target not in REDUCTIONS):
+                    (node.target not in POINTWISE and node.target not in REDUCTIONS and node.target not in _VIEWS):
                 frontier.remove(node)
                 continue
-            if region.gated and gemm in node.all_input_nodes:
+            if region.gated and any(a in region.whole for a in node.all_input_nodes):
                 frontier.remove(node)   # reads the whole result, which a gated epilogue has only as an output
                 continue
             if any(a in ends for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)):
@@ -338,19 +428,34 @@ def _grow(gemm, shape: tuple) -> _Region:
             if not isinstance(v, torch.Tensor) or v.dtype not in (*_STORED, torch.bool):
                 frontier.remove(node)
                 continue
-            if node.target not in REDUCTIONS and tuple(v.shape) != shape:
-                frontier.remove(node)
+            frontier.remove(node)
+            if node.target in _VIEWS:   # names its input's value in the other shape
+                in_rows = _rows_view(node, region) if not node.kwargs else None
+                if in_rows is None:
+                    continue
+                region.rows = region.rows or (tuple(v.shape) if in_rows else None)
+                region.names[node], region.in_rows[node] = region.names[node.args[0]], in_rows
+                region.nodes.append(node)
+                region.transparent.add(node)
+                frontier.extend(u for u in node.users if u not in frontier)
+                progress = True
+                continue
+            spaces = {region.in_rows[a] for a in node.all_input_nodes if a in region.names}
+            if len(spaces) != 1:   # values of accum's shape and of the rows view's: no one shape
+                continue
+            in_rows = spaces.pop()
+            region.current = region.rows if in_rows else shape
+            if node.target not in REDUCTIONS and tuple(v.shape) != region.current:
                 continue
             saved = region.save()
             found = _expression(node, region, descendants)
-            frontier.remove(node)
             if found is None:
                 region.restore(saved)
                 continue
             text, end = found
             name = f"t{len(region.lines)}"
             region.lines.append(f"    {name} = {text}")
-            region.names[node] = name
+            region.names[node], region.in_rows[node] = name, in_rows
             region.nodes.append(node)
             progress = True
             if end:
@@ -399,7 +504,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements
             report.skipped.append((gemm.name, "an addmm whose bias is not an operand an epilogue reads, or that "
                                               "scales by beta or alpha"))
             continue
-        if len(region.nodes) == (4 if region.gated else 1):   # an addmm alone: cuBLAS adds its bias already
+        if all(n is gemm or n in region.transparent for n in region.nodes):   # an addmm alone: cuBLAS adds its bias
             report.skipped.append((gemm.name, "no pointwise op or reduction consumes it"
                                    + (" beyond its bias" if gemm.target is aten.addmm.default else "")))
             continue
@@ -428,7 +533,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements
             report.skipped.append((gemm.name, "an operand of its epilogue is computed after a value of the "
                                               "region is first used"))
             continue
-        operand_values = [_val(o).to(torch.uint8) if _val(o).dtype is torch.bool else _val(o) for o in region.operands]
+        operand_values = [_operand_value(o, region) for o in region.operands]
         call_args = (key, va, vb, operand_values, [], "t" * len(operand_values), ",".join(dtypes), compute, False,
                      precision)
         if judge is not None:
@@ -442,7 +547,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements
                 report.skipped.append((gemm.name, why))
                 continue
         with graph.inserting_before(place):
-            operand_nodes = [_as_bytes(graph, o) if _val(o).dtype is torch.bool else o for o in region.operands]
+            operand_nodes = [_operand_node(graph, o, region) for o in region.operands]
             call = graph.call_function(torch.ops.epifuse.gemm.default, (key, A, B, operand_nodes, *call_args[4:]))
             call.meta["val"] = _fake_outputs(call)
             items = []
@@ -510,6 +615,24 @@ def _first_user(region: _Region, outputs: list):
     last_input = max((order[n] for n in (*region.operands, *region.gemm.all_input_nodes)), default=0)
     first = min(users, key=lambda n: order[n])
     return first if order[first] > last_input else None
+
+
+def _operand_value(node, region: _Region):
+    """An operand's value as the fused call reads it: viewed to accum's rows (_row_operand),
+    a bool as uint8."""
+    value = _val(node)
+    if node in region.operand_views:
+        value = value.view(region.operand_views[node])
+    return value.to(torch.uint8) if value.dtype is torch.bool else value
+
+
+def _operand_node(graph, node, region: _Region):
+    """The graph node the fused call reads for an operand (_operand_value's, in the graph)."""
+    if node in region.operand_views:
+        view = graph.call_function(aten.view.default, (node, list(region.operand_views[node])))
+        view.meta["val"] = _val(node).view(region.operand_views[node])
+        node = view
+    return _as_bytes(graph, node) if _val(node).dtype is torch.bool else node
 
 
 def _as_bytes(graph, node):

@@ -130,3 +130,47 @@ def test_on_a_gpu_the_backend_fuses_only_regions_measured_no_slower(monkeypatch)
     timing = graph_payoff.measure(torch.ops.aten.mm.default, [a, b],
                                   (key, a, b, [], [], "", "bfloat16", torch.float32, False, "default"), out, [], [out])
     assert timing is not None and 0 < timing.gemm_us < 1e4 and 0 < timing.fused_us < 1e4 and 0 < timing.pass_us < 1e4, timing
+
+
+class _Block3d(torch.nn.Module):
+    """Linears over (batch, sequence, features): the views around each mm (bias + GELU, or a
+    merged gate/up weight with SwiGLU)."""
+
+    def __init__(self, gated: bool, hidden=256, inner=512):
+        super().__init__()
+        self.gated = gated
+        self.up = torch.nn.Linear(hidden, 2 * inner if gated else inner, bias=not gated)
+        self.down = torch.nn.Linear(inner, hidden)
+
+    def forward(self, x):
+        if self.gated:
+            gate, up = self.up(x).chunk(2, dim=-1)
+            h = torch.nn.functional.silu(gate) * up
+        else:
+            h = torch.nn.functional.gelu(self.up(x))
+        return (self.down(h).float() ** 2).mean()
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["gelu", "merged-gate-up"])
+def test_three_dim_blocks_fuse_through_their_views_and_match_float64(gated, monkeypatch):
+    """bf16 blocks over (4, 96, 256) activations on the GPU, every region fused (the guard and
+    the size bound lifted: the fused kernels themselves are under test): the forward epilogue
+    (GELU, or the gated SwiGLU) and the backward's fuse through the views, and the loss and
+    gradients lie within bf16's rounding of the float64 block's."""
+    monkeypatch.setattr(epifuse.graph_fusion, "MIN_FUSED_ELEMENTS", 0)
+    monkeypatch.setattr(epifuse.backend, "MEASURE_PAYOFF", False)
+    torch.manual_seed(4)
+    module = _Block3d(gated).cuda().bfloat16()
+    exact = _Block3d(gated).cuda().double()
+    exact.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
+    x = torch.randn(4, 96, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch._dynamo.reset()
+    with epifuse.backend.recorded() as explanation:
+        loss, grads = _loss_and_grads(torch.compile(module, backend=epifuse.backend.backend), [x])
+    sources = "\n".join(explanation.fused)
+    assert ("accum.chunk(2, dim=-1)" if gated else "erf(") in sources and len(explanation.fused) >= 3, explanation
+    want_loss, want_grads = _loss_and_grads(exact, [x.double()])
+    assert abs(float(loss) - float(want_loss)) <= 2e-2 * abs(float(want_loss)), (float(loss), float(want_loss))
+    for got, want in zip(grads, want_grads):
+        error = float((got.double() - want).norm() / want.norm().clamp(min=1e-30))
+        assert error <= 3e-2, error

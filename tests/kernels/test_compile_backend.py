@@ -554,3 +554,69 @@ def test_the_payoff_judge_runs_both_sides_on_real_inputs_drawn_from_the_fakes(mo
         assert report.skipped[-1][1].startswith(f"measured on the GPU, the fused call takes {fused_us:.0f} us (and 3 us "
                                                 "more host time than the GEMM's call) against 40 us"), report.skipped
     _close(gm(a, w, bias), fn(a, w, bias), "judged", tol=1e-6)
+
+
+def test_a_region_passes_through_views_of_accums_rows_and_back():
+    """A Linear over (B, S, features) runs as an mm over (B * S, features) viewed back to three
+    dims: the region follows the view (and a view back to 2-D), reads operands of the 3-D
+    shape as views of accum's rows (a row, a full tile, a column), maps reductions over the
+    leading dims to accum's rows; an operand broadcast along some leading dims only, and a
+    reduction over some of them, stay outside. Values against eager in float64."""
+    B, S, H, N = 2, 3, 8, 10
+    x, w, bias = (torch.randn(*s, dtype=torch.float64) for s in ((B, S, H), (H, N), (N,)))
+    tile, col, part = (torch.randn(*s, dtype=torch.float64) for s in ((B, S, N), (B, S, 1), (1, S, N)))
+
+    def fn(x, w, bias, tile, col, part):
+        y = (x.reshape(B * S, H) @ w).view(B, S, N)
+        z = torch.relu(y + bias) * tile - col
+        flat = (z * 2.0).view(B * S, N)
+        return z, flat.sum(0), z.sum((0, 1)), z.amax(-1), (z * part), z.sum(0)
+    got, report = _fused_by_the_pass(fn, x, w, bias, tile, col, part)
+    (fused,) = report.fused
+    assert "relu(" in fused.source and "dim=(0,)" in fused.source and "dim=(1,)" in fused.source, fused.source
+    assert fused.source.count("sum(") == 2, fused.source   # flat.sum(0) and z.sum((0, 1)); z.sum(0) stays out
+    for k, (a, b) in enumerate(zip(got, fn(x, w, bias, tile, col, part))):
+        assert a.shape == b.shape, (k, a.shape, b.shape)
+        _close(a, b, f"output {k}", tol=1e-12)
+
+
+@pytest.mark.slow   # Inductor compiles the forward and the backward on the CPU (about 8 s)
+@pytest.mark.parametrize("gated", [False, True], ids=["mlp", "merged-gate-up"])
+def test_blocks_over_three_dim_activations_fuse_and_train_as_eager(gated):
+    """Linears over (B, S, H) under the backend: the bias and activation (or the gated SwiGLU
+    over a merged weight), the backward's activation derivative and bias gradient fuse through
+    the views, and the loss and every gradient match eager's in float64."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.Linear(16, 48 if gated else 32, bias=not gated)
+            self.down = torch.nn.Linear(24 if gated else 32, 16)
+
+        def forward(self, x):
+            if gated:
+                gate, up = self.up(x).chunk(2, dim=-1)
+                h = torch.nn.functional.silu(gate) * up
+            else:
+                h = torch.nn.functional.gelu(self.up(x))
+            return torch.relu(self.down(h)).pow(2).mean()
+    torch.manual_seed(0)
+    eager = Block().double()
+    fused = Block().double()
+    fused.load_state_dict(eager.state_dict())
+    x = torch.randn(2, 6, 16, dtype=torch.float64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    from epifuse.backend import recorded
+    with recorded() as found:
+        loss = torch.compile(fused, backend="epifuse")(x2)
+        loss.backward()
+    want = eager(x)
+    want.backward()
+    _close(loss.detach(), want.detach(), "loss", tol=1e-12)
+    for (name, a), b in zip(fused.named_parameters(), eager.parameters()):
+        _close(a.grad, b.grad, name, tol=1e-12)
+    _close(x2.grad, x.grad, "x", tol=1e-12)
+    sources = "\n".join(found.fused)
+    assert ("accum.chunk(2, dim=-1)" if gated else "erf(") in sources, found
+    if not gated:   # the up layer's bias gradient in the epilogue of the GEMM producing its incoming gradient
+        assert "dim=(0,)" in sources, found
+    assert len(found.fused) >= 3, found
