@@ -320,7 +320,7 @@ def _row_operand(value, rows: tuple, shape: tuple):
         return False
     try:
         value.view(target)
-    except RuntimeError:
+    except (RuntimeError, ValueError):   # fake tensors raise ValueError where strides do not merge
         return False
     return target
 

@@ -580,6 +580,24 @@ def test_a_region_passes_through_views_of_accums_rows_and_back():
         _close(a, b, f"output {k}", tol=1e-12)
 
 
+@pytest.mark.parametrize("layout", ["transposed", "expanded"])
+def test_a_rows_view_operand_whose_strides_do_not_merge_stays_outside(layout):
+    """A (B, S, N) operand whose leading dims no view merges (a transpose of (S, B, N), or
+    (1, S, N) expanded over B) is not read as accum's rows: it stays outside, the rest of the
+    region fuses, values right."""
+    B, S, H, N = 2, 3, 5, 4
+    x, w = torch.randn(B * S, H, dtype=torch.float64), torch.randn(H, N, dtype=torch.float64)
+    t = torch.randn(*((S, B, N) if layout == "transposed" else (1, S, N)), dtype=torch.float64)
+
+    def fn(x, w, t):
+        other = t.transpose(0, 1) if layout == "transposed" else t.expand(B, S, N)
+        return torch.relu((x @ w).view(B, S, N)) * other
+    got, report = _fused_by_the_pass(fn, x, w, t)
+    (fused,) = report.fused
+    assert "relu(" in fused.source and "mul(" not in fused.source, fused.source
+    _close(got, fn(x, w, t), layout, tol=1e-12)
+
+
 @pytest.mark.slow   # Inductor compiles the forward and the backward on the CPU (about 8 s)
 @pytest.mark.parametrize("gated", [False, True], ids=["mlp", "merged-gate-up"])
 def test_blocks_over_three_dim_activations_fuse_and_train_as_eager(gated):
