@@ -335,6 +335,12 @@ def _row_dims(dims: tuple, rank: int):
     return ((0,) if lead else ()) + ((1,) if rank - 1 in dims else ())
 
 
+def _splits_rows(shape: tuple, accum: tuple) -> bool:
+    """Whether `shape` views accum's (M, N) rows as several dims: (B, S, N) with B * S = M."""
+    return (len(shape) >= 3 and all(isinstance(n, int) for n in shape) and shape[-1] == accum[1]
+            and math.prod(shape[:-1]) == accum[0])
+
+
 def _rows_view(node, region: _Region):
     """Where `node` views a region value between accum's shape and a rows view of it (the
     (B * S, N) <-> (B, S, N) of a Linear over three dims), whether its value is in the rows
@@ -347,10 +353,7 @@ def _rows_view(node, region: _Region):
         return None
     if region.in_rows[source]:
         return False if shape == region.shape else None
-    if len(shape) < 3 or shape[-1] != region.shape[1] or math.prod(shape[:-1]) != region.shape[0] or \
-            region.rows not in (None, shape):
-        return None
-    return True
+    return True if _splits_rows(shape, region.shape) and region.rows in (None, shape) else None
 
 
 def _halves(gemm, shape: tuple):
@@ -362,8 +365,7 @@ def _halves(gemm, shape: tuple):
     if gemm.target is not aten.mm.default or len(shape) != 2 or not isinstance(shape[1], int) or shape[1] % 2:
         return None
     views = [u for u in gemm.users if u.op == "call_function" and u.target in _VIEWS and not u.kwargs
-             and _val(u) is not None and len(_val(u).shape) >= 3 and _val(u).shape[-1] == shape[1]
-             and all(isinstance(n, int) for n in _val(u).shape) and math.prod(_val(u).shape[:-1]) == shape[0]]
+             and _val(u) is not None and _splits_rows(tuple(_val(u).shape), shape)]
     for view in (None, *views):
         source = gemm if view is None else view
         rank = 2 if view is None else len(_val(view).shape)

@@ -29,9 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .shapes import span
-
-WARMUP_MS, REP_MS = 3, 15   # each timing (do_bench)
+from .runtime.tune import TUNE_REP_MS, TUNE_WARMUP_MS, fresh_like
 
 
 @dataclass
@@ -73,24 +71,19 @@ def _concrete(value) -> bool:
 
 
 def _drawn(value, generators: dict):
-    """A real tensor with `value`'s shape, strides, dtype and device, random (0/1 for integer
-    and bool tensors), stride-0 dims included; drawn from a generator of its own, so the
-    caller's random streams are left as they were."""
-    device = value.device
-    if device not in generators:
-        generators[device] = torch.Generator(device=device).manual_seed(0)
-    g, n = generators[device], span(value)
-    if value.dtype.is_floating_point:
-        base = torch.randn(n, generator=g, device=device, dtype=value.dtype)
-    else:
-        base = torch.randint(0, 2, (n,), generator=g, device=device, dtype=torch.uint8).to(value.dtype)
-    return base.as_strided(tuple(value.shape), tuple(value.stride()))
+    """A real tensor with `value`'s shape, strides, dtype and device, random (tune.fresh_like),
+    from a generator of its own per device, so the caller's random streams are left as they
+    were."""
+    if value.device not in generators:
+        generators[value.device] = torch.Generator(device=value.device).manual_seed(0)
+    return fresh_like(value, generators[value.device])
 
 
 def _time_us(fn) -> float:
+    """Microseconds of one call on the GPU, timed as tuning times a kernel (do_bench's median)."""
     from triton.testing import do_bench
     fn()
-    return do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median") * 1e3
+    return do_bench(fn, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, return_mode="median") * 1e3
 
 
 HOST_CALLS = 10   # calls launched back to back to time the host's share (fewer than the launch queue holds)
@@ -122,6 +115,7 @@ def measure(gemm_target, gemm_inputs, call_args, accum, operands, outputs) -> Ti
         real = {id(v): _drawn(v, generators) for v in (*gemm_inputs, *call_args[3])}
         fused_args = (call_args[0], real[id(call_args[1])], real[id(call_args[2])],
                       [real[id(o)] for o in call_args[3]], *call_args[4:])
+
         def fused():
             return torch.ops.epifuse.gemm.default(*fused_args)
         gemm = {aten.mm.default: torch.mm, aten.addmm.default: torch.addmm, aten.bmm.default: torch.bmm}[gemm_target]
@@ -132,8 +126,7 @@ def measure(gemm_target, gemm_inputs, call_args, accum, operands, outputs) -> Ti
         fused_us, gemm_us = _time_us(fused), _time_us(unfused)
         fused_host_us, gemm_host_us = _host_us(fused), _host_us(unfused)
         total = pass_bytes(accum, operands, outputs)
-        block = torch.randn(math.prod(accum.shape), device=accum.device, dtype=accum.dtype,
-                            generator=generators.setdefault(accum.device, torch.Generator(device=accum.device)))
+        block = _drawn(accum, generators).reshape(-1)   # accum's bytes, flat
         copy_us = _time_us(lambda: block.clone())
     return Timing(fused_us, gemm_us, copy_us * total / (2 * math.prod(accum.shape) * accum.element_size()),
                   fused_host_us, gemm_host_us)

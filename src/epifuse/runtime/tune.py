@@ -406,6 +406,12 @@ def _fresh_tensor(layout: _Layout, generator=None) -> torch.Tensor:
     return flat.as_strided(layout.shape, layout.stride)
 
 
+def fresh_like(value, generator=None) -> torch.Tensor:
+    """A new tensor with `value`'s shape, strides, dtype and device (a fake tensor's too),
+    of random values as _fresh_tensor draws them."""
+    return _fresh_tensor(_Layout(tuple(value.shape), tuple(value.stride()), value.dtype, value.device), generator)
+
+
 def _generators(problem: _Problem) -> dict:
     """A random generator of its own for each device of `problem`'s tensors, so that the worker
     does not move the caller's random streams (meta tensors draw with none)."""
