@@ -701,10 +701,12 @@ def _dynamo_disabled_once_imported(op) -> None:
         disabled: list = []
 
         def run(*args, _fn=fn, _disabled=disabled, **kwargs):
-            if "torch._dynamo" not in sys.modules:
+            dynamo = sys.modules.get("torch._dynamo")
+            if not _disabled and getattr(dynamo, "disable", None) is None:
+                # not imported, or still being imported by another thread (its module is in
+                # sys.modules before it has `disable`): dynamo traces nothing until it has finished
                 return _fn(*args, **kwargs)
             if not _disabled:
-                dynamo = sys.modules["torch._dynamo"]
                 try:
                     _disabled.append(dynamo.disable(_fn, True, wrapping=False))
                 except TypeError:   # a torch whose disable takes no `wrapping`

@@ -77,6 +77,28 @@ def test_once_dynamo_is_imported_the_ops_run_through_its_disable():
     assert "torch._dynamo" in _loaded_after(code)
 
 
+def test_a_dynamo_still_being_imported_by_another_thread_is_not_called():
+    """While another thread imports torch._dynamo, its module is in sys.modules without
+    `disable` yet: the ops run their implementation as they are (seen on an H200: an
+    AttributeError, "partially initialized module 'torch._dynamo' has no attribute 'disable'",
+    from a worker thread that created a FakeTensorMode), and through disable once it is there."""
+    code = textwrap.dedent("""
+        import sys, types, torch, epifuse
+        A, B = torch.randn(8, 4, requires_grad=True), torch.randn(4, 6)
+        sys.modules['torch._dynamo'] = types.ModuleType('torch._dynamo')   # as mid-import
+        during = epifuse.gemm(A, B, 'gelu')
+        during.sum().backward()
+        del sys.modules['torch._dynamo']
+        import torch._dynamo
+        seen = []
+        original = torch._dynamo.disable
+        torch._dynamo.disable = lambda fn, *a, **k: seen.append(fn) or original(fn, *a, **k)
+        after = epifuse.gemm(A, B, 'gelu')
+        assert seen and torch.equal(during, after), seen
+    """)
+    assert "torch._dynamo" in _loaded_after(code)
+
+
 def test_the_ops_wrappers_are_what_the_first_call_hook_expects():
     """torch_ops._dynamo_disabled_once_imported relies on how torch.library.custom_op wraps an
     implementation (its `_backend_fns`, the wrapped function's `__dynamo_disable`): if a torch
