@@ -11,6 +11,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the GPU tests run checks written for the interpreter in tests/kernels (`from test_reductions
+# import ...`), also when tests/gpu runs alone, before pytest has put tests/kernels on the path
+sys.path.insert(1, str(Path(__file__).resolve().parent / "kernels"))
 
 os.environ.setdefault("EPIFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="epifuse-test-cache-"))
 
