@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from helpers import run_python
@@ -66,6 +67,7 @@ sys.exit(1 if bad else 0)
 """
 
 
+@pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
 def test_random_nesting_never_crashes_a_small_stack():
     rng = random.Random(int(torch.randint(0, 2**31 - 1, ()).item()))
     sources = [_source(rng) for _ in range(300)]

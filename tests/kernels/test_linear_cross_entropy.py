@@ -216,6 +216,7 @@ def test_rows_whose_exponentials_leave_the_float_range_are_recomputed(offset, mo
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
 def test_bfloat16_gradients_are_closer_to_float64_than_torchs_own():
     """bf16 inputs, confident tokens (targets mostly the largest logit): the gradient held in
     bf16 comes from float32 logits, so dx and dweight sit nearer the float64 truth than eager

@@ -19,6 +19,7 @@ def _run(A, B, src, **tensors):
     return args, kernels
 
 
+@pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
 @pytest.mark.parametrize("scale", fast([1.0, 60.0], keep={1}))
 def test_stable_where_exp_overflows_and_exact_across_tiles(scale, device):
     """Values up to about 60 * 12: exp overflows fp32 from 88.7, so a fold without the max shift

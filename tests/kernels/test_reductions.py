@@ -97,6 +97,7 @@ def test_nan_propagates(kind, device):
     check_reductions(args, kind) if kind != "mean" else None
 
 
+@pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
 @pytest.mark.parametrize("kind", fast(KINDS, keep={1}))
 def test_padding_lanes_never_contribute(kind, device):
     """All-negative values: a padding zero would win max; all-positive: it would win min."""

@@ -182,6 +182,7 @@ def shuffled_programs(monkeypatch):
     monkeypatch.setattr(builder, "set_grid_idx", lambda x, y, z: set_idx(*order[(x, y, z)]))
 
 
+@pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
 def test_result_does_not_depend_on_which_program_ends_last(shuffled_programs):
     args = bias_relu_args(40, 70, 300, "cpu")
     args.A.copy_(torch.randn(40, 300))

@@ -51,6 +51,7 @@ def test_the_passes_a_program_splits_into():
     (GLOBAL_SCALE, lambda z: z / z.abs().max()),
     (LAYER_NORM, lambda z: torch.nn.functional.layer_norm(z, z.shape[-1:], eps=1e-5)),
 ], keep={0, 2, 4}, ids=["softmax", "log_softmax", "column_softmax", "global_scale", "layer_norm"]))
+@pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
 def test_passes_match_torch_on_the_kernels(src, reference, device):
     """float32 through the generated kernels (Triton's interpreter on a CPU), several tiles
     each way; against torch in float64."""
@@ -64,6 +65,7 @@ def test_passes_match_torch_on_the_kernels(src, reference, device):
         float((out.double() - expected).abs().max())
 
 
+@pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
 def test_a_returned_reduction_that_later_math_reads_comes_back_too(device):
     A, B = _inputs(device)
     P, m = epifuse.gemm(A, B, SAFE_SOFTMAX)
@@ -115,6 +117,7 @@ def test_a_repeated_call_runs_every_pass_from_a_kept_launch(n, launches, device)
     ("z.log_softmax(-1)", lambda z: torch.log_softmax(z, dim=-1)),
     ("torch.log_softmax(z, dim=1) * 2.0", lambda z: torch.log_softmax(z, dim=1) * 2.0),
 ], keep={1, 2}))
+@pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
 def test_softmax_and_log_softmax_are_written_through_logsumexp(spelling, reference, device):
     """The composite ops: the parser writes softmax as exp(z - logsumexp(z, dim)), so they run
     as the passes above; every spelling of a call takes them."""

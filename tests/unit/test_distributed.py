@@ -182,6 +182,7 @@ def test_ops_on_dtensors_split_reduce_and_differentiate():
     _spawn(distributed_worker.op_sharding)
 
 
+@pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
 def test_import_registers_the_rules_only_where_dtensors_are_loaded():
     """`import epifuse` leaves torch.distributed.tensor unloaded (0.4 s); after it, its rules are
     registered when torch_ops loads."""
