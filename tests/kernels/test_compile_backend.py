@@ -85,7 +85,7 @@ def test_functions_without_a_gemm_compile_unchanged():
 
 
 @pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
-@pytest.mark.parametrize("order", [pytest.param("epifuse first", marks=pytest.mark.slow), "dynamo first"])
+@pytest.mark.parametrize("order", ["epifuse first", "dynamo first"])
 def test_import_epifuse_registers_the_name_with_torchs_registry(order):
     """From a source tree (no entry point needed): `import epifuse` registers "epifuse" when
     torch's backend registry loads later, or at once where it is loaded already; either way

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import epifuse
-from helpers import check_reductions, fast, lm_head
+from helpers import check_reductions, lm_head
 
 LSE_ROWS = "def epi(accum, C):\n    x = accum + C\n    r = logsumexp(x, dim=1)\n    c = logsumexp(x, dim=0)\n    return r, c\n"
 
@@ -20,7 +20,7 @@ def _run(A, B, src, **tensors):
 
 
 @pytest.mark.slow   # among the longest of the README's run (2-3 s or more each): CI runs it with -m slow
-@pytest.mark.parametrize("scale", fast([1.0, 60.0], keep={1}))
+@pytest.mark.parametrize("scale", [1.0, 60.0])
 def test_stable_where_exp_overflows_and_exact_across_tiles(scale, device):
     """Values up to about 60 * 12: exp overflows fp32 from 88.7, so a fold without the max shift
     gives inf; N of 200 spans several tiles (interpreter tiles are 32 wide), M of 90 several
