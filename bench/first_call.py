@@ -17,8 +17,11 @@ and epifuse but not touched the GPU) with empty epifuse and Triton caches of the
   speed_ratio   tuned kernel's time / first kernel's time, both timed in the cold process,
                 alternately, twice each (do_bench medians, 100 ms); >= 0.97 is issue 34's target
 --extra adds the bias_gelu workload at shapes of one's own (full tuning timed in the same
-process); --training adds the first training step of a FusedLinear MLP (bench.training's, bf16,
-1024 tokens) cold and warm. `--device cpu` runs the plumbing on a CPU under Triton's
+process); --compile-ahead 0 sets EPIFUSE_COMPILE_AHEAD=0 in the gemm cases (tuning compiles each
+candidate just before timing it, not all at once in threads); --training adds the first training step of a FusedLinear MLP (bench.training's, bf16,
+1024 tokens): cold with the backward's kernels compiled ahead in a worker and cold with
+EPIFUSE_COMPILE_AHEAD=0 (each kernel compiled at its first call), alternately, --training-rounds
+times each, then warm. `--device cpu` runs the plumbing on a CPU under Triton's
 interpreter at a tiny shape (for the tests). The JSON is rewritten after every case.
 """
 from __future__ import annotations
@@ -173,7 +176,9 @@ def training_child(spec: dict) -> dict:
     pstats.Stats(profiler, stream=text).sort_stats("cumtime").print_stats(25)
     where = [line for line in text.getvalue().splitlines() if line.strip()][-25:]
     phase = "cold" if spec["cold"] else "warm"
-    return {f"{phase}_s": seconds, f"{phase}_profile": where}
+    from epifuse.runtime import ahead
+    return {f"{phase}_s": seconds, f"{phase}_profile": where,
+            "compiled_ahead": {"jobs_done": ahead.COMPLETED[0], "failures": [repr(e)[:300] for _, e in ahead.FAILURES]}}
 
 
 def recorded_choices(paths: list[str]) -> dict:
@@ -213,14 +218,15 @@ def measure(cfg, save=lambda result: None) -> dict:
         for i, (workload, shape, (M, N, K)) in enumerate(cases):
             w = WORKLOADS[workload]
             dtype_name = {FP8: "fp8e4m3", torch.int8: "int8"}.get(w.fixed_dtype, cfg.dtype)
-            env = {**_caches(root, f"case{i}"), "EPIFUSE_TUNE": cfg.policy, "EPIFUSE_QUIET": "1"}
+            env = {**_caches(root, f"case{i}"), "EPIFUSE_TUNE": cfg.policy, "EPIFUSE_QUIET": "1",
+                   "EPIFUSE_COMPILE_AHEAD": cfg.compile_ahead}
             spec = {"env": env, "device": device, "workload": workload, "shape": (M, N, K), "dtype": cfg.dtype,
                     "seed": cfg.seed, "cold": True, "full_tune": cfg.full_tune or shape in cfg.extra}
             choice = recorded.get((gpu, workload, M, N, K, dtype_name))
             if choice is not None:
                 spec["tuned_choice"], spec["tuned_source"] = choice
             row = {"workload": workload, "shape": shape, "M": M, "N": N, "K": K, "dtype": dtype_name,
-                   "policy": cfg.policy, **in_child(gemm_child, spec)}
+                   "policy": cfg.policy, "compile_ahead": cfg.compile_ahead, **in_child(gemm_child, spec)}
             warm = in_child(gemm_child, {**spec, "cold": False})
             row.update(warm_s=warm.get("warm_s"), warm_error=warm.get("error"))
             rows.append(row)
@@ -228,11 +234,23 @@ def measure(cfg, save=lambda result: None) -> dict:
             print(_line(row), file=sys.stderr, flush=True)
         training = None
         if cfg.training and device == "cuda":
-            spec = {"env": {**_caches(root, "training"), "EPIFUSE_TUNE": cfg.policy, "EPIFUSE_QUIET": "1"},
-                    "tokens": 1024, "hidden": 4096, "ffn": 16384, "seed": cfg.seed, "cold": True}
             training = {"model": "Linear(4096, 16384) + GELU(tanh) + Linear(16384, 4096), bf16, 1024 tokens",
-                        "policy": cfg.policy, **in_child(training_child, spec),
-                        **in_child(training_child, {**spec, "cold": False})}
+                        "policy": cfg.policy, "cold_s": [], "cold_without_compile_ahead_s": []}
+            # cold with and without compiling ahead, alternately (the first process of a run also
+            # pays the host's file cache; alternating spreads that over both)
+            for i in range(cfg.training_rounds):
+                for ahead, name in (("1", "cold"), ("0", "cold_without_compile_ahead")):
+                    spec = {"env": {**_caches(root, f"training_{name}_{i}"), "EPIFUSE_TUNE": cfg.policy,
+                                    "EPIFUSE_QUIET": "1", "EPIFUSE_COMPILE_AHEAD": ahead},
+                            "tokens": 1024, "hidden": 4096, "ffn": 16384, "seed": cfg.seed, "cold": True}
+                    child = in_child(training_child, spec)
+                    training[f"{name}_s"].append(child.get("cold_s"))
+                    training[f"{name}_profile"] = child.get("cold_profile")
+                    training[f"{name}_compiled_ahead"] = child.get("compiled_ahead")
+                    if "error" in child:
+                        training[f"{name}_error"] = child["error"]
+            training.update(in_child(training_child, {**spec, "env": {**spec["env"], "EPIFUSE_COMPILE_AHEAD": "1"},
+                                                      "cold": False}))
             print(f"training step: {training}", file=sys.stderr, flush=True)
     return {"gpu": gpu, "policy": cfg.policy, "rows": rows, "training": training}
 
@@ -255,7 +273,10 @@ def main(argv=None) -> int:
     p.add_argument("--tuned-from", action="append", default=[], help="full benchmark JSONs (this GPU model)")
     p.add_argument("--full-tune", action="store_true", help="time every candidate in each cold process")
     p.add_argument("--extra", default="", help="comma list of MxNxK shapes for bias_gelu (full tuning timed)")
+    p.add_argument("--compile-ahead", default="1", choices=["1", "0"],
+                   help="EPIFUSE_COMPILE_AHEAD of the gemm cases (0: tuning compiles each kernel before timing it)")
     p.add_argument("--training", action="store_true")
+    p.add_argument("--training-rounds", type=int, default=2, help="cold first steps with and without compiling ahead")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)

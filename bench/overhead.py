@@ -26,6 +26,22 @@ def _per_call_us(fn, calls: int = 2000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def _profile(fn, calls: int = 2000) -> list:
+    """The top functions by own time of a cProfile of `calls` calls of fn."""
+    import cProfile
+    import io
+    import pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
+    return text.getvalue().splitlines()[-22:]
+
+
 def measure() -> dict:
     dev = "cuda"
     A = torch.randn(256, 256, device=dev, dtype=torch.float16)
@@ -55,7 +71,15 @@ def measure() -> dict:
     result["epifuse_gemm_us"] = _per_call_us(lambda: epifuse.gemm(A, B, src, bias=bias, alpha=2.0, D=D))
     loss = "def epi(accum, bias):\n    D = accum + bias\n    loss = sum(D * D)\n    peak = amax(D)\n    return loss, peak\n"
     result["epifuse_gemm_reductions_us"] = _per_call_us(lambda: epifuse.gemm(A, B, loss, bias=bias))
+    result["epifuse_gemm_new_output_us"] = _per_call_us(lambda: epifuse.gemm(A, B, src, bias=bias, alpha=2.0))
     result["torch_matmul_us"] = _per_call_us(lambda: torch.matmul(A, B, out=D))
+    result["torch_addmm_us"] = _per_call_us(lambda: torch.addmm(bias, A, B, out=D))
+    result["torch_addmm_relu_us"] = _per_call_us(lambda: torch._addmm_activation(bias, A, B))
+    # issue 34's target: a repeated epifuse.gemm within 3 us of torch's addmm (each call writing
+    # into D, and each allocating its output)
+    result["gemm_over_addmm_us"] = result["epifuse_gemm_us"] - result["torch_addmm_us"]
+    result["new_output_over_addmm_relu_us"] = result["epifuse_gemm_new_output_us"] - result["torch_addmm_relu_us"]
+    result["epifuse_gemm_cprofile_top"] = _profile(lambda: epifuse.gemm(A, B, src, bias=bias, alpha=2.0, D=D))
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -75,10 +99,6 @@ def measure() -> dict:
 def breakdown() -> dict:
     """Where kernel.run's host time goes, per kernel family: the whole call, the plan's direct
     launcher alone, and the allocator hook; plus the top functions of a cProfile of kernel.run."""
-    import cProfile
-    import io
-    import pstats
-
     from epifuse.backends.triton import configs, families
     from epifuse.backends.triton.kernels import TritonKernel
     dev = "cuda"
@@ -97,15 +117,7 @@ def breakdown() -> dict:
                "direct_launcher_us": _per_call_us(plan.fast) if plan.fast else None,
                # what every launch of the persistent family runs first: Triton's allocator hook
                "set_allocator_us": _per_call_us(families.PERSISTENT.before_launch)}
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(2000):
-            kernel.run(args)
-        profiler.disable()
-        torch.cuda.synchronize()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
-        row["cprofile_top"] = text.getvalue().splitlines()[-20:]
+        row["cprofile_top"] = _profile(lambda: kernel.run(args))
         result[repr(kernel)] = row
     return result
 

@@ -24,17 +24,18 @@ OUTPUT = Path(__file__).resolve().parent / "structure.md"
 LAYERS = [
     ("foundation: errors, the ops registry, dtype names", ["errors", "version", "ops."]),
     ("the language: parsing and the IR", ["nesting", "frontend", "ir"]),
-    ("graphs: binding, passes, printing, the reference, autodiff, tensor geometry, staging in passes, "
-     "complex epilogues over real parts, uint8 GEMMs as int8 ones",
-     ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "shapes", "staging", "complex_parts",
-      "unsigned_inputs"]),
+    ("graphs: binding, passes, printing, the reference, autodiff, tensor geometry (and stand-ins: "
+     "metadata without memory), staging in passes, complex epilogues over real parts, uint8 GEMMs as int8 ones",
+     ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "stand_in", "shapes", "staging",
+      "complex_parts", "unsigned_inputs"]),
     ("what a call is made of: arguments and their checks (single and grouped), the outputs epifuse "
      "allocates, activations", ["arguments", "grouped_arguments", "allocation", "activations"]),
     ("verification against the float64 reference", ["verify"]),
     ("the on-disk caches", ["runtime", "runtime.cache", "runtime.compiled"]),
     ("kernels: the contract, the reference kernels, the Triton backend",
      ["backends", "backends.base", "backends.reference", "backends.triton."]),
-    ("choosing a kernel: candidates, order, tuning", ["backends.select", "runtime.shipped", "runtime.tune"]),
+    ("choosing a kernel: candidates, order, tuning, kernels compiled ahead in worker threads",
+     ["backends.select", "runtime.ahead", "runtime.shipped", "runtime.tune"]),
     ("PyTorch integration and kept launches: custom ops, their sharding rules on DTensors",
      ["sharding", "torch_ops", "runtime.callsite"]),
     ("the facade: gemm, and planar complex GEMMs", ["api", "planar"]),

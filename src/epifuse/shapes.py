@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from .errors import ShapeError
 from .ir import AXES, Operand
+from .stand_in import StandIn
 
 
 HALF_ACCUMULATING = (torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -37,12 +38,12 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def is_stand_in(t: torch.Tensor) -> bool:
-    """Whether `t` is a planning stand-in without memory: a meta or fake tensor (FakeTensor,
-    and functional wrappers of one). Kernels are chosen and compiled from its metadata; it
-    is never read or written."""
+    """Whether `t` is a planning stand-in without memory: a meta tensor, a StandIn (stand_in.py)
+    or a fake tensor (FakeTensor, and functional wrappers of one). Kernels are chosen and
+    compiled from its metadata; it is never read or written."""
     if type(t) in _PLAIN:
         return t.is_meta
-    return t.is_meta or is_fake(t)
+    return t.is_meta or isinstance(t, StandIn) or is_fake(t)
 
 
 def misalignment(t: torch.Tensor) -> int:

@@ -52,6 +52,7 @@ True
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import keyword
@@ -71,14 +72,17 @@ from .allocation import epilogue_accum_shape, output_specs, reduction_dtype
 from .arguments import (EpilogueArguments, GemmArguments, bound_graph, check_keywords, default_compute_dtype,
                         epilogue_program)
 from .autodiff import derive, restrict
-from .backends.select import choose_kernel
+from .backends.select import choose_kernel, kernels_to_compile
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
 from .frontend import IDENTIFIER, RESERVED_KEYWORDS, Expr, Program, Statement
 from .ir import AXES
 from .ops import OPS, dtype_from_name, dtype_name
 from .printing import FreshNames, dump_program, graph_source, load_program
-from .runtime import callsite, tune
+from .backends.triton import device as target
+from .runtime import ahead, callsite, tune
+from .runtime import compiled as compiled_index
 from .shapes import check_tensor, classify_operand
+from .stand_in import stand_in, stand_ins
 
 
 # ---- the epilogue table -----------------------------------------------------------------------
@@ -547,7 +551,7 @@ def _backward_plan(epilogue: str, roles, rank, wrt, seeded) -> _BackwardPlan:
 def _setup_context(ctx, inputs, output):
     epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype, deterministic, precision = inputs
     e = resolve(epilogue)
-    ctx.epilogue, ctx.numbers, ctx.kinds = epilogue, list(numbers), kinds
+    ctx.epilogue, ctx.numbers, ctx.kinds, ctx.out_dtypes = epilogue, list(numbers), kinds, out_dtypes
     ctx.options = (compute_dtype, deterministic, precision)
     ctx.needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in tensors))
     saved = [A, B, *tensors]
@@ -557,19 +561,30 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)   # unused outputs stay None: their gradients are not read
 
 
+def _differentiated(e: Entry, kinds: str, needs) -> tuple:
+    """(the tensor operands' names, the accumulators, `wrt`: what the backward differentiates
+    with respect to) for a forward of `e` whose inputs need grad as `needs` says."""
+    need_a, need_b, need_ops = needs
+    tensor_names = [name for name, kind in zip(e.user.operands, kinds) if kind == "t"]
+    accumulators = ("accum", "accum_up") if e.gated else ("accum",)
+    wrt = (accumulators if need_a or need_b else ()) + tuple(
+        name for name, need in zip(tensor_names, need_ops) if need)
+    return tensor_names, accumulators, wrt
+
+
 def _backward(ctx, grads):
     e = resolve(ctx.epilogue)
     A, B, *tensors = ctx.saved_tensors
     up = tensors.pop() if e.saved == 2 else None
     accum = tensors.pop() if e.saved else None
+    if ahead.pending():   # its kernel may be compiling in a worker: take it rather than compile it twice
+        ahead.settle(_ahead_key(ctx.epilogue, A, B, tensors, ctx.numbers, ctx.kinds, ctx.out_dtypes,
+                                ctx.options, ctx.needs))
     user = e.user
     values = unpack(user.operands, tensors, ctx.numbers, ctx.kinds)
     _, graph, accum_shape, values, roles = _plan(user, A, B, values)
     need_a, need_b, need_ops = ctx.needs
-    tensor_names = [name for name, kind in zip(user.operands, ctx.kinds) if kind == "t"]
-    accumulators = ("accum", "accum_up") if e.gated else ("accum",)
-    wrt = (accumulators if need_a or need_b else ()) + tuple(
-        name for name, need in zip(tensor_names, need_ops) if need)
+    tensor_names, accumulators, wrt = _differentiated(e, ctx.kinds, ctx.needs)
     seeded = tuple(name for name, g in zip(e.output_names[:e.visible], grads) if g is not None)
     # The saved accum is an output too: differentiating the backward (create_graph=True) sends
     # it a gradient, which is accum's own (saved_accum = accum; a gated one's saved_up = accum_up).
@@ -613,8 +628,9 @@ def _backward(ctx, grads):
 class _Step:
     """One backward call: runs the backward epilogue (after the extremes it reads, if any)."""
 
-    def __init__(self, options, graph, accum_shape, values, accum, A, B, up=None):
+    def __init__(self, options, graph, accum_shape, values, accum, A, B, up=None, launch=None):
         self.options, self.values, self.accum, self.up = options, values, accum, up
+        self.launch = launch or _call   # _compile_only: plan and compile from stand-ins
         self.accum_shape = accum_shape
         self.axes = AXES[3 - len(accum_shape):]
         self.reductions = {o.name: o.node.dims for o in graph.outputs if o.node.op.is_reduction}
@@ -673,7 +689,7 @@ class _Step:
     def call(self, epilogue: str, special: dict, out_dtypes: str) -> list:
         program = resolve(epilogue).program
         values = {n: special[n] if n in special else self.values[n] for n in program.operands}
-        return _call(epilogue, self.A, self.B, program, values, out_dtypes, self.options)
+        return self.launch(epilogue, self.A, self.B, program, values, out_dtypes, self.options)
 
 
 def _call(epilogue, A, B, program, values, out_dtypes, options):
@@ -684,6 +700,90 @@ def _call(epilogue, A, B, program, values, out_dtypes, options):
 
 
 torch.library.register_autograd("epifuse::gemm", _backward, setup_context=_setup_context)
+
+
+# ---- the backward's kernels compiled while the forward runs (runtime/ahead.py) -----------------
+
+def _layout(t: Tensor) -> tuple:
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device)
+
+
+def _ahead_key(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs) -> tuple:
+    """What decides the backward's problems of a forward call: the forward's epilogue, its
+    tensors' layouts, numbers and options, and which inputs need grad."""
+    return ("backward", epilogue, tuple(_layout(t) for t in (A, B, *tensors)), tuple(numbers), kinds,
+            out_dtypes, tuple(options), tuple(needs[:2]) + (tuple(needs[2]),))
+
+
+def _compile_backward_ahead(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options) -> None:
+    """Have a worker compile the kernels this forward call's backward will run, as they are
+    once every visible floating-point output receives a gradient (a backward seeded otherwise
+    compiles its own at its first call), while this thread runs the forward. Plain tensors on
+    a GPU only: a DTensor's local problems differ from its global layout, and the interpreter
+    compiles nothing."""
+    if not ahead.enabled() or A.device.type != "cuda" or target.uses_interpreter(A.device):
+        return
+    if any(type(t) not in callsite.PLAIN_TENSOR_TYPES for t in (A, B, *tensors)):
+        return
+    needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in tensors))
+    key = _ahead_key(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs)
+    layouts = [_layout(t) for t in (A, B, *tensors)]
+    ahead.soon(key, lambda: backward_from_stand_ins(epilogue, layouts, list(numbers), kinds, out_dtypes,
+                                                     options, needs))
+
+
+def backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, options, needs,
+                            launch=None) -> list:
+    """Plan and compile the kernels of the backward of a forward call given by its tensors'
+    layouts (A, B, then the tensor operands), from stand-ins (stand_in.py): what `_backward` would run
+    once every visible floating-point output has a gradient. `launch` (tests) replaces the
+    compile of each call. Returns the GemmArguments compiled for (stand-ins), in call order."""
+    e = resolve(epilogue)
+    device = layouts[0][4]
+    compiled: list = []
+    compile_call = launch or (lambda *call: _compile_only(*call, compiled=compiled))
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with stand_ins(), torch.no_grad(), torch.autocast(device.type, enabled=False), on_device:
+        A, B, *tensors = [stand_in(*layout) for layout in layouts]
+        forward_values = unpack(e.program.operands, tensors, numbers, kinds)
+        specs, _ = _planned_outputs(epilogue, e, A, B, forward_values, out_dtypes, options[0])
+        outputs = [_contiguous_stand_in(shape, dtype, device) for shape, dtype in specs]
+        up = outputs[-1] if e.saved == 2 else None
+        accum = outputs[-e.saved] if e.saved else None
+        _, graph, accum_shape, values, roles = _plan(e.user, A, B, unpack(e.user.operands, tensors, numbers, kinds))
+        _, _, wrt = _differentiated(e, kinds, needs)
+        seeded = tuple(name for name, (_, dtype) in zip(e.output_names[:e.visible], specs) if dtype.is_floating_point)
+        if not wrt or not seeded:
+            return compiled
+        plan = _backward_plan(epilogue, roles, len(accum_shape), wrt, seeded)
+        grads = {name: outputs[k] for k, name in enumerate(e.output_names) if name in seeded}
+        _Step(options, graph, accum_shape, values, accum, A, B, up, launch=compile_call).run(plan, grads)
+    return compiled
+
+
+def _contiguous_stand_in(shape, dtype, device) -> Tensor:
+    """What torch.empty(shape, dtype=dtype, device=device) would lay out, without memory."""
+    return stand_in(shape, torch.empty(shape, device="meta").stride(), 0, dtype, device)
+
+
+SET_UP_WAIT_S = 30.0   # how long a backward compiled ahead waits for the caller's first compile
+
+
+def _compile_only(epilogue, A, B, program, values, out_dtypes, options, compiled: list) -> list:
+    """A backward call as `_run` makes it, planned from stand-ins: its kernel chosen (where that
+    needs no timing) and compiled, nothing launched; its outputs are stand-ins too."""
+    compute_dtype, deterministic, precision = options
+    specs, names = _planned_outputs(epilogue, resolve(epilogue), A, B, values, out_dtypes, compute_dtype)
+    outs = [_contiguous_stand_in(shape, dtype, A.device) for shape, dtype in specs]
+    epi = EpilogueArguments(program, deterministic=deterministic, compute_dtype=compute_dtype,
+                            **values, **dict(zip(names, outs)))
+    args = GemmArguments(A, B, epilogue=epi, precision=precision)
+    if A.device.type == "cuda" and not target.uses_interpreter(A.device):
+        compiled_index.SET_UP.wait(SET_UP_WAIT_S)   # the caller's first compile sets Triton up, not each thread
+    for kernel in kernels_to_compile(args, time_heavy=epilogue in _TIME_HEAVY):
+        kernel.compile(args, load=False)
+        compiled.append((args, kernel))
+    return outs
 
 
 def _dynamo_disabled_once_imported(op) -> None:
@@ -813,6 +913,9 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
                                         hint="Pass them as keyword arguments (D=..., r=...).")
         dtypes = f"tiles={dtype_name(out_dtype)}" if out_dtype is not None else ""
         _dtensor_rules("epifuse::gemm", key, A, B, operands, kinds, ())
+        if wants_grad and not torch.compiler.is_compiling():
+            _compile_backward_ahead(key, A, B, operands, numbers, kinds, dtypes,
+                                    (compute_dtype, deterministic, precision))
         outs = torch.ops.epifuse.gemm(key, A, B, operands, numbers, kinds, dtypes, compute_dtype,
                                       deterministic, precision)[:visible]
     outs = tuple(outs)

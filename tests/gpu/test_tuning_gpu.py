@@ -121,3 +121,95 @@ def test_background_times_fresh_tensors_laid_out_as_the_callers(fresh, monkeypat
         assert address != caller.untyped_storage().data_ptr() and finite and std > 0.1
     gc.collect()
     assert all(ref() is None for ref in alive)
+
+
+def test_the_backward_kernel_compiles_in_a_worker_while_the_forward_runs(fresh, monkeypatch):
+    """A forward that needs grad queues its backward's kernel (runtime/ahead.py): a worker
+    compiles it from stand-ins, and the backward then launches that very compiled kernel (the
+    same object from Triton's cache, not a second compile in the caller's thread), with the
+    gradients of the float64 reference."""
+    import threading
+
+    from epifuse import torch_ops
+    from epifuse.runtime import ahead
+    from epifuse.runtime import compiled as compiled_index
+    monkeypatch.setenv("EPIFUSE_COMPILE_AHEAD", "1")
+    scale = 1.0 + torch.rand(()).item()   # a kernel no earlier test has compiled
+    # smooth, so that bf16 rounding moves the gradients by rounding only (relu's mask flips
+    # where the fp32 and float64 sums of an element near zero differ in sign)
+    source = f"def e(accum, bias):\n    D = gelu(accum + bias) * {scale!r}\n    return D\n"
+    seen = []
+    original = compiled_index.warmup
+
+    def spy(kernel, values, grid, meta):
+        compiled = original(kernel, values, grid, meta)
+        seen.append((threading.current_thread().name, compiled))
+        return compiled
+    monkeypatch.setattr(compiled_index, "warmup", spy)
+    A = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    W = (torch.randn(512, 768, device="cuda", dtype=torch.bfloat16) / 512 ** 0.5).requires_grad_()
+    bias = torch.randn(768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    failures = len(ahead.FAILURES)
+    D = torch_ops.gemm(A, W, source, bias=bias)
+    assert ahead.wait_all(300)
+    assert len(ahead.FAILURES) == failures, list(ahead.FAILURES)[-1:]
+    in_worker = {id(c) for name, c in seen if name == "epifuse-compile-ahead"}
+    assert in_worker, "nothing was compiled ahead"
+    seen.clear()
+    G = torch.randn_like(D)
+    D.backward(G)
+    in_caller = [c for name, c in seen if name != "epifuse-compile-ahead"]
+    assert in_caller and all(id(c) in in_worker for c in in_caller)
+    a, w, b = (t.detach().double().requires_grad_() for t in (A, W, bias))
+    (torch.nn.functional.gelu(a @ w + b) * scale).backward(G.double())
+    for got, want in ((A.grad, a.grad), (W.grad, w.grad), (bias.grad, b.grad)):
+        assert ((got.double() - want).norm() / want.norm()).item() < 2e-2
+
+
+def test_planning_a_backward_ahead_allocates_no_gpu_memory(fresh):
+    """The worker plans and compiles from stand-ins (stand_in.py): at a layer whose backward
+    would need gigabytes (accum 4 GiB, its gradient, the plan's buffers), the caching
+    allocator's peak does not move, and the kernel is compiled."""
+    from epifuse import torch_ops
+    key = torch_ops._describe(EPILOGUE, True)[0]
+    device = torch.device("cuda", torch.cuda.current_device())
+    M, N, K = 65536, 32768, 8192
+    layouts = [((M, K), (K, 1), 0, torch.bfloat16, device), ((K, N), (1, K), 0, torch.bfloat16, device),
+               ((N,), (1,), 0, torch.bfloat16, device)]
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    compiled = torch_ops.backward_from_stand_ins(key, layouts, [], "t", "", (torch.float32, False, "default"),
+                                                 (True, True, (True,)))
+    torch.cuda.synchronize()
+    assert compiled and all(args.stand_in for args, _ in compiled)
+    assert torch.cuda.max_memory_allocated() == before
+
+
+def test_tuning_compiles_its_candidates_in_threads_before_timing_them(fresh, monkeypatch):
+    """Full tuning of an epilogue no earlier test compiled: the candidates are compiled in the
+    pool's threads (runtime/ahead.py) before any is timed (all of them in a process that has
+    compiled before; the first in the caller's thread otherwise), and the timings and the call
+    then run those very compiled kernels; the result matches float64."""
+    import threading
+
+    from epifuse.runtime import compiled as compiled_index
+    monkeypatch.setenv("EPIFUSE_TUNE", "full")
+    scale = 1.0 + torch.rand(()).item()
+    source = f"def e(accum, bias):\n    D = gelu(accum + bias) * {scale!r}\n    return D\n"
+    seen = []
+    original = compiled_index.warmup
+
+    def spy(kernel, values, grid, meta):
+        compiled = original(kernel, values, grid, meta)
+        seen.append((threading.current_thread().name, compiled))
+        return compiled
+    monkeypatch.setattr(compiled_index, "warmup", spy)
+    A, B, bias = _problem(1024, 768, 512)
+    D = epifuse.gemm(A, B, source, bias=bias)
+    in_pool = {id(c) for name, c in seen if name.startswith("epifuse-compile")}
+    by_caller = {id(c) for name, c in seen if not name.startswith("epifuse-compile")}
+    assert len(in_pool) >= 2, seen
+    assert len(by_caller - in_pool) <= 1   # the first candidate, compiled while it is timed
+    expected = torch.nn.functional.gelu(A.double() @ B.double() + bias.double()) * scale
+    assert ((D.double() - expected).norm() / expected.norm()).item() < 1e-2

@@ -133,6 +133,24 @@ def test_fast_times_a_short_list_far_from_the_table_and_remembers_it(gpu):
     assert gpu[-1] == ("full", [f"<k{i}>" for i in range(6)])
 
 
+def test_to_compile_names_the_kernels_a_call_would_compile_and_times_nothing(gpu, monkeypatch):
+    """Compiling ahead (runtime/ahead.py) asks which kernels a first call would compile: the
+    table's choice where fast takes it untimed, the short list where fast would time it, every
+    candidate under full; nothing is timed or remembered, and the call afterwards still tunes."""
+    order = _s2_order()
+    near = [Fake("<not in the table>"), Fake(order[1])]
+    assert tune.to_compile(_args(16384, 4096, 1024), near) == [near[1]]
+    far = [Fake(f"<k{i}>") for i in range(6)]
+    args = _args(64, 30000, 200)   # a shape no other test remembers a choice for (on disk too)
+    assert tune.to_compile(args, far) == far[:tune.SHORT_LIST]
+    monkeypatch.setenv("EPIFUSE_TUNE", "full")
+    assert tune.to_compile(_args(16384, 4096, 1024), near) == near
+    monkeypatch.delenv("EPIFUSE_TUNE")
+    assert gpu == [] and tune._MEMORY == {}
+    assert tune.choose(args, far) is far[tune.SHORT_LIST - 1] and len(gpu) == 1
+    assert tune.to_compile(args, far) == [far[tune.SHORT_LIST - 1]]   # remembered now
+
+
 def test_a_full_tuning_choice_serves_fast_afterwards(gpu, monkeypatch):
     order = _s2_order()
     kernels = [Fake(order[0]), Fake("<slower in the table, faster here>")]

@@ -51,7 +51,9 @@ class Kernel:
     def supports(self, args, cc: int | None = None) -> Status:
         raise NotImplementedError
 
-    def compile(self, args) -> None:
+    def compile(self, args, load: bool = True) -> None:
+        """Compile for `args` (stand-ins too) ahead of run(); `load=False` leaves loading onto the
+        GPU to the first run."""
         raise NotImplementedError
 
     def run(self, args, verify: bool = False) -> None:

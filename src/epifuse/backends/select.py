@@ -158,6 +158,13 @@ def _forget_choices() -> None:
 tune.LISTENERS.append(_forget_choices)
 
 
+def kernels_to_compile(args: GemmArguments, time_heavy: bool = False) -> list:
+    """The kernels a first call of `args` would compile (tune.to_compile): the one it would
+    run, or those it would time; nothing is timed or remembered."""
+    kernels = get_kernels(args)
+    return tune.to_compile(args, kernels, time_heavy) if kernels else []
+
+
 def choose_kernel(args: GemmArguments, time_heavy: bool = False):
     """The kernel `epifuse.gemm` runs for `args`: of the supported ones, the one the tuning
     policy picks (runtime/tune.py; `time_heavy` as tune.choose takes it)."""

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import sysconfig
+import threading
 from types import SimpleNamespace
 
 import triton
@@ -35,6 +36,9 @@ _HASH = re.compile(r"[0-9a-f]{64}")
 _ENTRY = re.compile(rb"[0-9a-f]{64}\n?")  # an index entry: what _record writes
 _ENTRY_BYTES = 65
 LOADED = [0]  # kernels this process took from the index (for tests and the start-up benchmark)
+# Set once a warmup has returned in this process: Triton's one-time set-up (its driver, its own
+# cache key) is done, so compiles in other threads no longer each redo it (runtime/ahead.py)
+SET_UP = threading.Event()
 LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
 _OTHER_KEY = "Triton keyed the launch otherwise than the index (a Triton this module does not know)"
 
@@ -139,8 +143,27 @@ def _load(kernel, entry: str, binding) -> object | None:
     return compiled if compiled.name == kernel.fn.__name__ else None
 
 
+def prepare(kernel, values, grid, meta) -> None:
+    """warmup() without loading onto the GPU: the kernel compiled (or found in the index) and its
+    launcher built (a separate compile of its own, cached on disk by Triton), so that the first
+    launch only loads both. Touches no GPU state: safe while another thread captures a CUDA graph.
+    Where Triton's launcher API differs, the launcher is left to the first launch."""
+    compiled = warmup(kernel, values, grid, meta)
+    try:
+        launcher_cls = triton_api().driver.active.launcher_cls
+        launcher_cls(compiled.src, compiled.metadata)
+    except Exception as error:  # noqa: BLE001 - an internal Triton API that moved: built at first launch
+        LAST_FALLBACK[0] = repr(error)
+
+
 def warmup(kernel, values, grid, meta):
     """kernel.warmup(*values, grid=grid, **meta), served from the index when it can be."""
+    compiled = _warmup(kernel, values, grid, meta)
+    SET_UP.set()
+    return compiled
+
+
+def _warmup(kernel, values, grid, meta):
     try:
         found = None if _hooks_installed() else _lookup(kernel, values, meta)
     except Exception as error:  # a Triton internal this module reads has changed: Triton's own path

@@ -55,10 +55,11 @@ from triton.testing import do_bench
 
 from ..arguments import EpilogueArguments, GemmArguments
 from ..errors import EpilogueArgumentError
-from ..backends.triton.device import capturing, gpu_sms, output_tiles
+from ..backends.triton.device import capturing, gpu_sms, output_tiles, uses_interpreter
 from ..shapes import bytes_per_output, operand_layouts
 from ..version import __version__
-from . import shipped
+from . import ahead, shipped
+from . import compiled as compiled_index
 from .cache import cache_dir, entry_lock, read_file, set_aside, write_atomically
 
 _LOCK = threading.Lock()
@@ -266,23 +267,46 @@ def choose(args, kernels: list, time_heavy: bool = False):
     of taking the ranking's first, which was ranked over light epilogues (measured on an H200,
     16384 x 4096 x 1024: a BCE loss reading fp32 targets ran 1019 us in the table's first choice
     and 410 us in the best of the four; bias + GELU writing two bf16 outputs 489 against 294)."""
+    chosen, timed = _decide(args, kernels, time_heavy)
+    if chosen is not None:
+        return chosen
+    candidates, key, mode = timed
+    if mode == "background":
+        tune_in_background(args, candidates, key)
+        return chosen_meanwhile(args, candidates)
+    return _tune(args, candidates, key, mode)
+
+
+def to_compile(args, kernels: list, time_heavy: bool = False) -> list:
+    """The kernels a call of `args` would compile now, decided as `choose` decides but without
+    timing or queuing anything: the one it takes, or those it would time (compiling ahead,
+    runtime/ahead.py; background tuning's are not among them, the worker compiles those)."""
+    chosen, timed = _decide(args, kernels, time_heavy)
+    if chosen is not None:
+        return [chosen]
+    candidates, _, mode = timed
+    return [chosen_meanwhile(args, candidates)] if mode == "background" else list(candidates)
+
+
+def _decide(args, kernels: list, time_heavy: bool):
+    """(the kernel, None) where the policy takes one untimed, else (None, (the kernels to time,
+    the key to remember the winner under, the mode: "full", "fast" or "background"))."""
     mode = policy()
     generated = [k for k in kernels if k.name != "reference"]
     if len(generated) <= 1 or mode == "0" or not _on_gpu(args):
-        return kernels[0]
+        return kernels[0], None
     key = f"{tuning_key(args)}|{candidates_digest(generated)}"
     by_name = {repr(k): k for k in generated}
     tuned = by_name.get(_remembered(key))
     if tuned is not None:
-        return tuned
+        return tuned, None
     order = shipped.ranked(args, generated, _gpu_name(args))
     if capturing(args.A.device):   # timing synchronizes, which a CUDA graph capture does not allow
-        return order[0] if order else generated[0]
+        return (order[0] if order else generated[0]), None
     if mode == "full":
-        return _tune(args, generated, key, "full")
+        return None, (generated, key, "full")
     if mode == "background" and args.form == "real":   # the worker rebuilds real GEMMs only: two-accumulator ones time now
-        tune_in_background(args, generated, key)
-        return order[0] if order else generated[0]
+        return None, (generated, key, "background")
     if order and len(order) > 1 and epilogue_bytes(args) >= HEAVY_BYTES:
         heavy = distinct_tiles(order, HEAVY_SHORT_LIST, generated)
         smallest = smallest_ping_pong(generated)
@@ -290,14 +314,23 @@ def choose(args, kernels: list, time_heavy: bool = False):
             heavy.append(smallest)
         heavy_key = f"{key}|heavy {candidates_digest(heavy)}"
         remembered = by_name.get(_remembered(heavy_key))   # timed by an earlier process too
-        if remembered is not None or time_heavy:
-            return remembered if remembered is not None else _tune(args, heavy, heavy_key, "fast")
+        if remembered is not None:
+            return remembered, None
+        if time_heavy:
+            return None, (heavy, heavy_key, "fast")
     if order:
-        return order[0]
+        return order[0], None
     short = shipped.short_list(args, generated, _gpu_name(args), SHORT_LIST) or generated[:SHORT_LIST]
     short_key = f"{key}|short {candidates_digest(short)}"
     remembered = by_name.get(_remembered(short_key))
-    return remembered if remembered is not None else _tune(args, short, short_key, "fast")
+    return (remembered, None) if remembered is not None else (None, (short, short_key, "fast"))
+
+
+def chosen_meanwhile(args, candidates: list):
+    """What background tuning serves until its winner lands: the shipped table's first choice,
+    else the untimed order's."""
+    order = shipped.ranked(args, candidates, _gpu_name(args))
+    return order[0] if order else candidates[0]
 
 
 def _tune(args, kernels, key: str, mode: str):
@@ -510,6 +543,7 @@ def _time_all(args, kernels, mode: str = "full"):
     quiet = bool(os.environ.get("EPIFUSE_QUIET")) or mode == "background"   # no progress line over the caller's
     attempts = [0]
     calls: list = []  # (kernel, us) of every timing, in the order they ran
+    _compile_before_timing(scratch, kernels)
 
     def time_ms(kernel) -> float:
         attempts[0] += 1
@@ -535,6 +569,40 @@ def _time_all(args, kernels, mode: str = "full"):
         print(f"\repifuse: chose {best!r} ({ms * 1e3:.1f} us) of {len(timings)} for "
               f"{args.M}x{args.N}x{args.K}", file=sys.stderr)
     return best
+
+
+def _compile_before_timing(scratch, kernels) -> None:
+    """On a GPU, compile every kernel before any is timed, several at once in runtime/ahead.py's
+    pool (Triton spends most of a compile in ptxas and a launcher build, separate processes),
+    waiting for all: each timing then finds its kernel compiled, and no compile competes with a
+    timing for the host. In a process that has not compiled yet, the first kernel compiles in
+    this thread first: with it Triton's one-time set-up (its driver, its own cache key), which
+    threads starting together would each redo. The plans are built on `scratch` itself (each
+    is kept on it for the timing): their buffers are allocated and zeroed on the pool threads'
+    streams, so the device is synchronized before any timing. A kernel that fails to compile
+    is left to its timing, which fails and drops it. Nothing here (each kernel compiles before
+    its own timing) while the current stream captures a CUDA graph (no timing runs then
+    either), under the interpreter, or with EPIFUSE_COMPILE_AHEAD=0."""
+    device = scratch.A.device
+    if len(kernels) < 2 or device.type != "cuda" or uses_interpreter(device) or capturing(device) \
+            or not ahead.enabled():
+        return
+    rest = list(dict.fromkeys(kernels))
+    if not compiled_index.SET_UP.is_set():
+        first = rest.pop(0)
+        try:
+            first.compile(scratch)
+        except Exception:  # noqa: BLE001 - its timing raises it again and drops the kernel
+            pass
+
+    def job(kernel):
+        def compile_one():
+            with torch.cuda.device(device):
+                kernel.compile(scratch, load=False)
+        return compile_one
+    for future in ahead.compile_all([job(kernel) for kernel in rest]):
+        future.exception()   # waits; a failed compile fails again in its timing
+    torch.cuda.synchronize(device)
 
 
 def _sms(args) -> int | None:

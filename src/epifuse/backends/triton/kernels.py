@@ -136,10 +136,19 @@ class TritonKernel(Kernel):
         return plans.Plan(jit, layout, problems, values, meta, launch.grid, empty, convert, words, owned)
 
     # ---- compile and run -----------------------------------------------------------------------
-    def compile(self, args) -> None:
+    def compile(self, args, load: bool = True) -> None:
+        """Compile the kernel for `args` (stand-ins too) and load it onto the GPU. `load=False`
+        (a worker compiling ahead, runtime/ahead.py) compiles and builds its launcher but loads
+        nothing onto the GPU, which another thread's CUDA graph capture would not allow; the
+        first run loads it."""
         check_arguments(self, args, grouped=self.family.grouped)
         with target.on_device(_device(args)):
-            self._loaded(args, self.plan(args))
+            plan = self.plan(args)
+            if load:
+                self._loaded(args, plan)
+            elif not (plan.empty or target.uses_interpreter(_device(args))):
+                compiled_index.prepare(plan.kernel, plan.jit_values(self._warmup_values(args, plan)), plan.grid,
+                                       plan.meta)
 
     def run(self, args, verify: bool = False) -> None:
         """Write every output of `args`. `verify=True` also checks them against the float64
@@ -185,9 +194,7 @@ class TritonKernel(Kernel):
         if plan.loaded or plan.empty or target.uses_interpreter(_device(args)):
             return plan
         while True:
-            values = plan.values
-            if getattr(args, "stand_in", False):  # fake or meta tensors: specialized on what they say
-                values = [_Address(v) if isinstance(v, torch.Tensor) and is_stand_in(v) else v for v in values]
+            values = self._warmup_values(args, plan)
             compiled = compiled_index.warmup(plan.kernel, plan.jit_values(values), plan.grid, plan.meta)
             try:
                 getattr(compiled, "_init_handles", lambda: None)()  # where Triton checks resources
@@ -198,6 +205,14 @@ class TritonKernel(Kernel):
                 continue
             plan.loaded = True
             return plan
+
+    @staticmethod
+    def _warmup_values(args, plan: plans.Plan) -> list:
+        """The plan's argument values as Triton's specialization reads them: a stand-in (fake or
+        meta tensor) as the address of the alignment its real tensor would have."""
+        if not getattr(args, "stand_in", False):
+            return plan.values
+        return [_Address(v) if isinstance(v, torch.Tensor) and is_stand_in(v) else v for v in plan.values]
 
     def _smaller_plan(self, args) -> plans.Plan | None:
         """After an out-of-resources failure: remember the next smaller config for these

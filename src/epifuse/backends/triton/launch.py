@@ -100,15 +100,14 @@ def described_launcher(compiled):
     kept = {i: _Kept(DESCRIPTORS_KEPT) for i in indices}
     cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
 
+    last_first = sorted(indices, reverse=True)   # splicing from the end keeps earlier positions
+
     def expand(args) -> list:
-        out = []
-        for i, arg in enumerate(args):
-            encodings = kept.get(i)
-            if encodings is None:
-                out.append(arg)
-                continue
+        out = list(args)
+        for i in last_first:
+            arg, encodings = args[i], kept[i]
             key = (arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides))
-            out.extend(encodings.get(key) or encodings.put(key, make_tensordesc_arg(arg, meta_of[i])))
+            out[i:i + 1] = encodings.get(key) or encodings.put(key, make_tensordesc_arg(arg, meta_of[i]))
         return out
 
     def launch(grid, stream, function, packed, args) -> None:

@@ -1,0 +1,167 @@
+"""The backward's kernels compiled while the forward runs (runtime/ahead.py, torch_ops'
+backward_from_stand_ins): the worker queue itself, and that the calls planned ahead from fake
+tensors (stand_in.py) are exactly the calls the backward then makes (else the compile ahead is wasted).
+On the CPU nothing is compiled (the interpreter); the plan, checks and choice are."""
+import threading
+
+import pytest
+import torch
+
+import epifuse  # noqa: F401 - registers the ops
+from epifuse import torch_ops
+from epifuse.runtime import ahead
+
+
+# ---- the queue ---------------------------------------------------------------------------------
+
+def test_a_key_is_queued_once_and_settle_waits_for_its_job():
+    release, ran = threading.Event(), []
+    key = ("test", object())
+
+    def job():
+        release.wait(10)
+        ran.append(1)
+    assert ahead.soon(key, job)
+    assert not ahead.soon(key, job)          # once per key
+    assert ahead.pending()
+    waiter = threading.Thread(target=lambda: ran.append(("settled", ahead.settle(key))))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() or ran[:1] == [("settled", True)]   # a queued job is dropped, a running one waited for
+    release.set()
+    waiter.join(10)
+    assert ahead.wait_all(10)
+    assert ("settled", True) in ran
+    assert ahead.settle(key)                  # nothing left: returns at once
+
+
+def test_a_failing_job_is_recorded_and_never_raises_to_the_caller():
+    key = ("test-fails", object())
+    before = ahead.COMPLETED[0]
+
+    def job():
+        raise RuntimeError("compile failed")
+    ahead.soon(key, job)
+    assert ahead.wait_all(10)
+    assert any(k == key and "compile failed" in str(error) for k, error in ahead.FAILURES)
+    assert ahead.COMPLETED[0] == before
+    assert ahead.settle(key)
+
+
+def test_settle_takes_a_job_no_worker_has_started_off_the_queue(monkeypatch):
+    monkeypatch.setattr(ahead, "WORKERS", 0)   # no worker starts: the job stays queued
+    ran = []
+    key = ("test-queued", object())
+    ahead.soon(key, lambda: ran.append(1))
+    assert ahead.settle(key, timeout=1)
+    monkeypatch.setattr(ahead, "WORKERS", 2)
+    ahead.soon(("test-other", object()), lambda: None)
+    assert ahead.wait_all(10)
+    assert ran == []                          # dropped, never run
+
+
+def test_compile_ahead_is_off_on_the_cpu_and_by_the_environment(monkeypatch):
+    queued = []
+    monkeypatch.setattr(ahead, "soon", lambda key, job: queued.append(key))
+    A = torch.randn(8, 4, requires_grad=True)
+    B = torch.randn(4, 16, requires_grad=True)
+    torch_ops.gemm(A, B, "def e(accum):\n    D = relu(accum)\n    return D\n").sum().backward()
+    assert queued == []                       # the interpreter compiles nothing
+    monkeypatch.setenv("EPIFUSE_COMPILE_AHEAD", "0")
+    assert not ahead.enabled()
+    monkeypatch.setenv("EPIFUSE_COMPILE_AHEAD", "1")
+    assert ahead.enabled()
+
+
+# ---- the calls planned ahead are the backward's -------------------------------------------------
+
+def _described(epilogue, A, B, program, values, out_dtypes, options) -> tuple:
+    def layout(v):
+        return (tuple(v.shape), tuple(v.stride()), v.dtype) if isinstance(v, torch.Tensor) else v
+    return (epilogue, layout(A), layout(B), tuple((n, layout(values[n])) for n in program.operands), out_dtypes,
+            tuple(options))
+
+
+CASES = {
+    "bias_gelu": ("def e(accum, bias):\n    D = gelu(accum + bias)\n    return D\n", {"bias": (16,)}, True),
+    "scaled_residual": ("def e(accum, alpha, C):\n    D = alpha * accum + C\n    return D\n",
+                        {"alpha": 1.5, "C": (8, 16)}, True),
+    "two_outputs_and_a_row_sum": ("def e(accum, bias):\n    Z = accum + bias\n    D = tanh(Z)\n"
+                                  "    r = sum(Z, dim=1)\n    return D, r\n", {"bias": (16,)}, True),
+    "row_max": ("def e(accum):\n    D = sigmoid(accum)\n    m = max(accum, dim=1)\n    return D, m\n", {}, True),
+    "gated": ("def e(accum):\n    gate, up = accum.chunk(2, dim=-1)\n    D = silu(gate) * up\n    return D\n",
+              {}, True),
+}
+
+
+# recompute=True is refused for gated epilogues (test_gated), so that pair is not a case
+@pytest.mark.parametrize("case,recompute", [(case, recompute) for case in sorted(CASES) for recompute in (False, True)
+                                            if not (case == "gated" and recompute)])
+def test_the_calls_planned_ahead_are_the_calls_the_backward_makes(case, recompute, monkeypatch):
+    source, operands, needs_b = CASES[case]
+    A = torch.randn(8, 12, dtype=torch.float64, requires_grad=True)
+    B = torch.randn(12, 16, dtype=torch.float64, requires_grad=needs_b)
+    tensors = {n: torch.randn(*v, dtype=torch.float64, requires_grad=True) if isinstance(v, tuple) else v
+               for n, v in operands.items()}
+    planned, made = [], []
+    original = torch_ops._call
+
+    def spy(*call):
+        made.append(_described(*call))
+        return original(*call)
+    monkeypatch.setattr(torch_ops, "_call", spy)
+    queued = []
+    monkeypatch.setattr(torch_ops, "_compile_backward_ahead", lambda *a: queued.append(a))
+    outs = torch_ops.gemm(A, B, source, recompute=recompute, **tensors)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    assert len(queued) == 1
+    epilogue, qA, qB, qtensors, numbers, kinds, out_dtypes, options = queued[0]
+    layouts = [torch_ops._layout(t) for t in (qA, qB, *qtensors)]
+    needs = (qA.requires_grad, qB.requires_grad, tuple(t.requires_grad for t in qtensors))
+
+    def record(*call):
+        planned.append(_described(*call))
+        compiled = []
+        return torch_ops._compile_only(*call, compiled=compiled)
+    torch_ops.backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, options, needs, launch=record)
+    assert planned, "nothing planned ahead"
+    made.clear()
+    sum((o * torch.randn_like(o)).sum() for o in outs if o.is_floating_point()).backward()
+    assert made, "the backward made no epifuse call"
+    assert planned == made
+
+
+def test_a_stand_in_plan_chooses_and_plans_the_kernel_without_running_it():
+    """_compile_only's kernel choice and plan from stand-ins: the choice recorded, the
+    outputs stand-ins (nothing allocated or written)."""
+    from epifuse.stand_in import StandIn
+    A = torch.randn(8, 12, requires_grad=True)
+    B = torch.randn(12, 16, requires_grad=True)
+    bias = torch.randn(16, requires_grad=True)
+    source = "def e(accum, bias):\n    D = relu(accum + bias)\n    return D\n"
+    key = torch_ops._describe(source, True)[0]
+    layouts = [torch_ops._layout(t) for t in (A, B, bias)]
+    compiled = torch_ops.backward_from_stand_ins(key, layouts, [], "t", "", (torch.float32, False, "default"),
+                                                 (True, True, (True,)))
+    assert len(compiled) == 1
+    args, kernel = compiled[0]
+    assert args.stand_in and all(isinstance(t, StandIn) for t in args.outputs.values())
+    assert kernel in epifuse.get_kernels(args) or repr(kernel) in map(repr, epifuse.get_kernels(args))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_compiles_in_a_pool_of_its_own(tmp_path):
+    """The parent's pool threads do not exist in a forked child: a child's compile_all would
+    wait forever on a pool whose idle threads it believes it has. The child starts anew."""
+    import os
+    assert all(f.result(10) == 1 for f in ahead.compile_all([lambda: 1, lambda: 1]))   # the pool exists, idle
+    marker = tmp_path / "child"
+    pid = os.fork()
+    if pid == 0:   # the child: exit without running pytest's teardown
+        try:
+            ok = ahead.compile_all([lambda: 7])[0].result(10) == 7
+            marker.write_text("ok" if ok else "wrong")
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0 and marker.read_text() == "ok"
