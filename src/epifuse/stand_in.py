@@ -8,7 +8,9 @@ meta tensor that reports a GPU device: every op on it runs on its meta tensor (s
 offsets and views as the real op would give them) and comes back as a StandIn on that device.
 Inside `stand_ins()`, a factory call on a GPU device (torch.empty(..., device="cuda"),
 zeros_like of a StandIn) makes a StandIn too, so planning code allocates nothing and launches
-nothing; ops on real tensors run as they are.
+nothing; ops on real tensors run as they are. Work on StandIns inside `stand_ins()`: outside a
+mode, torch's dispatch of a tensor subclass first imports torch.distributed.tensor (with sympy,
+seconds on a host without .pyc files) to look for DTensors; inside, the mode takes every op first.
 """
 from __future__ import annotations
 

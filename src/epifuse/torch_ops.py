@@ -80,7 +80,6 @@ from .ops import OPS, dtype_from_name, dtype_name
 from .printing import FreshNames, dump_program, graph_source, load_program
 from .backends.triton import device as target
 from .runtime import ahead, callsite, tune
-from .runtime import compiled as compiled_index
 from .shapes import check_tensor, classify_operand
 from .stand_in import stand_in, stand_ins
 
@@ -405,11 +404,14 @@ def _run(key, program, A, B, values, outputs, compute_dtype, deterministic, prec
     layer and step, and building the arguments, the plan and Triton's first launch again costs
     a millisecond of host time, as long as the GEMM itself at a rank's share of a large layer."""
     tensors = {**values, **outputs}
+    backward_request = _take_backward_request()
     signature = callsite.signature(key, A, B, tensors, ("op", compute_dtype, deterministic, precision, accumulate))
     site = callsite.lookup(signature)
     if site is not None:
         site.call(A, B, tensors)
         return
+    if backward_request is not None:   # the first call of this layout: its backward compiles meanwhile
+        _compile_backward_ahead(*backward_request)
     with torch.autocast(A.device.type, enabled=False):  # the epilogue owns its dtypes
         epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
                                 compute_dtype=compute_dtype, **values, **outputs)
@@ -552,6 +554,8 @@ def _setup_context(ctx, inputs, output):
     epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype, deterministic, precision = inputs
     e = resolve(epilogue)
     ctx.epilogue, ctx.numbers, ctx.kinds, ctx.out_dtypes = epilogue, list(numbers), kinds, out_dtypes
+    # the outputs a backward compiled ahead expects gradients for (backward_from_stand_ins)
+    ctx.float_visible = tuple(name for name, o in zip(e.output_names[:e.visible], output) if o.is_floating_point())
     ctx.options = (compute_dtype, deterministic, precision)
     ctx.needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in tensors))
     saved = [A, B, *tensors]
@@ -577,15 +581,14 @@ def _backward(ctx, grads):
     A, B, *tensors = ctx.saved_tensors
     up = tensors.pop() if e.saved == 2 else None
     accum = tensors.pop() if e.saved else None
-    if ahead.pending():   # its kernel may be compiling in a worker: take it rather than compile it twice
-        ahead.settle(_ahead_key(ctx.epilogue, A, B, tensors, ctx.numbers, ctx.kinds, ctx.out_dtypes,
-                                ctx.options, ctx.needs))
     user = e.user
     values = unpack(user.operands, tensors, ctx.numbers, ctx.kinds)
     _, graph, accum_shape, values, roles = _plan(user, A, B, values)
     need_a, need_b, need_ops = ctx.needs
     tensor_names, accumulators, wrt = _differentiated(e, ctx.kinds, ctx.needs)
     seeded = tuple(name for name, g in zip(e.output_names[:e.visible], grads) if g is not None)
+    if ahead.pending():
+        _settle_ahead(ctx, A, B, tensors, grads[:e.visible], seeded)
     # The saved accum is an output too: differentiating the backward (create_graph=True) sends
     # it a gradient, which is accum's own (saved_accum = accum; a gated one's saved_up = accum_up).
     saved_grads = dict(zip(accumulators, grads[len(grads) - e.saved:])) if e.saved else {}
@@ -715,21 +718,58 @@ def _ahead_key(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, nee
             out_dtypes, tuple(options), tuple(needs[:2]) + (tuple(needs[2]),))
 
 
-def _compile_backward_ahead(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options) -> None:
+_AHEAD_REQUEST = threading.local()   # .call: the forward's request, taken by its op's first _run
+
+
+def _compiles_ahead(A: Tensor) -> bool:
+    """Whether a forward on A's device has its backward's kernels compiled ahead: on a GPU, not
+    under the interpreter (which compiles nothing), unless EPIFUSE_COMPILE_AHEAD=0."""
+    return A.device.type == "cuda" and not target.uses_interpreter(A.device) and ahead.enabled()
+
+
+def _request_backward_ahead(*call) -> None:
+    """gemm(), before a forward that records autograd: the op's _run queues the backward's
+    compile (_compile_backward_ahead(*call)) only where the forward itself is not a kept launch,
+    that is, the first call of its layout; later steps pay nothing for it."""
+    _AHEAD_REQUEST.call = call
+
+
+def _take_backward_request():
+    call = getattr(_AHEAD_REQUEST, "call", None)
+    if call is not None:
+        _AHEAD_REQUEST.call = None
+    return call
+
+
+def _compile_backward_ahead(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs) -> None:
     """Have a worker compile the kernels this forward call's backward will run, as they are
-    once every visible floating-point output receives a gradient (a backward seeded otherwise
-    compiles its own at its first call), while this thread runs the forward. Plain tensors on
-    a GPU only: a DTensor's local problems differ from its global layout, and the interpreter
-    compiles nothing."""
-    if not ahead.enabled() or A.device.type != "cuda" or target.uses_interpreter(A.device):
-        return
+    once every visible floating-point output receives a contiguous gradient (a backward seeded
+    otherwise compiles its own at its first call), while this thread runs the forward. Plain
+    tensors only: a DTensor's local problems differ from its global layout."""
     if any(type(t) not in callsite.PLAIN_TENSOR_TYPES for t in (A, B, *tensors)):
         return
-    needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in tensors))
     key = _ahead_key(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs)
     layouts = [_layout(t) for t in (A, B, *tensors)]
     ahead.soon(key, lambda: backward_from_stand_ins(epilogue, layouts, list(numbers), kinds, out_dtypes,
                                                      options, needs))
+
+
+def _settle_ahead(ctx, A, B, tensors, grads, seeded) -> None:
+    """Before a backward compiles: wait for its kernels' compile in the worker, if it is the one
+    planned (every visible floating-point output seeded, with contiguous gradients), rather than
+    compile them a second time beside it. Not while torch.compile traces (its tensors' sizes may
+    be symbolic), and not for tensors other than plain ones (never queued)."""
+    if seeded != ctx.float_visible or torch.compiler.is_compiling():
+        return
+    if any(type(t) not in callsite.PLAIN_TENSOR_TYPES for t in (A, B, *tensors)) or \
+            any(g is not None and not g.is_contiguous() for g in grads):
+        return
+    try:
+        key = _ahead_key(ctx.epilogue, A, B, tensors, ctx.numbers, ctx.kinds, ctx.out_dtypes, ctx.options,
+                         ctx.needs)
+        ahead.settle(key)
+    except TypeError:   # an unhashable size (a symbolic one): nothing of this was queued
+        pass
 
 
 def backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, options, needs,
@@ -766,9 +806,6 @@ def _contiguous_stand_in(shape, dtype, device) -> Tensor:
     return stand_in(shape, torch.empty(shape, device="meta").stride(), 0, dtype, device)
 
 
-SET_UP_WAIT_S = 30.0   # how long a backward compiled ahead waits for the caller's first compile
-
-
 def _compile_only(epilogue, A, B, program, values, out_dtypes, options, compiled: list) -> list:
     """A backward call as `_run` makes it, planned from stand-ins: its kernel chosen (where that
     needs no timing) and compiled, nothing launched; its outputs are stand-ins too."""
@@ -778,10 +815,12 @@ def _compile_only(epilogue, A, B, program, values, out_dtypes, options, compiled
     epi = EpilogueArguments(program, deterministic=deterministic, compute_dtype=compute_dtype,
                             **values, **dict(zip(names, outs)))
     args = GemmArguments(A, B, epilogue=epi, precision=precision)
-    if A.device.type == "cuda" and not target.uses_interpreter(A.device):
-        compiled_index.SET_UP.wait(SET_UP_WAIT_S)   # the caller's first compile sets Triton up, not each thread
     for kernel in kernels_to_compile(args, time_heavy=epilogue in _TIME_HEAVY):
-        kernel.compile(args, load=False)
+        try:
+            kernel.compile(args, load=False)
+        except Exception as error:  # noqa: BLE001 - the real call compiles it again and raises there
+            ahead.note_failure(("compile", repr(kernel)), error)
+            continue
         compiled.append((args, kernel))
     return outs
 
@@ -913,11 +952,15 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
                                         hint="Pass them as keyword arguments (D=..., r=...).")
         dtypes = f"tiles={dtype_name(out_dtype)}" if out_dtype is not None else ""
         _dtensor_rules("epifuse::gemm", key, A, B, operands, kinds, ())
-        if wants_grad and not torch.compiler.is_compiling():
-            _compile_backward_ahead(key, A, B, operands, numbers, kinds, dtypes,
-                                    (compute_dtype, deterministic, precision))
-        outs = torch.ops.epifuse.gemm(key, A, B, operands, numbers, kinds, dtypes, compute_dtype,
-                                      deterministic, precision)[:visible]
+        if wants_grad and not torch.compiler.is_compiling() and _compiles_ahead(A):
+            needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in operands))
+            _request_backward_ahead(key, A, B, operands, numbers, kinds, dtypes,
+                                    (compute_dtype, deterministic, precision), needs)
+        try:
+            outs = torch.ops.epifuse.gemm(key, A, B, operands, numbers, kinds, dtypes, compute_dtype,
+                                          deterministic, precision)[:visible]
+        finally:
+            _AHEAD_REQUEST.call = None
     outs = tuple(outs)
     return outs[0] if len(outs) == 1 else outs
 

@@ -149,10 +149,10 @@ def test_the_backward_kernel_compiles_in_a_worker_while_the_forward_runs(fresh, 
     A = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     W = (torch.randn(512, 768, device="cuda", dtype=torch.bfloat16) / 512 ** 0.5).requires_grad_()
     bias = torch.randn(768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    failures = len(ahead.FAILURES)
+    failures = ahead.FAILED[0]
     D = torch_ops.gemm(A, W, source, bias=bias)
     assert ahead.wait_all(300)
-    assert len(ahead.FAILURES) == failures, list(ahead.FAILURES)[-1:]
+    assert ahead.FAILED[0] == failures, list(ahead.FAILURES)[-1:]
     in_worker = {id(c) for name, c in seen if name == "epifuse-compile-ahead"}
     assert in_worker, "nothing was compiled ahead"
     seen.clear()
@@ -168,12 +168,12 @@ def test_the_backward_kernel_compiles_in_a_worker_while_the_forward_runs(fresh, 
 
 def test_planning_a_backward_ahead_allocates_no_gpu_memory(fresh):
     """The worker plans and compiles from stand-ins (stand_in.py): at a layer whose backward
-    would need gigabytes (accum 4 GiB, its gradient, the plan's buffers), the caching
+    would need gigabytes (accum 1 GiB, its gradient, the plan's buffers), the caching
     allocator's peak does not move, and the kernel is compiled."""
     from epifuse import torch_ops
     key = torch_ops._describe(EPILOGUE, True)[0]
     device = torch.device("cuda", torch.cuda.current_device())
-    M, N, K = 65536, 32768, 8192
+    M, N, K = 32768, 16384, 8192   # accum has 2^29 elements: under the 32-bit span the Triton kernels take
     layouts = [((M, K), (K, 1), 0, torch.bfloat16, device), ((K, N), (1, K), 0, torch.bfloat16, device),
                ((N,), (1,), 0, torch.bfloat16, device)]
     torch.cuda.synchronize()
@@ -182,7 +182,9 @@ def test_planning_a_backward_ahead_allocates_no_gpu_memory(fresh):
     compiled = torch_ops.backward_from_stand_ins(key, layouts, [], "t", "", (torch.float32, False, "default"),
                                                  (True, True, (True,)))
     torch.cuda.synchronize()
+    from epifuse.backends.triton.kernels import TritonKernel
     assert compiled and all(args.stand_in for args, _ in compiled)
+    assert any(isinstance(kernel, TritonKernel) for _, kernel in compiled), compiled
     assert torch.cuda.max_memory_allocated() == before
 
 

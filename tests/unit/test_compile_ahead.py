@@ -14,37 +14,39 @@ from epifuse.runtime import ahead
 
 # ---- the queue ---------------------------------------------------------------------------------
 
-def test_a_key_is_queued_once_and_settle_waits_for_its_job():
-    release, ran = threading.Event(), []
+def test_a_key_is_queued_once_and_settle_waits_for_its_running_job():
+    started, release, ran = threading.Event(), threading.Event(), []
     key = ("test", object())
 
     def job():
+        started.set()
         release.wait(10)
-        ran.append(1)
+        ran.append("job")
     assert ahead.soon(key, job)
     assert not ahead.soon(key, job)          # once per key
     assert ahead.pending()
+    assert started.wait(10)                  # a worker runs it now
     waiter = threading.Thread(target=lambda: ran.append(("settled", ahead.settle(key))))
     waiter.start()
-    waiter.join(0.2)
-    assert waiter.is_alive() or ran[:1] == [("settled", True)]   # a queued job is dropped, a running one waited for
+    waiter.join(0.3)
+    assert waiter.is_alive() and ran == []   # settle waits while the job runs
     release.set()
     waiter.join(10)
+    assert ran == ["job", ("settled", True)]
     assert ahead.wait_all(10)
-    assert ("settled", True) in ran
     assert ahead.settle(key)                  # nothing left: returns at once
 
 
 def test_a_failing_job_is_recorded_and_never_raises_to_the_caller():
     key = ("test-fails", object())
-    before = ahead.COMPLETED[0]
+    before, failed = ahead.COMPLETED[0], ahead.FAILED[0]
 
     def job():
         raise RuntimeError("compile failed")
     ahead.soon(key, job)
     assert ahead.wait_all(10)
     assert any(k == key and "compile failed" in str(error) for k, error in ahead.FAILURES)
-    assert ahead.COMPLETED[0] == before
+    assert ahead.COMPLETED[0] == before and ahead.FAILED[0] == failed + 1
     assert ahead.settle(key)
 
 
@@ -111,13 +113,14 @@ def test_the_calls_planned_ahead_are_the_calls_the_backward_makes(case, recomput
         return original(*call)
     monkeypatch.setattr(torch_ops, "_call", spy)
     queued = []
+    monkeypatch.setattr(torch_ops, "_compiles_ahead", lambda A: True)   # as on a GPU
     monkeypatch.setattr(torch_ops, "_compile_backward_ahead", lambda *a: queued.append(a))
     outs = torch_ops.gemm(A, B, source, recompute=recompute, **tensors)
     outs = outs if isinstance(outs, tuple) else (outs,)
     assert len(queued) == 1
-    epilogue, qA, qB, qtensors, numbers, kinds, out_dtypes, options = queued[0]
+    epilogue, qA, qB, qtensors, numbers, kinds, out_dtypes, options, needs = queued[0]
     layouts = [torch_ops._layout(t) for t in (qA, qB, *qtensors)]
-    needs = (qA.requires_grad, qB.requires_grad, tuple(t.requires_grad for t in qtensors))
+    assert needs == (qA.requires_grad, qB.requires_grad, tuple(t.requires_grad for t in qtensors))
 
     def record(*call):
         planned.append(_described(*call))
@@ -165,3 +168,81 @@ def test_a_forked_child_compiles_in_a_pool_of_its_own(tmp_path):
             os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert status == 0 and marker.read_text() == "ok"
+
+
+# ---- the forward's key is the backward's, and the backward waits only where it helps -----------
+
+def _keys_of_a_step(monkeypatch, source, backward, calls=1, dtype=torch.float64, **operands):
+    """Run `calls` forwards (CPU, as if on a GPU) and one backward of the last: the keys queued
+    (soon) and waited for (settle)."""
+    queued, settled = [], []
+    monkeypatch.setattr(torch_ops, "_compiles_ahead", lambda A: True)
+    monkeypatch.setattr(ahead, "soon", lambda key, job: queued.append(key) or True)
+    monkeypatch.setattr(ahead, "pending", lambda: True)
+    monkeypatch.setattr(ahead, "settle", lambda key, timeout=None: settled.append(key) or True)
+    A = torch.randn(16, 8, dtype=dtype, requires_grad=True)
+    B = torch.randn(8, 24, dtype=dtype, requires_grad=True)
+    for _ in range(calls):
+        outs = torch_ops.gemm(A, B, source, **operands)
+    backward(outs if isinstance(outs, tuple) else (outs,))
+    return queued, settled
+
+
+TWO_OUTPUTS = "def e(accum, bias):\n    D = tanh(accum + bias)\n    E = sigmoid(accum)\n    return D, E\n"
+
+
+def test_the_backward_waits_under_the_key_its_forward_queued(monkeypatch):
+    bias = torch.randn(24, dtype=torch.float64, requires_grad=True)
+
+    def backward(outs):
+        sum((o * torch.randn_like(o)).sum() for o in outs).backward()
+    queued, settled = _keys_of_a_step(monkeypatch, TWO_OUTPUTS, backward, bias=bias)
+    assert len(queued) == 1 and settled == queued
+
+
+def test_a_repeated_forward_queues_nothing_more(monkeypatch):
+    """The second call of a layout is a kept launch (a Triton kernel's: float32 runs one under
+    the interpreter): no key is built or queued for it."""
+    from epifuse.runtime import callsite
+    hits = callsite.HITS[0]
+    queued, _ = _keys_of_a_step(monkeypatch, TWO_OUTPUTS, lambda outs: None, calls=3, dtype=torch.float32,
+                                bias=torch.randn(24, requires_grad=True))
+    assert callsite.HITS[0] == hits + 2 and len(queued) == 1
+
+
+def test_the_backward_does_not_wait_for_a_plan_it_will_not_use(monkeypatch):
+    """The worker plans for every visible output seeded with a contiguous gradient; a backward
+    with an output unseeded, or an expanded gradient (out.sum()), compiles its own at once."""
+    bias = torch.randn(24, dtype=torch.float64, requires_grad=True)
+    queued, settled = _keys_of_a_step(monkeypatch, TWO_OUTPUTS, lambda outs: outs[0].mul(2).sum().backward(),
+                                      bias=bias)
+    assert len(queued) == 1 and settled == []     # E got no gradient
+    queued, settled = _keys_of_a_step(monkeypatch, TWO_OUTPUTS, lambda outs: (outs[0].sum() + outs[1].sum()).backward(),
+                                      bias=torch.randn(24, dtype=torch.float64, requires_grad=True))
+    assert len(queued) == 1 and settled == []     # gradients of stride 0
+
+
+def test_torch_compile_with_dynamic_sizes_traces_the_backward_while_a_job_is_pending():
+    """AOTAutograd traces the backward with symbolic sizes: a pending job must not make it
+    build a key from them (unhashable: the compile failed)."""
+    release = threading.Event()
+    key = ("test-pending", object())
+    ahead.soon(key, lambda: release.wait(60))
+    try:
+        assert ahead.pending()
+        source = "def e(accum, bias):\n    D = tanh(accum + bias)\n    return D\n"
+
+        def step(A, B, bias, W):   # W: D's gradient, contiguous (as the worker plans for)
+            return (torch_ops.gemm(A, B, source, bias=bias) * W).sum()
+        compiled = torch.compile(step, backend="aot_eager", dynamic=True, fullgraph=True)
+        A = torch.randn(16, 8, dtype=torch.float64, requires_grad=True)
+        B = torch.randn(8, 24, dtype=torch.float64, requires_grad=True)
+        bias = torch.randn(24, dtype=torch.float64, requires_grad=True)
+        W = torch.randn(16, 24, dtype=torch.float64)
+        compiled(A, B, bias, W).backward()
+        a, b, c = (t.detach().requires_grad_() for t in (A, B, bias))
+        (torch.tanh(a @ b + c) * W).sum().backward()
+        assert torch.allclose(A.grad, a.grad) and torch.allclose(bias.grad, c.grad)
+    finally:
+        release.set()
+        assert ahead.wait_all(60)

@@ -56,6 +56,13 @@ class Kernel:
         GPU to the first run."""
         raise NotImplementedError
 
+    def compile_job(self, args):
+        """Compile for `args` in two parts: what must happen in this thread, done now, and the
+        rest (the compile proper, loading nothing onto the GPU) returned as a callable for a
+        worker thread, or None when nothing is left (tuning's pool, runtime/ahead.py)."""
+        self.compile(args, load=False)
+        return None
+
     def run(self, args, verify: bool = False) -> None:
         """Write every output; with verify, check them against the float64 reference
         (epifuse.verify.VerificationError names the largest error and where)."""

@@ -37,7 +37,8 @@ _QUEUE: deque = deque()        # (key, job) not started yet
 _DONE: dict = {}               # key -> threading.Event, set when its job has finished (or failed)
 _SEEN: OrderedDict = OrderedDict()   # keys queued in this process
 _THREADS: list = []
-FAILURES: deque = deque(maxlen=64)   # (key, exception) of the latest jobs that raised
+FAILURES: deque = deque(maxlen=64)   # (key, exception) of the latest jobs or compiles that raised
+FAILED = [0]                   # how many have raised in this process (FAILURES keeps the latest only)
 COMPLETED = [0]                # jobs that finished without raising (for tests and the start-up benchmark)
 
 
@@ -76,6 +77,13 @@ def compile_all(jobs: list) -> list[Future]:
             _POOL.append(ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="epifuse-compile"))
         pool = _POOL[0]
     return [pool.submit(job) for job in jobs]
+
+
+def note_failure(key, error: BaseException) -> None:
+    """Record a failure of a job, or of one compile within a job, without raising it."""
+    with _LOCK:
+        FAILURES.append((key, error))
+        FAILED[0] += 1
 
 
 def pending() -> bool:
@@ -119,8 +127,7 @@ def _work() -> None:
         try:
             job()
         except Exception as error:  # noqa: BLE001 - the real call redoes this work and raises there
-            with _LOCK:
-                FAILURES.append((key, error))
+            note_failure(key, error)
         else:
             with _LOCK:
                 COMPLETED[0] += 1
@@ -134,7 +141,10 @@ def _work() -> None:
 def _after_fork_in_child() -> None:
     """A forked child has none of the parent's threads: its pool and workers start anew, and
     jobs the parent had queued or running are dropped (their waiters are released; the child
-    compiles what it calls itself)."""
+    compiles what it calls itself). The lock is made anew: a parent's thread may have held it
+    at the fork, and nothing in the child would release it."""
+    global _LOCK
+    _LOCK = threading.Lock()
     _POOL.clear()
     _THREADS.clear()
     _QUEUE.clear()
@@ -148,4 +158,5 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["enabled", "soon", "compile_all", "pending", "settle", "wait_all", "FAILURES", "COMPLETED"]
+__all__ = ["enabled", "soon", "compile_all", "note_failure", "pending", "settle", "wait_all", "FAILURES", "FAILED",
+           "COMPLETED"]

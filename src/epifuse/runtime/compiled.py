@@ -143,6 +143,16 @@ def _load(kernel, entry: str, binding) -> object | None:
     return compiled if compiled.name == kernel.fn.__name__ else None
 
 
+def bind(kernel) -> None:
+    """Make the JIT function's cache for the current device in this thread: Triton makes it on
+    first use (a defaultdict whose factory is Python code), so threads compiling the function's
+    configs at once would each make one, and all but one compiled kernel would be lost."""
+    try:
+        kernel.device_caches[triton_api().driver.active.get_current_device()]
+    except Exception as error:  # noqa: BLE001 - a Triton without these internals: each thread makes its own
+        LAST_FALLBACK[0] = repr(error)
+
+
 def prepare(kernel, values, grid, meta) -> None:
     """warmup() without loading onto the GPU: the kernel compiled (or found in the index) and its
     launcher built (a separate compile of its own, cached on disk by Triton), so that the first

@@ -577,12 +577,12 @@ def _compile_before_timing(scratch, kernels) -> None:
     waiting for all: each timing then finds its kernel compiled, and no compile competes with a
     timing for the host. In a process that has not compiled yet, the first kernel compiles in
     this thread first: with it Triton's one-time set-up (its driver, its own cache key), which
-    threads starting together would each redo. The plans are built on `scratch` itself (each
-    is kept on it for the timing): their buffers are allocated and zeroed on the pool threads'
-    streams, so the device is synchronized before any timing. A kernel that fails to compile
-    is left to its timing, which fails and drops it. Nothing here (each kernel compiles before
-    its own timing) while the current stream captures a CUDA graph (no timing runs then
-    either), under the interpreter, or with EPIFUSE_COMPILE_AHEAD=0."""
+    threads starting together would each redo. Each kernel's plan is built here, on `scratch`
+    (Kernel.compile_job: its buffers on this thread's stream, kept on scratch for the timing);
+    the pool only compiles. A kernel that fails to plan or compile is left to its timing, which
+    fails and drops it. Nothing here (each kernel compiles before its own timing) while the
+    current stream captures a CUDA graph (no timing runs then either), under the interpreter,
+    or with EPIFUSE_COMPILE_AHEAD=0."""
     device = scratch.A.device
     if len(kernels) < 2 or device.type != "cuda" or uses_interpreter(device) or capturing(device) \
             or not ahead.enabled():
@@ -594,15 +594,16 @@ def _compile_before_timing(scratch, kernels) -> None:
             first.compile(scratch)
         except Exception:  # noqa: BLE001 - its timing raises it again and drops the kernel
             pass
-
-    def job(kernel):
-        def compile_one():
-            with torch.cuda.device(device):
-                kernel.compile(scratch, load=False)
-        return compile_one
-    for future in ahead.compile_all([job(kernel) for kernel in rest]):
+    jobs = []
+    for kernel in rest:
+        try:
+            job = kernel.compile_job(scratch)
+        except Exception:  # noqa: BLE001 - its timing raises it again and drops the kernel
+            job = None
+        if job is not None:
+            jobs.append(job)
+    for future in ahead.compile_all(jobs):
         future.exception()   # waits; a failed compile fails again in its timing
-    torch.cuda.synchronize(device)
 
 
 def _sms(args) -> int | None:

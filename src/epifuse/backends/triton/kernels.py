@@ -141,14 +141,34 @@ class TritonKernel(Kernel):
         (a worker compiling ahead, runtime/ahead.py) compiles and builds its launcher but loads
         nothing onto the GPU, which another thread's CUDA graph capture would not allow; the
         first run loads it."""
+        if not load:
+            job = self.compile_job(args)
+            if job is not None:
+                job()
+            return
         check_arguments(self, args, grouped=self.family.grouped)
         with target.on_device(_device(args)):
+            self._loaded(args, self.plan(args))
+
+    def compile_job(self, args):
+        """The plan built in this thread (its buffers allocated on this thread's stream, the JIT
+        function's per-device cache made here: Triton makes it on first use, and threads making
+        it at once would each get one of their own); returns the compile and the launcher build,
+        loading nothing onto the GPU, as a callable for any thread, or None where nothing is
+        compiled (an empty problem, the interpreter)."""
+        check_arguments(self, args, grouped=self.family.grouped)
+        device = _device(args)
+        with target.on_device(device):
             plan = self.plan(args)
-            if load:
-                self._loaded(args, plan)
-            elif not (plan.empty or target.uses_interpreter(_device(args))):
-                compiled_index.prepare(plan.kernel, plan.jit_values(self._warmup_values(args, plan)), plan.grid,
-                                       plan.meta)
+            if plan.empty or target.uses_interpreter(device):
+                return None
+            values = plan.jit_values(self._warmup_values(args, plan))
+            compiled_index.bind(plan.kernel)
+
+        def job() -> None:
+            with target.on_device(device):
+                compiled_index.prepare(plan.kernel, values, plan.grid, plan.meta)
+        return job
 
     def run(self, args, verify: bool = False) -> None:
         """Write every output of `args`. `verify=True` also checks them against the float64
