@@ -60,9 +60,9 @@ def _epilogue_keys_read_back():
     """Every epilogue a test registers for the torch ops reads back from its key as the same
     program (what a process that loads a torch.compile cache does), checks of names included."""
     import sys
-    before = len(sys.modules["epifuse.torch_ops"]._TABLE) if "epifuse.torch_ops" in sys.modules else 0
+    before = len(sys.modules["epifuse.epilogue_table"]._TABLE) if "epifuse.epilogue_table" in sys.modules else 0
     yield
-    torch_ops = sys.modules.get("epifuse.torch_ops")
-    if torch_ops is not None:
-        for entry in torch_ops._TABLE[before:]:
-            assert torch_ops.read_key(entry.key) == (entry.user, entry.saves_accum), entry.key[:80]
+    table = sys.modules.get("epifuse.epilogue_table")
+    if table is not None:
+        for entry in table._TABLE[before:]:
+            assert table.read_key(entry.key) == (entry.user, entry.saves_accum), entry.key[:80]

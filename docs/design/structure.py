@@ -36,8 +36,8 @@ LAYERS = [
      ["backends", "backends.base", "backends.reference", "backends.triton."]),
     ("choosing a kernel: candidates, order, tuning, kernels compiled ahead in worker threads",
      ["backends.select", "runtime.ahead", "runtime.shipped", "runtime.tune"]),
-    ("PyTorch integration and kept launches: custom ops, their sharding rules on DTensors",
-     ["sharding", "torch_ops", "runtime.callsite"]),
+    ("PyTorch integration and kept launches: the epilogue table (ids and keys), custom ops, their sharding "
+     "rules on DTensors", ["epilogue_table", "sharding", "torch_ops", "runtime.callsite"]),
     ("the facade: gemm, and planar complex GEMMs", ["api", "planar"]),
     ("built on the facade: nn.FusedLinear (and its shards under tensor parallelism), the fused linear "
      "cross-entropy, class-based and named epilogues, the demo",

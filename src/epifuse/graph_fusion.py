@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import torch_ops
+from . import epilogue_table, torch_ops
 from .graph_reductions import keeps_dims, reduced_dims
 from .printing import number_literal
 from .shapes import bytes_per_output
@@ -523,7 +523,7 @@ def fuse_gemms(graph: torch.fx.Graph, report: Report | None = None, min_elements
                   + f"\n    return {', '.join(out_names)}\n")
         try:
             key = torch_ops.entry(torch_ops.register_epilogue(source)).key
-            torch_ops.time_heavy(key)
+            epilogue_table.time_heavy(key)
         except Exception as error:   # an epilogue the parser or binder refuses: left unfused, said why
             report.skipped.append((gemm.name, f"the epilogue it would get is refused: {error}"))
             continue

@@ -12,7 +12,7 @@ import torch._functorch.config as functorch_config
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import epifuse
-from epifuse import printing, torch_ops
+from epifuse import epilogue_table, printing, torch_ops
 from epifuse.errors import ShapeError
 from epifuse.epilogues import LinearCombination
 from epifuse.nn import ACTIVATIONS, FusedLinear, activation_source, fuse_linear_activations
@@ -49,10 +49,10 @@ def test_epilogue_registered_once():
     assert torch_ops.register_epilogue(bias_gelu, save_accum=True) != first
     t = _tensors()
     epifuse.gemm(t["A"], t["B"], bias_gelu, bias=t["bias"]).sum().backward()
-    count = len(torch_ops._TABLE)
+    count = len(epilogue_table._TABLE)
     for _ in range(3):
         epifuse.gemm(t["A"], t["B"], bias_gelu, bias=t["bias"]).sum().backward()
-    assert len(torch_ops._TABLE) == count
+    assert len(epilogue_table._TABLE) == count
 
 
 @pytest.mark.parametrize("save_accum", [False, True])
@@ -313,7 +313,7 @@ _REPLAY = """
 import sys, torch
 import epifuse.torch_ops
 calls = torch.load(sys.argv[1])
-assert not epifuse.torch_ops._TABLE, "this process registered an epilogue before the replay"
+assert not epifuse.epilogue_table._TABLE, "this process registered an epilogue before the replay"
 outs = [torch.ops.epifuse.gemm.default(*args) for args, _ in calls]
 torch.save(outs, sys.argv[2])
 """
