@@ -145,10 +145,13 @@ def _run(key, program, A, B, values, outputs, compute_dtype, deterministic, prec
     signature = callsite.signature(key, A, B, tensors, ("op", compute_dtype, deterministic, precision, accumulate))
     site = callsite.lookup(signature)
     if site is not None:
+        if backward_request is not None and not site.backward_queued:   # kept by a call without grad
+            _AHEAD_REQUEST.queued = _compile_backward_ahead(*backward_request)
+            site.backward_queued = True
         site.call(A, B, tensors)
         return
     if backward_request is not None:   # the first call of this layout: its backward compiles meanwhile
-        _compile_backward_ahead(*backward_request)
+        _AHEAD_REQUEST.queued = _compile_backward_ahead(*backward_request)
     with torch.autocast(A.device.type, enabled=False):  # the epilogue owns its dtypes
         epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
                                 compute_dtype=compute_dtype, **values, **outputs)
@@ -158,6 +161,9 @@ def _run(key, program, A, B, values, outputs, compute_dtype, deterministic, prec
         kernel.run(args)
     if tune.generation() == chosen_in:   # else a background winner landed meanwhile: keep nothing stale
         callsite.remember(signature, args, kernel, (), tuple(outputs))
+        site = callsite.lookup(signature)
+        if site is not None and backward_request is not None:
+            site.backward_queued = True
 
 
 # ---- the operators ----------------------------------------------------------------------------
@@ -292,7 +298,9 @@ def _setup_context(ctx, inputs, output):
     epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype, deterministic, precision = inputs
     e = resolve(epilogue)
     ctx.epilogue, ctx.numbers, ctx.kinds, ctx.out_dtypes = epilogue, list(numbers), kinds, out_dtypes
-    # the outputs a backward compiled ahead expects gradients for (backward_from_stand_ins)
+    # the job compiling this call's backward ahead, if its forward queued one (_run), and the
+    # outputs it expects gradients for (backward_from_stand_ins)
+    ctx.ahead_key = _take_queued_key()
     ctx.float_visible = tuple(name for name, o in zip(e.output_names[:e.visible], output) if o.is_floating_point())
     ctx.options = (compute_dtype, deterministic, precision)
     ctx.needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in tensors))
@@ -325,8 +333,8 @@ def _backward(ctx, grads):
     need_a, need_b, need_ops = ctx.needs
     tensor_names, accumulators, wrt = _differentiated(e, ctx.kinds, ctx.needs)
     seeded = tuple(name for name, g in zip(e.output_names[:e.visible], grads) if g is not None)
-    if ahead.pending():
-        _settle_ahead(ctx, A, B, tensors, grads[:e.visible], seeded)
+    if ctx.ahead_key is not None and ahead.pending():
+        _settle_ahead(ctx, grads[:e.visible], seeded)
     # The saved accum is an output too: differentiating the backward (create_graph=True) sends
     # it a gradient, which is accum's own (saved_accum = accum; a gated one's saved_up = accum_up).
     saved_grads = dict(zip(accumulators, grads[len(grads) - e.saved:])) if e.saved else {}
@@ -456,7 +464,8 @@ def _ahead_key(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, nee
             out_dtypes, tuple(options), tuple(needs[:2]) + (tuple(needs[2]),))
 
 
-_AHEAD_REQUEST = threading.local()   # .call: the forward's request, taken by its op's first _run
+_AHEAD_REQUEST = threading.local()   # .call: the forward's request, taken by its op's first _run;
+                                     # .queued: the key that _run queued, taken by _setup_context
 
 
 def _compiles_ahead(A: Tensor) -> bool:
@@ -479,35 +488,39 @@ def _take_backward_request():
     return call
 
 
-def _compile_backward_ahead(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs) -> None:
+def _take_queued_key():
+    """The key of the job _run queued for the forward whose autograd context is being set up
+    (the same thread, right after it), kept on the context: the backward settles on that key,
+    not on one rebuilt from its saved tensors, which saved-tensor hooks may lay out anew."""
+    key = getattr(_AHEAD_REQUEST, "queued", None)
+    if key is not None:
+        _AHEAD_REQUEST.queued = None
+    return key
+
+
+def _compile_backward_ahead(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs):
     """Have a worker compile the kernels this forward call's backward will run, as they are
     once every visible floating-point output receives a contiguous gradient (a backward seeded
     otherwise compiles its own at its first call), while this thread runs the forward. Plain
-    tensors only: a DTensor's local problems differ from its global layout."""
+    tensors only: a DTensor's local problems differ from its global layout. Returns the job's
+    key, or None where nothing was queued."""
     if any(type(t) not in callsite.PLAIN_TENSOR_TYPES for t in (A, B, *tensors)):
-        return
+        return None
     key = _ahead_key(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs)
     layouts = [_layout(t) for t in (A, B, *tensors)]
     ahead.soon(key, lambda: backward_from_stand_ins(epilogue, layouts, list(numbers), kinds, out_dtypes,
                                                      options, needs))
+    return key
 
 
-def _settle_ahead(ctx, A, B, tensors, grads, seeded) -> None:
-    """Before a backward compiles: wait for its kernels' compile in the worker, if it is the one
-    planned (every visible floating-point output seeded, with contiguous gradients), rather than
-    compile them a second time beside it. Not while torch.compile traces (its tensors' sizes may
-    be symbolic), and not for tensors other than plain ones (never queued)."""
-    if seeded != ctx.float_visible or torch.compiler.is_compiling():
-        return
-    if any(type(t) not in callsite.PLAIN_TENSOR_TYPES for t in (A, B, *tensors)) or \
+def _settle_ahead(ctx, grads, seeded) -> None:
+    """Before a backward compiles: wait for the job its forward queued (ctx.ahead_key), if it
+    is the one planned (every visible floating-point output seeded, with contiguous gradients),
+    rather than compile the same kernels a second time beside it. Not while torch.compile traces."""
+    if seeded != ctx.float_visible or torch.compiler.is_compiling() or \
             any(g is not None and not g.is_contiguous() for g in grads):
         return
-    try:
-        key = _ahead_key(ctx.epilogue, A, B, tensors, ctx.numbers, ctx.kinds, ctx.out_dtypes, ctx.options,
-                         ctx.needs)
-        ahead.settle(key)
-    except TypeError:   # an unhashable size (a symbolic one): nothing of this was queued
-        pass
+    ahead.settle(ctx.ahead_key)
 
 
 def backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, options, needs,
@@ -698,7 +711,7 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
             outs = torch.ops.epifuse.gemm(key, A, B, operands, numbers, kinds, dtypes, compute_dtype,
                                           deterministic, precision)[:visible]
         finally:
-            _AHEAD_REQUEST.call = None
+            _AHEAD_REQUEST.call = _AHEAD_REQUEST.queued = None
     outs = tuple(outs)
     return outs[0] if len(outs) == 1 else outs
 

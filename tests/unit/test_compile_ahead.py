@@ -246,3 +246,37 @@ def test_torch_compile_with_dynamic_sizes_traces_the_backward_while_a_job_is_pen
     finally:
         release.set()
         assert ahead.wait_all(60)
+
+
+def test_a_forward_kept_by_a_call_without_grad_still_queues_its_backward(monkeypatch):
+    """recompute=True: a call under no_grad (an evaluation, a warm-up) and a training call share
+    the kept launch; the training call's backward is still queued, once."""
+    from epifuse.runtime import callsite
+    queued = []
+    monkeypatch.setattr(torch_ops, "_compiles_ahead", lambda A: True)
+    monkeypatch.setattr(ahead, "soon", lambda key, job: queued.append(key) or True)
+    A = torch.randn(16, 8, requires_grad=True)
+    B = torch.randn(8, 24, requires_grad=True)
+    source = "def e(accum):\n    D = tanh(accum)\n    return D\n"
+    with torch.no_grad():
+        torch_ops.gemm(A, B, source, recompute=True)
+    hits = callsite.HITS[0]
+    for _ in range(3):
+        torch_ops.gemm(A, B, source, recompute=True)
+    assert callsite.HITS[0] == hits + 3 and len(queued) == 1
+
+
+def test_the_backward_waits_on_the_key_queued_even_when_saved_tensors_come_back_laid_out_anew(monkeypatch):
+    """A saved-tensor hook that returns dense copies (offloading) changes the saved tensors'
+    strides: the backward settles on the key its forward queued, kept on its context."""
+    queued, settled = [], []
+    monkeypatch.setattr(torch_ops, "_compiles_ahead", lambda A: True)
+    monkeypatch.setattr(ahead, "soon", lambda key, job: queued.append(key) or True)
+    monkeypatch.setattr(ahead, "pending", lambda: True)
+    monkeypatch.setattr(ahead, "settle", lambda key, timeout=None: settled.append(key) or True)
+    A = torch.randn(16, 8, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(24, 8, dtype=torch.float64, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.contiguous().clone(), lambda t: t):
+        D = torch_ops.gemm(A, W.t(), "def e(accum):\n    D = tanh(accum)\n    return D\n")
+    (D * torch.randn_like(D)).sum().backward()
+    assert len(queued) == 1 and settled == queued

@@ -135,7 +135,7 @@ class Site:
     reduction work buffers each call gets (name, position in the list, shape, strides, dtype)."""
 
     __slots__ = ("values", "positions", "launch_with", "allocate", "returns", "device", "before", "after",
-                 "work", "gated")
+                 "work", "gated", "backward_queued")
 
     def __init__(self, values, positions, launch_with, allocate, returns, device, before=None, after=None,
                  work=(), gated=False):
@@ -144,6 +144,7 @@ class Site:
         self.before, self.after = before, after  # the reductions' steps, given the outputs
         self.work = work
         self.gated = gated   # the launch takes B's two column halves (a gated epilogue's gate and up)
+        self.backward_queued = False   # torch_ops: this forward's backward was queued to compile ahead
 
     def call(self, A, B, tensors: dict):
         current = dict(tensors)

@@ -39,6 +39,7 @@ LOADED = [0]  # kernels this process took from the index (for tests and the star
 # Set once a warmup has returned in this process: Triton's one-time set-up (its driver, its own
 # cache key) is done, so compiles in other threads no longer each redo it (runtime/ahead.py)
 SET_UP = threading.Event()
+_BIND_LOCK = threading.Lock()
 LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
 _OTHER_KEY = "Triton keyed the launch otherwise than the index (a Triton this module does not know)"
 
@@ -148,9 +149,11 @@ def bind(kernel) -> None:
     first use (a defaultdict whose factory is Python code), so threads compiling the function's
     configs at once would each make one, and all but one compiled kernel would be lost."""
     try:
-        kernel.device_caches[triton_api().driver.active.get_current_device()]
-    except Exception as error:  # noqa: BLE001 - a Triton without these internals: each thread makes its own
-        LAST_FALLBACK[0] = repr(error)
+        device = triton_api().driver.active.get_current_device()
+        with _BIND_LOCK:
+            kernel.device_caches[device]
+    except Exception:  # noqa: BLE001 - a Triton without these internals (or a test's stand-in kernel):
+        pass           # each thread makes its own, as Triton does; nothing else depends on it
 
 
 def prepare(kernel, values, grid, meta) -> None:
@@ -168,6 +171,7 @@ def prepare(kernel, values, grid, meta) -> None:
 
 def warmup(kernel, values, grid, meta):
     """kernel.warmup(*values, grid=grid, **meta), served from the index when it can be."""
+    bind(kernel)   # every thread's first use of the JIT function goes through the lock
     compiled = _warmup(kernel, values, grid, meta)
     SET_UP.set()
     return compiled
