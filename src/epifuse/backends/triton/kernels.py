@@ -228,8 +228,8 @@ class TritonKernel(Kernel):
 
     @staticmethod
     def _warmup_values(args, plan: plans.Plan) -> list:
-        """The plan's argument values as Triton's specialization reads them: a stand-in (fake or
-        meta tensor) as the address of the alignment its real tensor would have."""
+        """The plan's argument values as Triton's specialization reads them: a stand-in (a StandIn,
+        a fake or a meta tensor) as the address of the alignment its real tensor would have."""
         if not getattr(args, "stand_in", False):
             return plan.values
         return [_Address(v) if isinstance(v, torch.Tensor) and is_stand_in(v) else v for v in plan.values]
