@@ -52,9 +52,9 @@ def stand_in(shape, stride, offset: int, dtype: torch.dtype, device: torch.devic
     return StandIn(meta, torch.device(device))
 
 
-def like(t: torch.Tensor) -> StandIn:
-    """A StandIn with `t`'s layout and device."""
-    return stand_in(t.shape, t.stride(), t.storage_offset(), t.dtype, t.device)
+def empty(shape, dtype: torch.dtype, device: torch.device) -> StandIn:
+    """A StandIn laid out as torch.empty(shape, dtype=dtype, device=device) would be."""
+    return StandIn(torch.empty(shape, dtype=dtype, device=_META), torch.device(device))
 
 
 def _on_meta(func, args, kwargs):
@@ -97,4 +97,4 @@ def stand_ins():
     return _StandInMode()
 
 
-__all__ = ["StandIn", "stand_in", "like", "stand_ins"]
+__all__ = ["StandIn", "stand_in", "empty", "stand_ins"]

@@ -46,7 +46,6 @@ True
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import threading
@@ -71,6 +70,7 @@ from .printing import FreshNames, graph_source
 from .backends.triton import device as target
 from .runtime import ahead, callsite, tune
 from .shapes import check_tensor, classify_operand
+from .stand_in import empty as empty_stand_in
 from .stand_in import stand_in, stand_ins
 
 
@@ -160,8 +160,7 @@ def _run(key, program, A, B, values, outputs, compute_dtype, deterministic, prec
         kernel = choose_kernel(args, time_heavy=True) if key in _TIME_HEAVY else choose_kernel(args)
         kernel.run(args)
     if tune.generation() == chosen_in:   # else a background winner landed meanwhile: keep nothing stale
-        callsite.remember(signature, args, kernel, (), tuple(outputs))
-        site = callsite.lookup(signature)
+        site = callsite.remember(signature, args, kernel, (), tuple(outputs))
         if site is not None and backward_request is not None:
             site.backward_queued = True
 
@@ -533,12 +532,11 @@ def backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, optio
     device = layouts[0][4]
     compiled: list = []
     compile_call = launch or (lambda *call: _compile_only(*call, compiled=compiled))
-    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with stand_ins(), torch.no_grad(), torch.autocast(device.type, enabled=False), on_device:
+    with stand_ins(), torch.no_grad(), torch.autocast(device.type, enabled=False), target.on_device(device):
         A, B, *tensors = [stand_in(*layout) for layout in layouts]
         forward_values = unpack(e.program.operands, tensors, numbers, kinds)
         specs, _ = _planned_outputs(epilogue, e, A, B, forward_values, out_dtypes, options[0])
-        outputs = [_contiguous_stand_in(shape, dtype, device) for shape, dtype in specs]
+        outputs = [empty_stand_in(shape, dtype, device) for shape, dtype in specs]
         up = outputs[-1] if e.saved == 2 else None
         accum = outputs[-e.saved] if e.saved else None
         _, graph, accum_shape, values, roles = _plan(e.user, A, B, unpack(e.user.operands, tensors, numbers, kinds))
@@ -552,17 +550,12 @@ def backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, optio
     return compiled
 
 
-def _contiguous_stand_in(shape, dtype, device) -> Tensor:
-    """What torch.empty(shape, dtype=dtype, device=device) would lay out, without memory."""
-    return stand_in(shape, torch.empty(shape, device="meta").stride(), 0, dtype, device)
-
-
 def _compile_only(epilogue, A, B, program, values, out_dtypes, options, compiled: list) -> list:
     """A backward call as `_run` makes it, planned from stand-ins: its kernel chosen (where that
     needs no timing) and compiled, nothing launched; its outputs are stand-ins too."""
     compute_dtype, deterministic, precision = options
     specs, names = _planned_outputs(epilogue, resolve(epilogue), A, B, values, out_dtypes, compute_dtype)
-    outs = [_contiguous_stand_in(shape, dtype, A.device) for shape, dtype in specs]
+    outs = [empty_stand_in(shape, dtype, A.device) for shape, dtype in specs]
     epi = EpilogueArguments(program, deterministic=deterministic, compute_dtype=compute_dtype,
                             **values, **dict(zip(names, outs)))
     args = GemmArguments(A, B, epilogue=epi, precision=precision)

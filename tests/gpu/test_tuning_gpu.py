@@ -47,6 +47,22 @@ def _chosen(A, B, bias, D):
     return args, select.choose_kernel(args)
 
 
+def _warmups_by_thread(monkeypatch) -> list:
+    """(thread name, compiled kernel) of every warmup from now on, in order."""
+    import threading
+
+    from epifuse.runtime import compiled as compiled_index
+    seen = []
+    original = compiled_index.warmup
+
+    def spy(kernel, values, grid, meta):
+        compiled = original(kernel, values, grid, meta)
+        seen.append((threading.current_thread().name, compiled))
+        return compiled
+    monkeypatch.setattr(compiled_index, "warmup", spy)
+    return seen
+
+
 def test_fast_runs_the_shipped_choice_untimed(fresh, monkeypatch):
     gpu = torch.cuda.get_device_name()
     if shipped.table(gpu) is None:
@@ -128,24 +144,15 @@ def test_the_backward_kernel_compiles_in_a_worker_while_the_forward_runs(fresh, 
     compiles it from stand-ins, and the backward then launches that very compiled kernel (the
     same object from Triton's cache, not a second compile in the caller's thread), with the
     gradients of the float64 reference."""
-    import threading
 
     from epifuse import torch_ops
     from epifuse.runtime import ahead
-    from epifuse.runtime import compiled as compiled_index
     monkeypatch.setenv("EPIFUSE_COMPILE_AHEAD", "1")
     scale = 1.0 + torch.rand(()).item()   # a kernel no earlier test has compiled
     # smooth, so that bf16 rounding moves the gradients by rounding only (relu's mask flips
     # where the fp32 and float64 sums of an element near zero differ in sign)
     source = f"def e(accum, bias):\n    D = gelu(accum + bias) * {scale!r}\n    return D\n"
-    seen = []
-    original = compiled_index.warmup
-
-    def spy(kernel, values, grid, meta):
-        compiled = original(kernel, values, grid, meta)
-        seen.append((threading.current_thread().name, compiled))
-        return compiled
-    monkeypatch.setattr(compiled_index, "warmup", spy)
+    seen = _warmups_by_thread(monkeypatch)
     A = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     W = (torch.randn(512, 768, device="cuda", dtype=torch.bfloat16) / 512 ** 0.5).requires_grad_()
     bias = torch.randn(768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -193,20 +200,11 @@ def test_tuning_compiles_its_candidates_in_threads_before_timing_them(fresh, mon
     pool's threads (runtime/ahead.py) before any is timed (all of them in a process that has
     compiled before; the first in the caller's thread otherwise), and the timings and the call
     then run those very compiled kernels; the result matches float64."""
-    import threading
 
-    from epifuse.runtime import compiled as compiled_index
     monkeypatch.setenv("EPIFUSE_TUNE", "full")
     scale = 1.0 + torch.rand(()).item()
     source = f"def e(accum, bias):\n    D = gelu(accum + bias) * {scale!r}\n    return D\n"
-    seen = []
-    original = compiled_index.warmup
-
-    def spy(kernel, values, grid, meta):
-        compiled = original(kernel, values, grid, meta)
-        seen.append((threading.current_thread().name, compiled))
-        return compiled
-    monkeypatch.setattr(compiled_index, "warmup", spy)
+    seen = _warmups_by_thread(monkeypatch)
     A, B, bias = _problem(1024, 768, 512)
     D = epifuse.gemm(A, B, source, bias=bias)
     in_pool = {id(c) for name, c in seen if name.startswith("epifuse-compile")}

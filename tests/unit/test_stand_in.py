@@ -10,14 +10,14 @@ import textwrap
 import torch
 
 from epifuse.shapes import address, is_stand_in, misalignment
-from epifuse.stand_in import StandIn, like, stand_in, stand_ins
+from epifuse.stand_in import StandIn, stand_in, stand_ins
 
 GPU = torch.device("cuda", 0)
 
 
 def test_views_of_a_stand_in_are_laid_out_as_the_real_views():
     real = torch.empty(64, 96, dtype=torch.bfloat16)[3:, 8:]
-    s = like(real)
+    s = stand_in(real.shape, real.stride(), real.storage_offset(), real.dtype, real.device)
     assert isinstance(s, StandIn) and is_stand_in(s) and not is_stand_in(real)
     for view in (lambda t: t.t(), lambda t: t[..., :0], lambda t: t[..., :0, :], lambda t: t.reshape(-1, 88)[1:],
                  lambda t: t.unsqueeze(0).expand(3, -1, -1), lambda t: t.mT[2:, 5:]):

@@ -176,13 +176,14 @@ def lookup(key) -> Site | None:
     return _SITES.get(key) if key is not None else None
 
 
-def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
-    """Keep the launch of `kernel` on `args` for `key`, if its tensors are all accounted for."""
+def remember(key, args, kernel, allocated: tuple, returns: tuple) -> Site | None:
+    """Keep the launch of `kernel` on `args` for `key`, if its tensors are all accounted for;
+    the Site kept, or None."""
     if key is None:
-        return
+        return None
     plan = getattr(args, "_plans", {}).get(kernel)
     if plan is None or plan.launch_with is None or not all(g > 0 for g in plan.grid):
-        return
+        return None
     by_identity = {id(args.A): "\0A", id(args.B): "\0B"}
     gated = getattr(args, "gated", False)
     if gated:
@@ -193,16 +194,16 @@ def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
     positions = [(i, by_identity.get(id(v))) for i, v in enumerate(plan.values)
                  if isinstance(v, torch.Tensor) and id(v) not in owned]
     if any(name is None for _, name in positions):
-        return  # the kernel launches with a view or a buffer of unknown owner: keep the full path
+        return None  # the kernel launches with a view or a buffer of unknown owner: keep the full path
     written_after = {y.name for y, _ in plan.finish}  # outputs the after-step writes, not the kernel
     if {name for _, name in positions} | written_after != set(by_identity.values()):
-        return
+        return None
     allocate = tuple((name, tuple(args.outputs[name].shape), args.outputs[name].dtype)
                      for name in allocated)
     steps = (None, None) if plan.simple else plan.problems[0].detached_steps()
     index = {id(v): i for i, v in enumerate(plan.values) if isinstance(v, torch.Tensor)}
     if any(id(buffer) not in index for _, buffer in plan.finish):
-        return  # a work buffer the launch does not take as it is: keep the full path
+        return None  # a work buffer the launch does not take as it is: keep the full path
     work = tuple((y.name, index[id(buffer)], tuple(buffer.shape), buffer.stride(), buffer.dtype)
                  for y, buffer in plan.finish)
     values = list(plan.values)
@@ -216,6 +217,7 @@ def remember(key, args, kernel, allocated: tuple, returns: tuple) -> None:
         _SITES[key] = site
         while len(_SITES) > MAX_SITES:
             _SITES.popitem(last=False)
+    return site
 
 
 def clear() -> None:
