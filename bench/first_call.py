@@ -21,7 +21,8 @@ process); --compile-ahead 0 sets EPIFUSE_COMPILE_AHEAD=0 in the gemm cases (tuni
 candidate just before timing it, not all at once in threads); --training adds the first training step of a FusedLinear MLP (bench.training's, bf16,
 1024 tokens): cold with the backward's kernels compiled ahead in a worker and cold with
 EPIFUSE_COMPILE_AHEAD=0 (each kernel compiled at its first call), alternately, --training-rounds
-times each, then warm. `--device cpu` runs the plumbing on a CPU under Triton's
+times each, then warm; --training-profile adds one more of each under cProfile, whose profile
+is recorded (its time is not a timing: the profiler slows Triton's Python front end). `--device cpu` runs the plumbing on a CPU under Triton's
 interpreter at a tiny shape (for the tests). The JSON is rewritten after every case.
 """
 from __future__ import annotations
@@ -162,23 +163,29 @@ def training_child(spec: dict) -> dict:
     model = epifuse.nn.fuse_linear_activations(_mlp(hidden, ffn).to("cuda", torch.bfloat16))
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     torch.cuda.synchronize()
-    import cProfile
-    import io
-    import pstats
-    profiler = cProfile.Profile()
+    profiler = None
+    if spec.get("profile"):   # a profiled step is slower (Triton's front end is Python): not a timing
+        import cProfile
+        profiler = cProfile.Profile()
     start = time.perf_counter()
-    profiler.enable()
+    if profiler is not None:
+        profiler.enable()
     model(x).float().square().mean().backward()
     torch.cuda.synchronize()
-    profiler.disable()
     seconds = time.perf_counter() - start
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("cumtime").print_stats(25)
-    where = [line for line in text.getvalue().splitlines() if line.strip()][-25:]
     phase = "cold" if spec["cold"] else "warm"
     from epifuse.runtime import ahead
-    return {f"{phase}_s": seconds, f"{phase}_profile": where,
-            "compiled_ahead": {"jobs_done": ahead.COMPLETED[0], "failures": [repr(e)[:300] for _, e in ahead.FAILURES]}}
+    result = {f"{phase}_s": seconds,
+              "compiled_ahead": {"jobs_done": ahead.COMPLETED[0], "failures": [repr(e)[:300] for _, e in ahead.FAILURES]}}
+    if profiler is not None:
+        import io
+        import pstats
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumtime").print_stats(25)
+        result = {f"{phase}_profiled_s": seconds, f"{phase}_profile":
+                  [line for line in text.getvalue().splitlines() if line.strip()][-25:]}
+    return result
 
 
 def recorded_choices(paths: list[str]) -> dict:
@@ -245,12 +252,17 @@ def measure(cfg, save=lambda result: None) -> dict:
                             "tokens": 1024, "hidden": 4096, "ffn": 16384, "seed": cfg.seed, "cold": True}
                     child = in_child(training_child, spec)
                     training[f"{name}_s"].append(child.get("cold_s"))
-                    training[f"{name}_profile"] = child.get("cold_profile")
                     training[f"{name}_compiled_ahead"] = child.get("compiled_ahead")
                     if "error" in child:
                         training[f"{name}_error"] = child["error"]
             training.update(in_child(training_child, {**spec, "env": {**spec["env"], "EPIFUSE_COMPILE_AHEAD": "1"},
                                                       "cold": False}))
+            if cfg.training_profile:   # one more cold step of each kind, under cProfile (slower)
+                for ahead, name in (("1", "cold"), ("0", "cold_without_compile_ahead")):
+                    child = in_child(training_child, {**spec, "profile": True, "env": {
+                        **spec["env"], **_caches(root, f"training_{name}_profiled"), "EPIFUSE_COMPILE_AHEAD": ahead}})
+                    training[f"{name}_profiled_s"] = child.get("cold_profiled_s")
+                    training[f"{name}_profile"] = child.get("cold_profile", child.get("error"))
             print(f"training step: {training}", file=sys.stderr, flush=True)
     return {"gpu": gpu, "policy": cfg.policy, "rows": rows, "training": training}
 
@@ -277,6 +289,8 @@ def main(argv=None) -> int:
                    help="EPIFUSE_COMPILE_AHEAD of the gemm cases (0: tuning compiles each kernel before timing it)")
     p.add_argument("--training", action="store_true")
     p.add_argument("--training-rounds", type=int, default=2, help="cold first steps with and without compiling ahead")
+    p.add_argument("--training-profile", action="store_true",
+                   help="one more cold step with and one without compiling ahead, under cProfile (not timings)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)

@@ -526,12 +526,14 @@ def backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, optio
                             launch=None) -> list:
     """Plan and compile the kernels of the backward of a forward call given by its tensors'
     layouts (A, B, then the tensor operands), from stand-ins (stand_in.py): what `_backward` would run
-    once every visible floating-point output has a gradient. `launch` (tests) replaces the
-    compile of each call. Returns the GemmArguments compiled for (stand-ins), in call order."""
+    once every visible floating-point output has a gradient. Every call is planned first, in
+    this thread; then all their kernels compile at once in runtime/ahead.py's pool, and this
+    returns when they have. `launch` (tests) replaces the planning and compile of each call.
+    Returns (GemmArguments of stand-ins, kernel) for each kernel compiled, in call order."""
     e = resolve(epilogue)
     device = layouts[0][4]
-    compiled: list = []
-    compile_call = launch or (lambda *call: _compile_only(*call, compiled=compiled))
+    planned: list = []
+    compile_call = launch or (lambda *call: _compile_only(*call, planned=planned))
     with stand_ins(), torch.no_grad(), torch.autocast(device.type, enabled=False), target.on_device(device):
         A, B, *tensors = [stand_in(*layout) for layout in layouts]
         forward_values = unpack(e.program.operands, tensors, numbers, kinds)
@@ -543,16 +545,26 @@ def backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, optio
         _, _, wrt = _differentiated(e, kinds, needs)
         seeded = tuple(name for name, (_, dtype) in zip(e.output_names[:e.visible], specs) if dtype.is_floating_point)
         if not wrt or not seeded:
-            return compiled
+            return []
         plan = _backward_plan(epilogue, roles, len(accum_shape), wrt, seeded)
         grads = {name: outputs[k] for k, name in enumerate(e.output_names) if name in seeded}
         _Step(options, graph, accum_shape, values, accum, A, B, up, launch=compile_call).run(plan, grads)
+    jobs = [job for _, _, job in planned if job is not None]
+    errors = iter([future.exception() for future in ahead.compile_all(jobs)] if jobs else [])
+    compiled = []
+    for args, kernel, job in planned:
+        error = next(errors) if job is not None else None
+        if error is None:
+            compiled.append((args, kernel))
+        else:
+            ahead.note_failure(("compile", repr(kernel)), error)
     return compiled
 
 
-def _compile_only(epilogue, A, B, program, values, out_dtypes, options, compiled: list) -> list:
+def _compile_only(epilogue, A, B, program, values, out_dtypes, options, planned: list) -> list:
     """A backward call as `_run` makes it, planned from stand-ins: its kernel chosen (where that
-    needs no timing) and compiled, nothing launched; its outputs are stand-ins too."""
+    needs no timing) and planned, and its compile appended to `planned` as (args, kernel, job),
+    job None where nothing is left to compile; nothing launched. Its outputs are stand-ins too."""
     compute_dtype, deterministic, precision = options
     specs, names = _planned_outputs(epilogue, resolve(epilogue), A, B, values, out_dtypes, compute_dtype)
     outs = [empty_stand_in(shape, dtype, A.device) for shape, dtype in specs]
@@ -561,11 +573,11 @@ def _compile_only(epilogue, A, B, program, values, out_dtypes, options, compiled
     args = GemmArguments(A, B, epilogue=epi, precision=precision)
     for kernel in kernels_to_compile(args, time_heavy=epilogue in _TIME_HEAVY):
         try:
-            kernel.compile(args, load=False)
-        except Exception as error:  # noqa: BLE001 - the real call compiles it again and raises there
+            job = kernel.compile_job(args)
+        except Exception as error:  # noqa: BLE001 - the real call plans it again and raises there
             ahead.note_failure(("compile", repr(kernel)), error)
             continue
-        compiled.append((args, kernel))
+        planned.append((args, kernel, job))
     return outs
 
 

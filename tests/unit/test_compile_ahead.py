@@ -124,8 +124,7 @@ def test_the_calls_planned_ahead_are_the_calls_the_backward_makes(case, recomput
 
     def record(*call):
         planned.append(_described(*call))
-        compiled = []
-        return torch_ops._compile_only(*call, compiled=compiled)
+        return torch_ops._compile_only(*call, planned=[])
     torch_ops.backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, options, needs, launch=record)
     assert planned, "nothing planned ahead"
     made.clear()
@@ -280,3 +279,89 @@ def test_the_backward_waits_on_the_key_queued_even_when_saved_tensors_come_back_
         D = torch_ops.gemm(A, W.t(), "def e(accum):\n    D = tanh(accum)\n    return D\n")
     (D * torch.randn_like(D)).sum().backward()
     assert len(queued) == 1 and settled == queued
+
+
+# ---- a backward's compiles run at once, and Triton is set up once --------------------------------
+
+def test_a_backward_plans_every_call_then_compiles_them_all_at_once(monkeypatch):
+    """backward_from_stand_ins plans each call of the backward in the worker's thread, then
+    compiles all of them in the pool together: a barrier that only opens when every compile
+    is running at once passes. A compile that fails is recorded and left out of the result."""
+    A = torch.randn(8, 12, requires_grad=True)
+    B = torch.randn(12, 16, requires_grad=True)
+    source = CASES["row_max"][0]   # its backward makes two calls (the max's and the tiles')
+    key = torch_ops._describe(source, True)[0]
+    layouts = [torch_ops._layout(t) for t in (A, B)]
+    options, needs = (torch.float32, False, "default"), (True, True, ())
+    calls = []
+    torch_ops.backward_from_stand_ins(key, layouts, [], "", "", options, needs,
+                                      launch=lambda *call: calls.append(call) or torch_ops._compile_only(*call, planned=[]))
+    assert len(calls) >= 2, "this backward makes one call: it cannot show compiles overlapping"
+    barrier = threading.Barrier(len(calls), timeout=10)
+    seen = []
+
+    class Kernel:
+        def __init__(self, n):
+            self.n = n
+
+        def compile_job(self, args):
+            seen.append(("planned", self.n, threading.current_thread().name))
+
+            def job():
+                barrier.wait()   # raises BrokenBarrierError unless all compile at once
+                seen.append(("compiled", self.n, threading.current_thread().name))
+                if self.n == 0:
+                    raise RuntimeError("this compile fails")
+            return job
+
+        def __repr__(self):
+            return f"<kernel {self.n}>"
+    counter = iter(range(100))
+    monkeypatch.setattr(torch_ops, "kernels_to_compile", lambda args, time_heavy=False: [Kernel(next(counter))])
+    failed = ahead.FAILED[0]
+    compiled = torch_ops.backward_from_stand_ins(key, layouts, [], "", "", options, needs)
+    here = threading.current_thread().name
+    assert [n for step, n, thread in seen if step == "planned" and thread == here] == list(range(len(calls)))
+    assert sorted(n for step, n, thread in seen if step == "compiled" and thread.startswith("epifuse-compile")) \
+        == list(range(len(calls)))
+    assert [repr(kernel) for _, kernel in compiled] == [f"<kernel {n}>" for n in range(1, len(calls))]
+    assert ahead.FAILED[0] == failed + 1 and "this compile fails" in str(ahead.FAILURES[-1][1])
+
+
+def test_triton_is_set_up_once_however_many_threads_compile(monkeypatch):
+    """compiled.set_up: the first caller makes Triton's driver, threads arriving meanwhile wait
+    for it rather than make their own, and a set-up that fails is left to the compile (no
+    raise). The hash of Triton's installation is computed under the same lock, once."""
+    from types import SimpleNamespace
+
+    from epifuse.runtime import compiled
+    monkeypatch.setattr(compiled, "SET_UP", threading.Event())
+    started, release, made = threading.Event(), threading.Event(), []
+
+    def make_driver():
+        made.append(threading.current_thread().name)
+        started.set()
+        release.wait(10)
+        return 0
+    fake = SimpleNamespace(driver=SimpleNamespace(active=SimpleNamespace(get_current_device=make_driver)))
+    monkeypatch.setattr(compiled, "triton_api", lambda: fake)
+    compiled.set_up_soon()
+    assert started.wait(10)
+    callers = [threading.Thread(target=compiled.set_up) for _ in range(4)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(0.2)
+    assert all(caller.is_alive() for caller in callers)   # waiting on the set-up thread
+    release.set()
+    for caller in callers:
+        caller.join(10)
+    assert made == ["epifuse-triton-set-up"] and compiled.SET_UP.is_set()
+
+    monkeypatch.setattr(compiled, "SET_UP", threading.Event())
+    monkeypatch.setattr(compiled, "triton_api", lambda: 1 / 0)
+    compiled.set_up()   # a failing step does not raise here
+    assert compiled.SET_UP.is_set()
+
+    monkeypatch.setattr(compiled, "_triton_key", lambda: 1 / 0)
+    compiled._key_triton()   # nor here

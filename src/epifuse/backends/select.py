@@ -17,7 +17,7 @@ from ..arguments import GemmArguments
 from ..grouped_arguments import GroupedGemmArguments
 from ..errors import EpilogueArgumentError, UnsupportedError
 from ..ir import fed_reductions
-from ..runtime import tune
+from ..runtime import ahead, compiled, tune
 from .base import remember_supported
 from .reference import GroupedReference, ReferenceKernel
 from .triton import configs
@@ -177,6 +177,9 @@ def choose_kernel(args: GemmArguments, time_heavy: bool = False):
         remember_supported(args, (kernel,))
         return kernel
     generation = tune.generation()
+    device = args.A.device
+    if device.type == "cuda" and ahead.enabled() and not target.uses_interpreter(device):
+        compiled.set_up_soon()   # Triton's one-time set-up, while this thread chooses and plans
     kernels = get_kernels(args)
     if not kernels:
         raise UnsupportedError("No kernel supports these arguments.")

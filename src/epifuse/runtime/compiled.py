@@ -36,9 +36,9 @@ _HASH = re.compile(r"[0-9a-f]{64}")
 _ENTRY = re.compile(rb"[0-9a-f]{64}\n?")  # an index entry: what _record writes
 _ENTRY_BYTES = 65
 LOADED = [0]  # kernels this process took from the index (for tests and the start-up benchmark)
-# Set once a warmup has returned in this process: Triton's one-time set-up (its driver, its own
-# cache key) is done, so compiles in other threads no longer each redo it (runtime/ahead.py)
+# Set once Triton's driver is made (set_up) in this process
 SET_UP = threading.Event()
+_SET_UP_LOCK = threading.Lock()
 _BIND_LOCK = threading.Lock()
 LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
 _OTHER_KEY = "Triton keyed the launch otherwise than the index (a Triton this module does not know)"
@@ -144,10 +144,70 @@ def _load(kernel, entry: str, binding) -> object | None:
     return compiled if compiled.name == kernel.fn.__name__ else None
 
 
+def set_up() -> None:
+    """Triton's driver, made once in this process: its first use builds (once per machine)
+    and loads a small CUDA helper module, 0.3-0.4 s on an H200 host. Every warmup calls this
+    first: the first caller does the work and threads arriving meanwhile wait for it, rather
+    than each make a driver of their own. A step that fails here is left to the compile,
+    which does it again and raises there."""
+    if SET_UP.is_set():
+        return
+    with _SET_UP_LOCK:
+        if SET_UP.is_set():
+            return
+        try:
+            triton_api().driver.active.get_current_device()
+        except Exception:  # noqa: BLE001 - the compile redoes it and raises there
+            pass
+        finally:
+            SET_UP.set()
+
+
+def set_up_soon() -> None:
+    """set_up() in a daemon thread, while the caller parses, chooses and plans its first
+    kernel; the caller's warmup then waits for whatever is left of it (set_up)."""
+    if SET_UP.is_set() or _SET_UP_LOCK.locked():
+        return
+    threading.Thread(target=set_up, name="epifuse-triton-set-up", daemon=True).start()
+
+
+def _key_triton() -> None:
+    """The hash of Triton's installation that starts every compile's key (0.3-0.4 s, cached by
+    Triton once computed), computed once before a compile: threads compiling at once would
+    each compute it, as Triton's cache does not lock. Not computed for a kernel the index
+    serves, which never needs it (a warm start)."""
+    with _SET_UP_LOCK:
+        try:
+            _triton_key()()
+        except Exception:  # noqa: BLE001 - the compile computes it again and raises there
+            pass
+
+
+def _triton_key():
+    """Triton's function hashing its installation (cached per process by Triton), where this
+    Triton keeps it."""
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        from triton.compiler.compiler import triton_key
+    return triton_key
+
+
+def _after_fork_in_child() -> None:
+    """A set-up thread of the parent may have held the lock at the fork: the child's is new."""
+    global _SET_UP_LOCK
+    _SET_UP_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def bind(kernel) -> None:
     """Make the JIT function's cache for the current device in this thread: Triton makes it on
     first use (a defaultdict whose factory is Python code), so threads compiling the function's
     configs at once would each make one, and all but one compiled kernel would be lost."""
+    set_up()   # before the first use of Triton's driver, which set_up makes once
     try:
         device = triton_api().driver.active.get_current_device()
         with _BIND_LOCK:
@@ -171,10 +231,8 @@ def prepare(kernel, values, grid, meta) -> None:
 
 def warmup(kernel, values, grid, meta):
     """kernel.warmup(*values, grid=grid, **meta), served from the index when it can be."""
-    bind(kernel)   # every thread's first use of the JIT function goes through the lock
-    compiled = _warmup(kernel, values, grid, meta)
-    SET_UP.set()
-    return compiled
+    bind(kernel)   # Triton set up, and every thread's first use of the JIT function under the lock
+    return _warmup(kernel, values, grid, meta)
 
 
 def _warmup(kernel, values, grid, meta):
@@ -184,6 +242,7 @@ def _warmup(kernel, values, grid, meta):
         LAST_FALLBACK[0] = repr(error)
         found = None
     if found is None:
+        _key_triton()
         return kernel.warmup(*values, grid=grid, **meta)
     kernel_cache, key, entry, binding = found
     if key not in kernel_cache:
@@ -201,6 +260,8 @@ def _warmup(kernel, values, grid, meta):
                 kernel_cache.pop(key, None)
                 LAST_FALLBACK[0] = _OTHER_KEY
             return launched
+    if key not in kernel_cache:   # Triton compiles it now
+        _key_triton()
     compiled = kernel.warmup(*values, grid=grid, **meta)
     if kernel_cache.get(key) is not compiled:  # Triton keyed it otherwise: an entry would never be asked for
         LAST_FALLBACK[0] = _OTHER_KEY

@@ -572,36 +572,29 @@ def _time_all(args, kernels, mode: str = "full"):
 
 
 def _compile_before_timing(scratch, kernels) -> None:
-    """On a GPU, compile every kernel before any is timed, several at once in runtime/ahead.py's
+    """On a GPU, compile every kernel before any is timed, all at once in runtime/ahead.py's
     pool (Triton spends most of a compile in ptxas and a launcher build, separate processes),
     waiting for all: each timing then finds its kernel compiled, and no compile competes with a
-    timing for the host. In a process that has not compiled yet, the first kernel compiles in
-    this thread first: with it Triton's one-time set-up (its driver, its own cache key), which
-    threads starting together would each redo. Each kernel's plan is built here, on `scratch`
-    (Kernel.compile_job: its buffers on this thread's stream, kept on scratch for the timing);
-    the pool only compiles. A kernel that fails to plan or compile is left to its timing, which
-    fails and drops it. Nothing here (each kernel compiles before its own timing) while the
-    current stream captures a CUDA graph (no timing runs then either), under the interpreter,
-    or with EPIFUSE_COMPILE_AHEAD=0."""
+    timing for the host. Triton's one-time set-up is done here first (compiled.set_up), so the
+    pool's threads start compiling together rather than wait on it one by one. Each kernel's
+    plan is built here, on `scratch` (Kernel.compile_job: its buffers on this thread's stream,
+    kept on scratch for the timing); the pool only compiles. A kernel that fails to plan or
+    compile is left to its timing, which fails and drops it. Nothing here (each kernel
+    compiles before its own timing) while the current stream captures a CUDA graph (no timing
+    runs then either), under the interpreter, or with EPIFUSE_COMPILE_AHEAD=0."""
     device = scratch.A.device
     if len(kernels) < 2 or device.type != "cuda" or uses_interpreter(device) or capturing(device) \
             or not ahead.enabled():
         return
-    rest = list(dict.fromkeys(kernels))
-    if not compiled_index.SET_UP.is_set():
-        first = rest.pop(0)
-        try:
-            first.compile(scratch)
-        except Exception:  # noqa: BLE001 - its timing raises it again and drops the kernel
-            pass
     jobs = []
-    for kernel in rest:
+    for kernel in dict.fromkeys(kernels):
         try:
             job = kernel.compile_job(scratch)
         except Exception:  # noqa: BLE001 - its timing raises it again and drops the kernel
             job = None
         if job is not None:
             jobs.append(job)
+    compiled_index.set_up()
     for future in ahead.compile_all(jobs):
         future.exception()   # waits; a failed compile fails again in its timing
 
