@@ -119,6 +119,18 @@ def test_far_from_every_entry_fast_times_the_tables_choices_at_its_other_shapes(
     assert gpu == [("fast", firsts[:tune.SHORT_LIST])]
 
 
+def test_fast_takes_an_epilogue_pass_without_a_main_loop_untimed(gpu, monkeypatch):
+    """K = 0 (the backward's elementwise pass) near no entry: the untimed order's first kernel,
+    nothing timed or compiled besides it; full tuning still times every candidate."""
+    kernels = [Fake(f"<k{i}>") for i in range(6)]
+    args = _args(1024, 16384, 0)
+    assert tune.choose(args, kernels) is kernels[0] and gpu == []
+    assert tune.to_compile(args, kernels) == [kernels[0]]
+    monkeypatch.setenv("EPIFUSE_TUNE", "full")
+    assert tune.choose(args, kernels) is kernels[-1]
+    assert gpu == [("full", [f"<k{i}>" for i in range(6)])]
+
+
 def test_fast_times_a_short_list_far_from_the_table_and_remembers_it(gpu):
     """An unknown shape: the first SHORT_LIST candidates are timed once; the next call with the
     same problem takes the remembered winner, and full tuning is not answered by it."""

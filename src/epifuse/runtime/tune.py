@@ -4,7 +4,12 @@
                   the shipped table of tuned choices for this GPU model and the nearest shape
                   (runtime/shipped.py), untimed: one compile; else SHORT_LIST kernels are timed
                   and the winner remembered: the table's choices at its other shapes, nearest
-                  first, or on a GPU without a table the first of the untimed order. The
+                  first, or on a GPU without a table the first of the untimed order. A
+                  problem with K = 0 (an epilogue pass without a main loop, as a backward's)
+                  near no entry takes the untimed order's first, untimed: the table's GEMM
+                  choices say nothing of it, and on an H200 (2026-11-29, the FusedLinear MLP's
+                  GELU backward at 1024, 4096 and 16384 tokens) the short list's winner was the
+                  untimed first each time, at 0.945, 1.00 and 1.00 of full tuning's. The
                   compile backend's fused GEMMs (choose's `time_heavy`) whose epilogue moves
                   HEAVY_BYTES or more per output element time HEAVY_SHORT_LIST kernels of the
                   table's ranking instead of taking its first, which was ranked over light ones.
@@ -320,6 +325,8 @@ def _decide(args, kernels: list, time_heavy: bool):
             return None, (heavy, heavy_key, "fast")
     if order:
         return order[0], None
+    if args.K == 0:   # the epilogue alone, no main loop: the table's GEMM choices say nothing of it
+        return generated[0], None
     short = shipped.short_list(args, generated, _gpu_name(args), SHORT_LIST) or generated[:SHORT_LIST]
     short_key = f"{key}|short {candidates_digest(short)}"
     remembered = by_name.get(_remembered(short_key))
