@@ -378,7 +378,7 @@ class _Step:
 
     def __init__(self, options, graph, accum_shape, values, accum, A, B, up=None, launch=None):
         self.options, self.values, self.accum, self.up = options, values, accum, up
-        self.launch = launch or _call   # _compile_only: plan and compile from stand-ins
+        self.launch = launch or _call   # _compile_only: choose and plan from stand-ins
         self.accum_shape = accum_shape
         self.axes = AXES[3 - len(accum_shape):]
         self.reductions = {o.name: o.node.dims for o in graph.outputs if o.node.op.is_reduction}

@@ -332,8 +332,6 @@ def test_triton_is_set_up_once_however_many_threads_compile(monkeypatch):
     """compiled.set_up: the first caller makes Triton's driver, threads arriving meanwhile wait
     for it rather than make their own, and a set-up that fails is left to the compile (no
     raise). The hash of Triton's installation is computed under the same lock, once."""
-    from types import SimpleNamespace
-
     from epifuse.runtime import compiled
     monkeypatch.setattr(compiled, "SET_UP", threading.Event())
     started, release, made = threading.Event(), threading.Event(), []
@@ -342,9 +340,7 @@ def test_triton_is_set_up_once_however_many_threads_compile(monkeypatch):
         made.append(threading.current_thread().name)
         started.set()
         release.wait(10)
-        return 0
-    fake = SimpleNamespace(driver=SimpleNamespace(active=SimpleNamespace(get_current_device=make_driver)))
-    monkeypatch.setattr(compiled, "triton_api", lambda: fake)
+    monkeypatch.setattr(compiled, "_make_driver", make_driver)
     compiled.set_up_soon()
     assert started.wait(10)
     callers = [threading.Thread(target=compiled.set_up) for _ in range(4)]
@@ -359,9 +355,24 @@ def test_triton_is_set_up_once_however_many_threads_compile(monkeypatch):
     assert made == ["epifuse-triton-set-up"] and compiled.SET_UP.is_set()
 
     monkeypatch.setattr(compiled, "SET_UP", threading.Event())
-    monkeypatch.setattr(compiled, "triton_api", lambda: 1 / 0)
+    monkeypatch.setattr(compiled, "_make_driver", lambda: 1 / 0)
     compiled.set_up()   # a failing step does not raise here
     assert compiled.SET_UP.is_set()
 
     monkeypatch.setattr(compiled, "_triton_key", lambda: 1 / 0)
     compiled._key_triton()   # nor here
+
+
+def test_a_process_exits_without_waiting_for_queued_compiles():
+    """The pool's threads are daemons: a process that ends with compiles still queued (one
+    forward with grad, then exit) exits at once rather than run each of them first."""
+    import subprocess
+    import sys
+    import time
+    code = ("import time\nfrom epifuse.runtime import ahead\n"
+            "futures = ahead.compile_all([lambda: time.sleep(20)] * 8)\nprint('queued', flush=True)\n")
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": __import__("os").pathsep.join(sys.path)})
+    assert out.returncode == 0 and "queued" in out.stdout, out.stderr[-2000:]
+    assert time.perf_counter() - start < 15   # waiting for the eight would take 40 s (four threads, 20 s each)

@@ -8,9 +8,9 @@ so compiles in threads overlap even under the GIL. Two uses:
 - A training step's backward: a cold step compiles each layer's forward kernel, then, in the
   backward, each layer's backward kernel. The backward's problem is known as soon as its
   forward is called (the same A and B, or the saved accum; gradients shaped as the outputs),
-  so the forward queues it here (torch_ops) and a worker plans, chooses and compiles its kernel
-  from stand-ins (stand_in.py: metadata without memory; nothing is allocated or launched)
-  while the caller's thread compiles and runs the forward. `soon(key, job)` queues `job` once
+  so the forward queues it here (torch_ops) and a worker plans and chooses its kernels from
+  stand-ins (stand_in.py: metadata without memory; nothing is allocated or launched) and has
+  the pool compile them, while the caller's thread compiles and runs the forward. `soon(key, job)` queues `job` once
   per `key` in this process; `settle(key)` waits for that job if it is queued or running, so
   the caller that needs the kernel takes the compiled one instead of compiling it a second time
   alongside the worker. A job's exception is kept in FAILURES (for tests and debugging) and
@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from queue import SimpleQueue
 
-WORKERS = 2            # threads compiling backward kernels at once, besides the caller's
+WORKERS = 2            # threads planning backward jobs at once (their compiles run in the pool)
 POOL_THREADS = 4       # threads compile_all compiles in at once
 SETTLE_TIMEOUT_S = 120.0   # settle() gives up waiting after this (the caller then compiles itself)
 KEYS_KEPT = 4096       # keys remembered as queued once (least recently queued dropped)
@@ -66,7 +67,39 @@ def soon(key, job) -> bool:
     return True
 
 
-_POOL: list = []   # the ThreadPoolExecutor of compile_all, made on first use
+class _Pool:
+    """Daemon threads running submitted jobs, at most `threads` at once. Daemon threads, unlike
+    ThreadPoolExecutor's: a process that ends while a backward's compiles are still queued (a
+    script that ran one forward with grad) exits at once instead of waiting for every one."""
+
+    def __init__(self, threads: int, name: str):
+        self._jobs: SimpleQueue = SimpleQueue()
+        self._threads, self._name, self._started = threads, name, 0
+        self._lock = threading.Lock()
+
+    def submit(self, job) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, job))
+        with self._lock:
+            if self._started < self._threads:
+                self._started += 1
+                threading.Thread(target=self._work, name=f"{self._name}_{self._started - 1}", daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, job = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = job()
+            except BaseException as error:  # noqa: BLE001 - kept in the future, as an executor does
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+
+_POOL: list = []   # the _Pool of compile_all, made on first use
 
 
 def compile_all(jobs: list) -> list[Future]:
@@ -74,7 +107,7 @@ def compile_all(jobs: list) -> list[Future]:
     once; their futures, in order. A job's exception stays in its future."""
     with _LOCK:
         if not _POOL:
-            _POOL.append(ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="epifuse-compile"))
+            _POOL.append(_Pool(POOL_THREADS, "epifuse-compile"))
         pool = _POOL[0]
     return [pool.submit(job) for job in jobs]
 

@@ -36,7 +36,7 @@ _HASH = re.compile(r"[0-9a-f]{64}")
 _ENTRY = re.compile(rb"[0-9a-f]{64}\n?")  # an index entry: what _record writes
 _ENTRY_BYTES = 65
 LOADED = [0]  # kernels this process took from the index (for tests and the start-up benchmark)
-# Set once Triton's driver is made (set_up) in this process
+# Set once set_up has run in this process (whether or not making Triton's driver succeeded)
 SET_UP = threading.Event()
 _SET_UP_LOCK = threading.Lock()
 _BIND_LOCK = threading.Lock()
@@ -156,7 +156,7 @@ def set_up() -> None:
         if SET_UP.is_set():
             return
         try:
-            triton_api().driver.active.get_current_device()
+            _make_driver()
         except Exception:  # noqa: BLE001 - the compile redoes it and raises there
             pass
         finally:
@@ -169,6 +169,13 @@ def set_up_soon() -> None:
     if SET_UP.is_set() or _SET_UP_LOCK.locked():
         return
     threading.Thread(target=set_up, name="epifuse-triton-set-up", daemon=True).start()
+
+
+def _make_driver() -> None:
+    """Triton's driver for this machine's GPUs, made on first use (a Triton whose other
+    internals moved, which triton_api reports, still has this)."""
+    from triton.runtime.driver import driver
+    driver.active.get_current_device()
 
 
 def _key_triton() -> None:

@@ -138,7 +138,7 @@ class TritonKernel(Kernel):
     # ---- compile and run -----------------------------------------------------------------------
     def compile(self, args, load: bool = True) -> None:
         """Compile the kernel for `args` (stand-ins too) and load it onto the GPU. `load=False`
-        (a worker compiling ahead, runtime/ahead.py) compiles and builds its launcher but loads
+        (compiling ahead, runtime/ahead.py) compiles and builds its launcher but loads
         nothing onto the GPU, which another thread's CUDA graph capture would not allow; the
         first run loads it."""
         if not load:
