@@ -46,92 +46,22 @@ True
 """
 from __future__ import annotations
 
-import math
 import sys
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-from . import sharding
-from .allocation import epilogue_accum_shape, output_specs, reduction_dtype
-from .arguments import EpilogueArguments, GemmArguments, bound_graph, check_keywords, default_compute_dtype
-from .autodiff import derive, restrict
-from .backends.select import choose_kernel, kernels_to_compile
+from . import backward_ahead, sharding
+from .arguments import EpilogueArguments, GemmArguments, check_keywords, default_compute_dtype
+from .backends.select import choose_kernel
 from .epilogue_table import _TIME_HEAVY, Entry, _describe, entry, read_key, register_epilogue, resolve
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
-from .frontend import Program
-from .ir import AXES
-from .ops import dtype_from_name, dtype_name
-from .printing import FreshNames, graph_source
-from .backends.triton import device as target
+from .op_backward import Step, backward_plan, differentiated
+from .op_planning import bind_operands, op_output_specs, pack, planned_outputs, unpack
+from .ops import dtype_name
 from .runtime import ahead, callsite, tune
-from .shapes import check_tensor, classify_operand
-from .stand_in import empty as empty_stand_in
-from .stand_in import stand_in, stand_ins
-
-
-# ---- planning: roles, bound graph, output shapes (shared by the real and the fake impls) -----
-
-def pack(names, values: dict) -> tuple[list, list, str]:
-    """Operands by name -> (tensors, numbers, kinds) as the ops take them."""
-    tensors, numbers, kinds = [], [], ""
-    for name in names:
-        value = values[name]
-        if isinstance(value, Tensor):
-            tensors.append(value)
-            kinds += "t"
-        else:
-            numbers.append(float(value))
-            kinds += "n"
-    return tensors, numbers, kinds
-
-
-def unpack(names, tensors, numbers, kinds: str) -> dict:
-    if len(kinds) != len(names) or kinds.count("t") != len(tensors) \
-            or kinds.count("n") != len(numbers):
-        raise EpilogueArgumentError(
-            f"epifuse::gemm got operands {kinds!r} ({len(tensors)} tensors, {len(numbers)} "
-            f"numbers) for {', '.join(names) or 'no operands'}.")
-    t, n = iter(tensors), iter(numbers)
-    return {name: next(t) if kind == "t" else next(n) for name, kind in zip(names, kinds)}
-
-
-def _plan(program: Program, A: Tensor, B: Tensor, values: dict):
-    accum_shape = epilogue_accum_shape(program, A, B)
-    roles = tuple(classify_operand(name, values[name], accum_shape, A.device)[0]
-                  for name in program.operands)
-    graph, _ = bound_graph(program, roles, len(accum_shape))
-    return program, graph, tuple(accum_shape), values, roles
-
-
-def _output_specs(e: Entry, graph, accum_shape, A: Tensor, out_dtypes: str, compute_dtype) -> list:
-    """(shape, dtype) of each output: epifuse.gemm's (allocation.output_specs), or as `out_dtypes`
-    says: "" (those), "tiles=float16" (the caller's tile outputs), or one name per output,
-    comma-separated ("" for the default)."""
-    tiles = out_dtypes.removeprefix("tiles=") if out_dtypes.startswith("tiles=") else ""
-    named = out_dtypes.split(",") if out_dtypes and not tiles else [""] * len(graph.outputs)
-    if len(named) != len(graph.outputs):
-        raise EpilogueArgumentError(f"out_dtypes {out_dtypes!r} names {len(named)} dtypes for "
-                                    f"{len(graph.outputs)} outputs.")
-    defaults = output_specs(graph, accum_shape, A, None, compute_dtype)
-    specs = []
-    for k, (out, spelled) in enumerate(zip(graph.outputs, named)):
-        shape, dtype = defaults[out.name]
-        if tiles and k < e.visible and not out.node.op.is_reduction:
-            dtype = _dtype(tiles)
-        specs.append((shape, _dtype(spelled) if spelled else dtype))
-    return specs
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = dtype_from_name(name)
-    if dtype is None:
-        raise EpilogueArgumentError(f"epifuse::gemm got the output dtype {name!r}, which names no torch dtype.")
-    return dtype
+from .shapes import check_tensor
 
 
 def _run(key, program, A, B, values, outputs, compute_dtype, deterministic, precision, accumulate):
@@ -141,17 +71,17 @@ def _run(key, program, A, B, values, outputs, compute_dtype, deterministic, prec
     layer and step, and building the arguments, the plan and Triton's first launch again costs
     a millisecond of host time, as long as the GEMM itself at a rank's share of a large layer."""
     tensors = {**values, **outputs}
-    backward_request = _take_backward_request()
+    backward_request = backward_ahead.take_request()
     signature = callsite.signature(key, A, B, tensors, ("op", compute_dtype, deterministic, precision, accumulate))
     site = callsite.lookup(signature)
     if site is not None:
         if backward_request is not None and not site.backward_queued:   # kept by a call without grad
-            _AHEAD_REQUEST.queued = _compile_backward_ahead(*backward_request)
+            backward_ahead.queue_requested(backward_request)
             site.backward_queued = True
         site.call(A, B, tensors)
         return
     if backward_request is not None:   # the first call of this layout: its backward compiles meanwhile
-        _AHEAD_REQUEST.queued = _compile_backward_ahead(*backward_request)
+        backward_ahead.queue_requested(backward_request)
     with torch.autocast(A.device.type, enabled=False):  # the epilogue owns its dtypes
         epi = EpilogueArguments(program, accumulate=accumulate, deterministic=deterministic,
                                 compute_dtype=compute_dtype, **values, **outputs)
@@ -173,47 +103,21 @@ def _gemm(epilogue: str, A: Tensor, B: Tensor, tensors: list[Tensor], numbers: l
           precision: str) -> list[Tensor]:
     e = resolve(epilogue)
     values = unpack(e.program.operands, tensors, numbers, kinds)
-    specs, names = _planned_outputs(epilogue, e, A, B, values, out_dtypes, compute_dtype)
+    specs, names = planned_outputs(epilogue, e, A, B, values, out_dtypes, compute_dtype)
     outs = [torch.empty(shape, dtype=dtype, device=A.device) for shape, dtype in specs]
     _run(epilogue, e.program, A, B, values, dict(zip(names, outs)), compute_dtype, deterministic,
          precision, False)
     return outs
 
 
-_LOCK = threading.Lock()   # the output plans'
-_OUTPUT_PLANS: OrderedDict = OrderedDict()   # (epilogue, tensors' metadata, options) -> (specs, names)
-OUTPUT_PLANS_KEPT = 512
-
-
-def _planned_outputs(epilogue, e: Entry, A: Tensor, B: Tensor, values: dict, out_dtypes: str, compute_dtype):
-    """(shape, dtype) and name of each output of a call, remembered per epilogue and the
-    metadata of its tensors (a compiled graph calls the op with the same metadata every step,
-    and planning costs about 25 us of its host time). Only what was planned without error is
-    remembered; the call itself is checked as every call is (_run)."""
-    def meta(t):
-        return (t.shape, t.stride(), t.dtype, t.device, t.layout) if isinstance(t, Tensor) else None
-    key = (epilogue, meta(A), meta(B), tuple(meta(v) for v in values.values()), out_dtypes, compute_dtype)
-    with _LOCK:
-        found = _OUTPUT_PLANS.get(key)
-    if found is not None:
-        return found
-    program, graph, accum_shape, _, _ = _plan(e.program, A, B, values)
-    found = (_output_specs(e, graph, accum_shape, A, out_dtypes, compute_dtype), [o.name for o in graph.outputs])
-    with _LOCK:
-        _OUTPUT_PLANS[key] = found
-        while len(_OUTPUT_PLANS) > OUTPUT_PLANS_KEPT:
-            _OUTPUT_PLANS.popitem(last=False)
-    return found
-
-
 @_gemm.register_fake
 def _gemm_fake(epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype, deterministic,
                precision):
     e = resolve(epilogue)
-    _, graph, accum_shape, _, _ = _plan(e.program, A, B, unpack(e.program.operands, tensors,
+    _, graph, accum_shape, _, _ = bind_operands(e.program, A, B, unpack(e.program.operands, tensors,
                                                                numbers, kinds))
     return [A.new_empty(shape, dtype=dtype)
-            for shape, dtype in _output_specs(e, graph, accum_shape, A, out_dtypes, compute_dtype)]
+            for shape, dtype in op_output_specs(e, graph, accum_shape, A, out_dtypes, compute_dtype)]
 
 
 @torch.library.custom_op("epifuse::gemm_out", mutates_args=("outputs",))
@@ -231,75 +135,21 @@ def _gemm_out(epilogue: str, A: Tensor, B: Tensor, tensors: list[Tensor], number
 def _gemm_out_fake(epilogue, A, B, tensors, numbers, kinds, outputs, compute_dtype, accumulate,
                    deterministic, precision):
     e = resolve(epilogue)
-    _plan(e.program, A, B, unpack(e.program.operands, tensors, numbers, kinds))
+    bind_operands(e.program, A, B, unpack(e.program.operands, tensors, numbers, kinds))
     for name, t in zip(e.output_names, outputs):
         check_tensor(f"Output {name}", t)
     return None
 
 
-# ---- autograd -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _BackwardPlan:
-    """The registered backward epilogue of one forward (and, for max/min/amax outputs whose
-    rule reads the reduced value, the epilogue that recomputes those values first)."""
-
-    key: str | None
-    sources: dict
-    grads: dict
-    out_dtypes: tuple            # per backward output: "accum" | ("operand", name) | "reduce"
-    saved_name: str | None       # the operand that reads the saved accum (None: recompute)
-    pre_key: str | None
-    pre_outputs: tuple
-    saved_up_name: str | None = None   # a gated epilogue's: the operand reading the saved up half
-
-
-_PLANS: dict[tuple, _BackwardPlan] = {}
-
-
-def _backward_plan(epilogue: str, roles, rank, wrt, seeded) -> _BackwardPlan:
-    key = (epilogue, roles, rank, wrt, seeded)
-    plan = _PLANS.get(key)
-    if plan is not None:
-        return plan
-    e = resolve(epilogue)
-    user = e.user
-    graph, _ = bound_graph(user, roles, rank)
-    backward = derive(graph, wrt, seeded, rank)
-    taken = {"accum", *user.params, *backward.sources, *(o.name for o in backward.graph.outputs)}
-    fresh = FreshNames(taken)
-    saved = fresh.fresh("saved_accum") if e.saves_accum else None
-    saved_up = fresh.fresh("saved_up") if e.saves_accum and e.gated else None
-    source = graph_source(backward.graph, rank, f"{user.name}_backward", accum=saved or "accum", up=saved_up)
-    kinds = []
-    for out in backward.graph.outputs:
-        wrt_name = next(n for n, o in backward.grads.items() if o == out.name)
-        if wrt_name in ("accum", "accum_up"):
-            kinds.append("accum")
-        elif out.node.op.is_reduction:
-            kinds.append("reduce")
-        else:
-            kinds.append(("operand", wrt_name))
-    extremes = tuple(n for kind, n in backward.sources.values() if kind == "value")
-    pre_key = None
-    if extremes:
-        pre = restrict(graph, extremes)
-        pre_source = graph_source(pre, rank, f"{user.name}_extremes", accum=saved or "accum", up=saved_up)
-        pre_key = entry(register_epilogue(pre_source)).key
-    key_b = entry(register_epilogue(source)).key if backward.graph.outputs else None  # None: all zero
-    plan = _BackwardPlan(key_b, backward.sources, backward.grads,
-                         tuple(kinds), saved, pre_key, extremes, saved_up)
-    _PLANS[key] = plan
-    return plan
-
+# ---- autograd: the backward (op_backward.py), its kernels compiled ahead (backward_ahead.py) ---
 
 def _setup_context(ctx, inputs, output):
     epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype, deterministic, precision = inputs
     e = resolve(epilogue)
     ctx.epilogue, ctx.numbers, ctx.kinds, ctx.out_dtypes = epilogue, list(numbers), kinds, out_dtypes
     # the job compiling this call's backward ahead, if its forward queued one (_run), and the
-    # outputs it expects gradients for (backward_from_stand_ins)
-    ctx.ahead_key = _take_queued_key()
+    # outputs it expects gradients for (backward_ahead.backward_from_stand_ins)
+    ctx.ahead_key = backward_ahead.take_queued_key()
     ctx.float_visible = tuple(name for name, o in zip(e.output_names[:e.visible], output) if o.is_floating_point())
     ctx.options = (compute_dtype, deterministic, precision)
     ctx.needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in tensors))
@@ -310,17 +160,6 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)   # unused outputs stay None: their gradients are not read
 
 
-def _differentiated(e: Entry, kinds: str, needs) -> tuple:
-    """(the tensor operands' names, the accumulators, `wrt`: what the backward differentiates
-    with respect to) for a forward of `e` whose inputs need grad as `needs` says."""
-    need_a, need_b, need_ops = needs
-    tensor_names = [name for name, kind in zip(e.user.operands, kinds) if kind == "t"]
-    accumulators = ("accum", "accum_up") if e.gated else ("accum",)
-    wrt = (accumulators if need_a or need_b else ()) + tuple(
-        name for name, need in zip(tensor_names, need_ops) if need)
-    return tensor_names, accumulators, wrt
-
-
 def _backward(ctx, grads):
     e = resolve(ctx.epilogue)
     A, B, *tensors = ctx.saved_tensors
@@ -328,12 +167,12 @@ def _backward(ctx, grads):
     accum = tensors.pop() if e.saved else None
     user = e.user
     values = unpack(user.operands, tensors, ctx.numbers, ctx.kinds)
-    _, graph, accum_shape, values, roles = _plan(user, A, B, values)
+    _, graph, accum_shape, values, roles = bind_operands(user, A, B, values)
     need_a, need_b, need_ops = ctx.needs
-    tensor_names, accumulators, wrt = _differentiated(e, ctx.kinds, ctx.needs)
+    tensor_names, accumulators, wrt = differentiated(e, ctx.kinds, ctx.needs)
     seeded = tuple(name for name, g in zip(e.output_names[:e.visible], grads) if g is not None)
     if ctx.ahead_key is not None and ahead.pending():
-        _settle_ahead(ctx, grads[:e.visible], seeded)
+        backward_ahead.settle(ctx, grads[:e.visible], seeded)
     # The saved accum is an output too: differentiating the backward (create_graph=True) sends
     # it a gradient, which is accum's own (saved_accum = accum; a gated one's saved_up = accum_up).
     saved_grads = dict(zip(accumulators, grads[len(grads) - e.saved:])) if e.saved else {}
@@ -343,10 +182,10 @@ def _backward(ctx, grads):
     no_numbers = [] if not ctx.numbers else None
     if not wrt or not (seeded or (saved_grads and "accum" in wrt)):
         return (None, None, None, result_ops, no_numbers) + (None,) * 5
-    step = _Step(ctx.options, graph, accum_shape, values, accum, A, B, up)
+    step = Step(ctx.options, graph, accum_shape, values, accum, A, B, up)
     plan, results = None, {}
     if seeded:
-        plan = _backward_plan(ctx.epilogue, roles, len(accum_shape), wrt, seeded)
+        plan = backward_plan(ctx.epilogue, roles, len(accum_shape), wrt, seeded)
         results = step.run(plan, dict(zip(e.output_names, grads)))
     grad_a = grad_b = None
     if "accum" in wrt:
@@ -373,212 +212,7 @@ def _backward(ctx, grads):
     return (None, grad_a, grad_b, result_ops, no_numbers) + (None,) * 5
 
 
-class _Step:
-    """One backward call: runs the backward epilogue (after the extremes it reads, if any)."""
-
-    def __init__(self, options, graph, accum_shape, values, accum, A, B, up=None, launch=None):
-        self.options, self.values, self.accum, self.up = options, values, accum, up
-        self.launch = launch or _call   # _compile_only: choose and plan from stand-ins
-        self.accum_shape = accum_shape
-        self.axes = AXES[3 - len(accum_shape):]
-        self.reductions = {o.name: o.node.dims for o in graph.outputs if o.node.op.is_reduction}
-        if accum is not None:
-            self.A, self.B = sharding.zero_k_factors(accum)     # K = 0: accum is an operand
-            self.accum_dtype = accum.dtype
-        else:
-            self.A, self.B = A, B                                # the kernel recomputes A @ B
-            self.accum_dtype = A.dtype if A.is_floating_point() else options[0]
-
-    def keepdim(self, t: Tensor, dims) -> Tensor:
-        return t.reshape([1 if a in dims else s for a, s in zip(self.axes, self.accum_shape)])
-
-    def run(self, plan: _BackwardPlan, grads: dict) -> dict:
-        """{backward output name: tensor}."""
-        if plan.key is None:
-            return {}
-        special = {plan.saved_name: self.accum} if plan.saved_name else {}
-        if plan.saved_up_name:
-            special[plan.saved_up_name] = self.up
-        extremes = self.extremes(plan, special) if plan.pre_key is not None else {}
-        for name, (kind, out_name) in plan.sources.items():
-            if kind == "grad":
-                g = grads[out_name]
-                special[name] = self.keepdim(g, self.reductions[out_name]) \
-                    if out_name in self.reductions else g
-            elif kind == "value":
-                special[name] = extremes[out_name]
-            elif kind == "count":
-                dims = self.reductions[out_name]
-                special[name] = float(math.prod(s for a, s in zip(self.axes, self.accum_shape)
-                                                if a in dims))
-        outs = self.call(plan.key, special, ",".join(self.dtypes(plan)))
-        return dict(zip((o for o in plan.grads.values() if o is not None), outs))
-
-    def extremes(self, plan: _BackwardPlan, special: dict) -> dict:
-        """The max/min/amax values the rules compare against, recomputed like the backward
-        recomputes their inputs (so equality picks the same elements)."""
-        outs = self.call(plan.pre_key, special, "")
-        return {name: self.keepdim(value, self.reductions[name])
-                for name, value in zip(plan.pre_outputs, outs)}
-
-    def dtypes(self, plan: _BackwardPlan) -> list[str]:
-        compute = self.options[0]
-        names = []
-        for kind in plan.out_dtypes:
-            if kind == "accum":
-                names.append(dtype_name(self.accum_dtype))
-            elif kind == "reduce":
-                names.append(dtype_name(reduction_dtype(compute)))
-            else:
-                t = self.values[kind[1]]
-                names.append(dtype_name(t.dtype if t.is_floating_point() else compute))
-        return names
-
-    def call(self, epilogue: str, special: dict, out_dtypes: str) -> list:
-        program = resolve(epilogue).program
-        values = {n: special[n] if n in special else self.values[n] for n in program.operands}
-        return self.launch(epilogue, self.A, self.B, program, values, out_dtypes, self.options)
-
-
-def _call(epilogue, A, B, program, values, out_dtypes, options):
-    compute_dtype, deterministic, precision = options
-    tensors, numbers, kinds = pack(program.operands, values)
-    return torch.ops.epifuse.gemm(epilogue, A, B, tensors, numbers, kinds, out_dtypes, compute_dtype,
-                                  deterministic, precision)
-
-
 torch.library.register_autograd("epifuse::gemm", _backward, setup_context=_setup_context)
-
-
-# ---- the backward's kernels compiled while the forward runs (runtime/ahead.py) -----------------
-
-def _layout(t: Tensor) -> tuple:
-    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device)
-
-
-def _ahead_key(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs) -> tuple:
-    """What decides the backward's problems of a forward call: the forward's epilogue, its
-    tensors' layouts, numbers and options, and which inputs need grad."""
-    return ("backward", epilogue, tuple(_layout(t) for t in (A, B, *tensors)), tuple(numbers), kinds,
-            out_dtypes, tuple(options), tuple(needs[:2]) + (tuple(needs[2]),))
-
-
-_AHEAD_REQUEST = threading.local()   # .call: the forward's request, taken by its op's first _run;
-                                     # .queued: the key that _run queued, taken by _setup_context
-
-
-def _compiles_ahead(A: Tensor) -> bool:
-    """Whether a forward on A's device has its backward's kernels compiled ahead: on a GPU, not
-    under the interpreter (which compiles nothing), unless EPIFUSE_COMPILE_AHEAD=0."""
-    return A.device.type == "cuda" and not target.uses_interpreter(A.device) and ahead.enabled()
-
-
-def _request_backward_ahead(*call) -> None:
-    """gemm(), before a forward that records autograd: the op's _run queues the backward's
-    compile (_compile_backward_ahead(*call)) only where the forward itself is not a kept launch,
-    that is, the first call of its layout; later steps pay nothing for it."""
-    _AHEAD_REQUEST.call = call
-
-
-def _take_backward_request():
-    call = getattr(_AHEAD_REQUEST, "call", None)
-    if call is not None:
-        _AHEAD_REQUEST.call = None
-    return call
-
-
-def _take_queued_key():
-    """The key of the job _run queued for the forward whose autograd context is being set up
-    (the same thread, right after it), kept on the context: the backward settles on that key,
-    not on one rebuilt from its saved tensors, which saved-tensor hooks may lay out anew."""
-    key = getattr(_AHEAD_REQUEST, "queued", None)
-    if key is not None:
-        _AHEAD_REQUEST.queued = None
-    return key
-
-
-def _compile_backward_ahead(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs):
-    """Have a worker compile the kernels this forward call's backward will run, as they are
-    once every visible floating-point output receives a contiguous gradient (a backward seeded
-    otherwise compiles its own at its first call), while this thread runs the forward. Plain
-    tensors only: a DTensor's local problems differ from its global layout. Returns the job's
-    key, or None where nothing was queued."""
-    if any(type(t) not in callsite.PLAIN_TENSOR_TYPES for t in (A, B, *tensors)):
-        return None
-    key = _ahead_key(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs)
-    layouts = [_layout(t) for t in (A, B, *tensors)]
-    ahead.soon(key, lambda: backward_from_stand_ins(epilogue, layouts, list(numbers), kinds, out_dtypes,
-                                                     options, needs))
-    return key
-
-
-def _settle_ahead(ctx, grads, seeded) -> None:
-    """Before a backward compiles: wait for the job its forward queued (ctx.ahead_key), if it
-    is the one planned (every visible floating-point output seeded, with contiguous gradients),
-    rather than compile the same kernels a second time beside it. Not while torch.compile traces."""
-    if seeded != ctx.float_visible or torch.compiler.is_compiling() or \
-            any(g is not None and not g.is_contiguous() for g in grads):
-        return
-    ahead.settle(ctx.ahead_key)
-
-
-def backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, options, needs,
-                            launch=None) -> list:
-    """Plan and compile the kernels of the backward of a forward call given by its tensors'
-    layouts (A, B, then the tensor operands), from stand-ins (stand_in.py): what `_backward` would run
-    once every visible floating-point output has a gradient. Every call is planned first, in
-    this thread; then all their kernels compile at once in runtime/ahead.py's pool, and this
-    returns when they have. `launch` (tests) replaces the planning and compile of each call.
-    Returns (GemmArguments of stand-ins, kernel) for each kernel compiled, in call order."""
-    e = resolve(epilogue)
-    device = layouts[0][4]
-    planned: list = []
-    compile_call = launch or (lambda *call: _compile_only(*call, planned=planned))
-    with stand_ins(), torch.no_grad(), torch.autocast(device.type, enabled=False), target.on_device(device):
-        A, B, *tensors = [stand_in(*layout) for layout in layouts]
-        forward_values = unpack(e.program.operands, tensors, numbers, kinds)
-        specs, _ = _planned_outputs(epilogue, e, A, B, forward_values, out_dtypes, options[0])
-        outputs = [empty_stand_in(shape, dtype, device) for shape, dtype in specs]
-        up = outputs[-1] if e.saved == 2 else None
-        accum = outputs[-e.saved] if e.saved else None
-        _, graph, accum_shape, values, roles = _plan(e.user, A, B, unpack(e.user.operands, tensors, numbers, kinds))
-        _, _, wrt = _differentiated(e, kinds, needs)
-        seeded = tuple(name for name, (_, dtype) in zip(e.output_names[:e.visible], specs) if dtype.is_floating_point)
-        if not wrt or not seeded:
-            return []
-        plan = _backward_plan(epilogue, roles, len(accum_shape), wrt, seeded)
-        grads = {name: outputs[k] for k, name in enumerate(e.output_names) if name in seeded}
-        _Step(options, graph, accum_shape, values, accum, A, B, up, launch=compile_call).run(plan, grads)
-    jobs = [job for _, _, job in planned if job is not None]
-    errors = iter([future.exception() for future in ahead.compile_all(jobs)] if jobs else [])
-    compiled = []
-    for args, kernel, job in planned:
-        error = next(errors) if job is not None else None
-        if error is None:
-            compiled.append((args, kernel))
-        else:
-            ahead.note_failure(("compile", repr(kernel)), error)
-    return compiled
-
-
-def _compile_only(epilogue, A, B, program, values, out_dtypes, options, planned: list) -> list:
-    """A backward call as `_run` makes it, planned from stand-ins: its kernel chosen (where that
-    needs no timing) and planned, and its compile appended to `planned` as (args, kernel, job),
-    job None where nothing is left to compile; nothing launched. Its outputs are stand-ins too."""
-    compute_dtype, deterministic, precision = options
-    specs, names = _planned_outputs(epilogue, resolve(epilogue), A, B, values, out_dtypes, compute_dtype)
-    outs = [empty_stand_in(shape, dtype, A.device) for shape, dtype in specs]
-    epi = EpilogueArguments(program, deterministic=deterministic, compute_dtype=compute_dtype,
-                            **values, **dict(zip(names, outs)))
-    args = GemmArguments(A, B, epilogue=epi, precision=precision)
-    for kernel in kernels_to_compile(args, time_heavy=epilogue in _TIME_HEAVY):
-        try:
-            job = kernel.compile_job(args)
-        except Exception as error:  # noqa: BLE001 - the real call plans it again and raises there
-            ahead.note_failure(("compile", repr(kernel)), error)
-            continue
-        planned.append((args, kernel, job))
-    return outs
 
 
 def _dynamo_disabled_once_imported(op) -> None:
@@ -708,15 +342,15 @@ def gemm(A: Tensor, B: Tensor, epilogue: Callable | str | None = None, *,
                                         hint="Pass them as keyword arguments (D=..., r=...).")
         dtypes = f"tiles={dtype_name(out_dtype)}" if out_dtype is not None else ""
         _dtensor_rules("epifuse::gemm", key, A, B, operands, kinds, ())
-        if wants_grad and not torch.compiler.is_compiling() and _compiles_ahead(A):
+        if wants_grad and not torch.compiler.is_compiling() and backward_ahead.compiles_ahead(A):
             needs = (A.requires_grad, B.requires_grad, tuple(t.requires_grad for t in operands))
-            _request_backward_ahead(key, A, B, operands, numbers, kinds, dtypes,
+            backward_ahead.request(key, A, B, operands, numbers, kinds, dtypes,
                                     (compute_dtype, deterministic, precision), needs)
         try:
             outs = torch.ops.epifuse.gemm(key, A, B, operands, numbers, kinds, dtypes, compute_dtype,
                                           deterministic, precision)[:visible]
         finally:
-            _AHEAD_REQUEST.call = _AHEAD_REQUEST.queued = None
+            backward_ahead.clear_request()
     outs = tuple(outs)
     return outs[0] if len(outs) == 1 else outs
 

@@ -178,7 +178,7 @@ def test_planning_a_backward_ahead_allocates_no_gpu_memory(fresh):
     """The worker plans and compiles from stand-ins (stand_in.py): at a layer whose backward
     would need gigabytes (accum 1 GiB, its gradient, the plan's buffers), the caching
     allocator's peak does not move, and the kernel is compiled."""
-    from epifuse import torch_ops
+    from epifuse import backward_ahead, torch_ops
     key = torch_ops._describe(EPILOGUE, True)[0]
     device = torch.device("cuda", torch.cuda.current_device())
     M, N, K = 32768, 16384, 8192   # accum has 2^29 elements: under the 32-bit span the Triton kernels take
@@ -187,8 +187,8 @@ def test_planning_a_backward_ahead_allocates_no_gpu_memory(fresh):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    compiled = torch_ops.backward_from_stand_ins(key, layouts, [], "t", "", (torch.float32, False, "default"),
-                                                 (True, True, (True,)))
+    compiled = backward_ahead.backward_from_stand_ins(key, layouts, [], "t", "", (torch.float32, False, "default"),
+                                                      (True, True, (True,)))
     torch.cuda.synchronize()
     from epifuse.backends.triton.kernels import TritonKernel
     assert compiled and all(args.stand_in for args, _ in compiled)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import epifuse
-from epifuse import epilogue_table, torch_ops
+from epifuse import epilogue_table, op_planning, torch_ops
 from epifuse.autodiff import derive
 from epifuse.printing import graph_source
 from epifuse.arguments import bound_graph
@@ -80,7 +80,7 @@ def _torch_reference(src, A, B, operands, compute=F64):
     """Outputs of `src` by the reference interpreter on torch tensors: torch differentiates it."""
     program = parse(src)
     accum = A.to(compute) @ B.to(compute)
-    roles = torch_ops._plan(program, A, B, operands)[4]
+    roles = op_planning.bind_operands(program, A, B, operands)[4]
     graph, _ = bound_graph(program, roles, accum.dim())
     values = {k: (v.to(compute) if isinstance(v, torch.Tensor) else v) for k, v in operands.items()}
     results = evaluate(graph, accum, values, compute)

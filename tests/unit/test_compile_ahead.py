@@ -1,4 +1,4 @@
-"""The backward's kernels compiled while the forward runs (runtime/ahead.py, torch_ops'
+"""The backward's kernels compiled while the forward runs (runtime/ahead.py, backward_ahead.py:
 backward_from_stand_ins): the worker queue itself, and that the calls planned ahead from fake
 tensors (stand_in.py) are exactly the calls the backward then makes (else the compile ahead is wasted).
 On the CPU nothing is compiled (the interpreter); the plan, checks and choice are."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import epifuse  # noqa: F401 - registers the ops
-from epifuse import torch_ops
+from epifuse import backward_ahead, op_backward, torch_ops
 from epifuse.runtime import ahead
 
 
@@ -106,26 +106,26 @@ def test_the_calls_planned_ahead_are_the_calls_the_backward_makes(case, recomput
     tensors = {n: torch.randn(*v, dtype=torch.float64, requires_grad=True) if isinstance(v, tuple) else v
                for n, v in operands.items()}
     planned, made = [], []
-    original = torch_ops._call
+    original = op_backward.launch_op
 
     def spy(*call):
         made.append(_described(*call))
         return original(*call)
-    monkeypatch.setattr(torch_ops, "_call", spy)
+    monkeypatch.setattr(op_backward, "launch_op", spy)
     queued = []
-    monkeypatch.setattr(torch_ops, "_compiles_ahead", lambda A: True)   # as on a GPU
-    monkeypatch.setattr(torch_ops, "_compile_backward_ahead", lambda *a: queued.append(a))
+    monkeypatch.setattr(backward_ahead, "compiles_ahead", lambda A: True)   # as on a GPU
+    monkeypatch.setattr(backward_ahead, "queue_backward", lambda *a: queued.append(a))
     outs = torch_ops.gemm(A, B, source, recompute=recompute, **tensors)
     outs = outs if isinstance(outs, tuple) else (outs,)
     assert len(queued) == 1
     epilogue, qA, qB, qtensors, numbers, kinds, out_dtypes, options, needs = queued[0]
-    layouts = [torch_ops._layout(t) for t in (qA, qB, *qtensors)]
+    layouts = [backward_ahead.layout(t) for t in (qA, qB, *qtensors)]
     assert needs == (qA.requires_grad, qB.requires_grad, tuple(t.requires_grad for t in qtensors))
 
     def record(*call):
         planned.append(_described(*call))
-        return torch_ops._compile_only(*call, planned=[])
-    torch_ops.backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, options, needs, launch=record)
+        return backward_ahead.compile_only(*call, planned=[])
+    backward_ahead.backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, options, needs, launch=record)
     assert planned, "nothing planned ahead"
     made.clear()
     sum((o * torch.randn_like(o)).sum() for o in outs if o.is_floating_point()).backward()
@@ -142,8 +142,8 @@ def test_a_stand_in_plan_chooses_and_plans_the_kernel_without_running_it():
     bias = torch.randn(16, requires_grad=True)
     source = "def e(accum, bias):\n    D = relu(accum + bias)\n    return D\n"
     key = torch_ops._describe(source, True)[0]
-    layouts = [torch_ops._layout(t) for t in (A, B, bias)]
-    compiled = torch_ops.backward_from_stand_ins(key, layouts, [], "t", "", (torch.float32, False, "default"),
+    layouts = [backward_ahead.layout(t) for t in (A, B, bias)]
+    compiled = backward_ahead.backward_from_stand_ins(key, layouts, [], "t", "", (torch.float32, False, "default"),
                                                  (True, True, (True,)))
     assert len(compiled) == 1
     args, kernel = compiled[0]
@@ -175,7 +175,7 @@ def _keys_of_a_step(monkeypatch, source, backward, calls=1, dtype=torch.float64,
     """Run `calls` forwards (CPU, as if on a GPU) and one backward of the last: the keys queued
     (soon) and waited for (settle)."""
     queued, settled = [], []
-    monkeypatch.setattr(torch_ops, "_compiles_ahead", lambda A: True)
+    monkeypatch.setattr(backward_ahead, "compiles_ahead", lambda A: True)
     monkeypatch.setattr(ahead, "soon", lambda key, job: queued.append(key) or True)
     monkeypatch.setattr(ahead, "pending", lambda: True)
     monkeypatch.setattr(ahead, "settle", lambda key, timeout=None: settled.append(key) or True)
@@ -252,7 +252,7 @@ def test_a_forward_kept_by_a_call_without_grad_still_queues_its_backward(monkeyp
     the kept launch; the training call's backward is still queued, once."""
     from epifuse.runtime import callsite
     queued = []
-    monkeypatch.setattr(torch_ops, "_compiles_ahead", lambda A: True)
+    monkeypatch.setattr(backward_ahead, "compiles_ahead", lambda A: True)
     monkeypatch.setattr(ahead, "soon", lambda key, job: queued.append(key) or True)
     A = torch.randn(16, 8, requires_grad=True)
     B = torch.randn(8, 24, requires_grad=True)
@@ -269,7 +269,7 @@ def test_the_backward_waits_on_the_key_queued_even_when_saved_tensors_come_back_
     """A saved-tensor hook that returns dense copies (offloading) changes the saved tensors'
     strides: the backward settles on the key its forward queued, kept on its context."""
     queued, settled = [], []
-    monkeypatch.setattr(torch_ops, "_compiles_ahead", lambda A: True)
+    monkeypatch.setattr(backward_ahead, "compiles_ahead", lambda A: True)
     monkeypatch.setattr(ahead, "soon", lambda key, job: queued.append(key) or True)
     monkeypatch.setattr(ahead, "pending", lambda: True)
     monkeypatch.setattr(ahead, "settle", lambda key, timeout=None: settled.append(key) or True)
@@ -291,11 +291,11 @@ def test_a_backward_plans_every_call_then_compiles_them_all_at_once(monkeypatch)
     B = torch.randn(12, 16, requires_grad=True)
     source = CASES["row_max"][0]   # its backward makes two calls (the max's and the tiles')
     key = torch_ops._describe(source, True)[0]
-    layouts = [torch_ops._layout(t) for t in (A, B)]
+    layouts = [backward_ahead.layout(t) for t in (A, B)]
     options, needs = (torch.float32, False, "default"), (True, True, ())
     calls = []
-    torch_ops.backward_from_stand_ins(key, layouts, [], "", "", options, needs,
-                                      launch=lambda *call: calls.append(call) or torch_ops._compile_only(*call, planned=[]))
+    backward_ahead.backward_from_stand_ins(key, layouts, [], "", "", options, needs,
+                                      launch=lambda *call: calls.append(call) or backward_ahead.compile_only(*call, planned=[]))
     assert len(calls) >= 2, "this backward makes one call: it cannot show compiles overlapping"
     barrier = threading.Barrier(len(calls), timeout=10)
     seen = []
@@ -317,9 +317,9 @@ def test_a_backward_plans_every_call_then_compiles_them_all_at_once(monkeypatch)
         def __repr__(self):
             return f"<kernel {self.n}>"
     counter = iter(range(100))
-    monkeypatch.setattr(torch_ops, "kernels_to_compile", lambda args, time_heavy=False: [Kernel(next(counter))])
+    monkeypatch.setattr(backward_ahead, "kernels_to_compile", lambda args, time_heavy=False: [Kernel(next(counter))])
     failed = ahead.FAILED[0]
-    compiled = torch_ops.backward_from_stand_ins(key, layouts, [], "", "", options, needs)
+    compiled = backward_ahead.backward_from_stand_ins(key, layouts, [], "", "", options, needs)
     here = threading.current_thread().name
     assert [n for step, n, thread in seen if step == "planned" and thread == here] == list(range(len(calls)))
     assert sorted(n for step, n, thread in seen if step == "compiled" and thread.startswith("epifuse-compile")) \

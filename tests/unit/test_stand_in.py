@@ -54,14 +54,14 @@ def test_planning_a_backward_from_stand_ins_imports_no_compiler():
     host without .pyc files)."""
     code = textwrap.dedent("""
         import json, sys, torch
-        from epifuse import torch_ops
+        from epifuse import backward_ahead, torch_ops
         source = "def e(accum, bias):\\n    D = gelu(accum + bias)\\n    return D\\n"
         key = torch_ops._describe(source, True)[0]
         layouts = [((32, 24), (24, 1), 0, torch.float32, torch.device("cpu")),
                    ((24, 40), (1, 24), 0, torch.float32, torch.device("cpu")),
                    ((40,), (1,), 0, torch.float32, torch.device("cpu"))]
-        compiled = torch_ops.backward_from_stand_ins(key, layouts, [], "t", "", (torch.float32, False, "default"),
-                                                     (True, True, (True,)))
+        compiled = backward_ahead.backward_from_stand_ins(key, layouts, [], "t", "", (torch.float32, False, "default"),
+                                                          (True, True, (True,)))
         assert compiled, "nothing planned"
         print(json.dumps([n for n in ("torch._dynamo", "sympy", "torch._subclasses.fake_tensor.FakeTensorMode")
                           if n in sys.modules]))

@@ -12,7 +12,7 @@ import torch._functorch.config as functorch_config
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import epifuse
-from epifuse import epilogue_table, printing, torch_ops
+from epifuse import epilogue_table, op_backward, op_planning, printing, torch_ops
 from epifuse.errors import ShapeError
 from epifuse.epilogues import LinearCombination
 from epifuse.nn import ACTIVATIONS, FusedLinear, activation_source, fuse_linear_activations
@@ -1032,10 +1032,10 @@ def test_a_repeated_op_call_is_planned_once_per_metadata_and_errors_are_not_reme
     key = torch_ops.entry(torch_ops.register_epilogue(
         "def e(accum, C):\n    D = relu(accum + C)\n    R = sum(D, dim=1)\n    return D, R\n")).key
     planned = []
-    real = torch_ops._plan
-    monkeypatch.setattr(torch_ops, "_plan", lambda *a: planned.append(1) or real(*a))
-    monkeypatch.setattr(torch_ops, "_OUTPUT_PLANS", type(torch_ops._OUTPUT_PLANS)())
-    monkeypatch.setattr(torch_ops, "OUTPUT_PLANS_KEPT", 2)
+    real = op_planning.bind_operands
+    monkeypatch.setattr(op_planning, "bind_operands", lambda *a: planned.append(1) or real(*a))
+    monkeypatch.setattr(op_planning, "_OUTPUT_PLANS", type(op_planning._OUTPUT_PLANS)())
+    monkeypatch.setattr(op_planning, "OUTPUT_PLANS_KEPT", 2)
     op = torch.ops.epifuse.gemm.default
 
     def call(M, C_shape):
@@ -1054,7 +1054,7 @@ def test_a_repeated_op_call_is_planned_once_per_metadata_and_errors_are_not_reme
             call(5, (4, 6))
     assert len(planned) == 4
     call(9, (9, 6))   # a third shape: the oldest of the two kept is dropped, and planned again
-    assert len(torch_ops._OUTPUT_PLANS) == 2
+    assert len(op_planning._OUTPUT_PLANS) == 2
     call(5, (5, 6))
     assert len(planned) == 6
-    assert torch_ops._PLANS is not torch_ops._OUTPUT_PLANS   # the backward plans keep their own store
+    assert op_backward._PLANS is not op_planning._OUTPUT_PLANS   # the backward plans keep their own store

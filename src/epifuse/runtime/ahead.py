@@ -8,14 +8,14 @@ so compiles in threads overlap even under the GIL. Two uses:
 - A training step's backward: a cold step compiles each layer's forward kernel, then, in the
   backward, each layer's backward kernel. The backward's problem is known as soon as its
   forward is called (the same A and B, or the saved accum; gradients shaped as the outputs),
-  so the forward queues it here (torch_ops) and a worker plans and chooses its kernels from
-  stand-ins (stand_in.py: metadata without memory; nothing is allocated or launched) and has
-  the pool compile them, while the caller's thread compiles and runs the forward. `soon(key, job)` queues `job` once
-  per `key` in this process; `settle(key)` waits for that job if it is queued or running, so
-  the caller that needs the kernel takes the compiled one instead of compiling it a second time
-  alongside the worker. A job's exception is kept in FAILURES (for tests and debugging) and
-  never reaches the caller: the real call plans, checks and compiles as it would have, and
-  raises there if it must.
+  so the forward queues it here (backward_ahead.py) and a worker plans and chooses its
+  kernels from stand-ins (stand_in.py: metadata without memory; nothing is allocated or
+  launched) and has the pool compile them, while the caller's thread compiles and runs the
+  forward. `soon(key, job)` queues `job` once per `key` in this process; `settle(key)` waits
+  for that job if it is queued or running, so the caller that needs the kernel takes the
+  compiled one instead of compiling it a second time alongside the worker. A job's exception
+  is kept in FAILURES (for tests and debugging) and never reaches the caller: the real call
+  plans, checks and compiles as it would have, and raises there if it must.
 
 EPIFUSE_COMPILE_AHEAD=0 turns both off (every kernel compiles at its first launch, in the
 caller's thread). Under Triton's interpreter nothing is compiled, so nothing is queued.
