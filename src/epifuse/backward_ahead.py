@@ -41,7 +41,7 @@ _REQUEST = threading.local()   # .call: the forward's request, taken by its op's
 def compiles_ahead(A: Tensor) -> bool:
     """Whether a forward on A's device has its backward's kernels compiled ahead: on a GPU, not
     under the interpreter (which compiles nothing), unless EPIFUSE_COMPILE_AHEAD=0."""
-    return A.device.type == "cuda" and not target.uses_interpreter(A.device) and ahead.enabled()
+    return ahead.compiles_on(A.device)
 
 
 def request(*call) -> None:

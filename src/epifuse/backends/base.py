@@ -51,16 +51,15 @@ class Kernel:
     def supports(self, args, cc: int | None = None) -> Status:
         raise NotImplementedError
 
-    def compile(self, args, load: bool = True) -> None:
-        """Compile for `args` (stand-ins too) ahead of run(); `load=False` leaves loading onto the
-        GPU to the first run."""
+    def compile(self, args) -> None:
+        """Compile for `args` (stand-ins too) ahead of run()."""
         raise NotImplementedError
 
     def compile_job(self, args):
         """Compile for `args` in two parts: what must happen in this thread, done now, and the
         rest (the compile proper, loading nothing onto the GPU) returned as a callable for a
         worker thread, or None when nothing is left (tuning's pool, runtime/ahead.py)."""
-        self.compile(args, load=False)
+        self.compile(args)
         return None
 
     def run(self, args, verify: bool = False) -> None:

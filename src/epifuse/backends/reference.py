@@ -21,7 +21,7 @@ class ReferenceKernel(Kernel):
     def supports(self, args, cc: int | None = None) -> Status:
         return supported("torch matmul then the epilogue in torch ops: correct everywhere, not fused")
 
-    def compile(self, args, load: bool = True) -> None:
+    def compile(self, args) -> None:
         check_arguments(self, args)
 
     def run(self, args, verify: bool = False) -> None:
@@ -47,7 +47,7 @@ class GroupedReference(Kernel):
     def supports(self, grouped, cc: int | None = None) -> Status:
         return supported("the reference kernel on each group in turn: correct everywhere, not fused")
 
-    def compile(self, grouped, load: bool = True) -> None:
+    def compile(self, grouped) -> None:
         check_arguments(self, grouped, grouped=True)
 
     def run(self, grouped, verify: bool = False) -> None:

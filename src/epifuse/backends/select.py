@@ -177,8 +177,7 @@ def choose_kernel(args: GemmArguments, time_heavy: bool = False):
         remember_supported(args, (kernel,))
         return kernel
     generation = tune.generation()
-    device = args.A.device
-    if device.type == "cuda" and ahead.enabled() and not target.uses_interpreter(device):
+    if ahead.compiles_on(args.A.device):
         compiled.set_up_soon()   # Triton's one-time set-up, while this thread chooses and plans
     kernels = get_kernels(args)
     if not kernels:

@@ -28,6 +28,8 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future
 from queue import SimpleQueue
 
+from ..backends.triton.device import uses_interpreter
+
 WORKERS = 2            # threads planning backward jobs at once (their compiles run in the pool)
 POOL_THREADS = 4       # threads compile_all compiles in at once
 SETTLE_TIMEOUT_S = 120.0   # settle() gives up waiting after this (the caller then compiles itself)
@@ -45,6 +47,12 @@ COMPLETED = [0]                # jobs that finished without raising (for tests a
 
 def enabled() -> bool:
     return os.environ.get("EPIFUSE_COMPILE_AHEAD", "1").strip() != "0"
+
+
+def compiles_on(device) -> bool:
+    """Whether kernels for `device` compile ahead (and in threads): a GPU, not under Triton's
+    interpreter (which compiles nothing), unless EPIFUSE_COMPILE_AHEAD=0."""
+    return device.type == "cuda" and not uses_interpreter(device) and enabled()
 
 
 def soon(key, job) -> bool:

@@ -60,11 +60,10 @@ from triton.testing import do_bench
 
 from ..arguments import EpilogueArguments, GemmArguments
 from ..errors import EpilogueArgumentError
-from ..backends.triton.device import capturing, gpu_sms, output_tiles, uses_interpreter
+from ..backends.triton.device import capturing, gpu_sms, output_tiles
 from ..shapes import bytes_per_output, operand_layouts
 from ..version import __version__
 from . import ahead, shipped
-from . import compiled as compiled_index
 from .cache import cache_dir, entry_lock, read_file, set_aside, write_atomically
 
 _LOCK = threading.Lock()
@@ -582,16 +581,15 @@ def _compile_before_timing(scratch, kernels) -> None:
     """On a GPU, compile every kernel before any is timed, all at once in runtime/ahead.py's
     pool (Triton spends most of a compile in ptxas and a launcher build, separate processes),
     waiting for all: each timing then finds its kernel compiled, and no compile competes with a
-    timing for the host. Triton's one-time set-up is done here first (compiled.set_up), so the
-    pool's threads start compiling together rather than wait on it one by one. Each kernel's
-    plan is built here, on `scratch` (Kernel.compile_job: its buffers on this thread's stream,
-    kept on scratch for the timing); the pool only compiles. A kernel that fails to plan or
+    timing for the host. Each kernel's plan is built here, on `scratch` (Kernel.compile_job:
+    its buffers on this thread's stream, kept on scratch for the timing, and Triton's one-time
+    set-up done here by the first, so the pool's threads start compiling together); the pool
+    only compiles. A kernel that fails to plan or
     compile is left to its timing, which fails and drops it. Nothing here (each kernel
     compiles before its own timing) while the current stream captures a CUDA graph (no timing
     runs then either), under the interpreter, or with EPIFUSE_COMPILE_AHEAD=0."""
     device = scratch.A.device
-    if len(kernels) < 2 or device.type != "cuda" or uses_interpreter(device) or capturing(device) \
-            or not ahead.enabled():
+    if len(kernels) < 2 or not ahead.compiles_on(device) or capturing(device):
         return
     jobs = []
     for kernel in dict.fromkeys(kernels):
@@ -601,7 +599,6 @@ def _compile_before_timing(scratch, kernels) -> None:
             job = None
         if job is not None:
             jobs.append(job)
-    compiled_index.set_up()
     for future in ahead.compile_all(jobs):
         future.exception()   # waits; a failed compile fails again in its timing
 

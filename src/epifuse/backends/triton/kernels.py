@@ -136,16 +136,10 @@ class TritonKernel(Kernel):
         return plans.Plan(jit, layout, problems, values, meta, launch.grid, empty, convert, words, owned)
 
     # ---- compile and run -----------------------------------------------------------------------
-    def compile(self, args, load: bool = True) -> None:
-        """Compile the kernel for `args` (stand-ins too) and load it onto the GPU. `load=False`
-        (compiling ahead, runtime/ahead.py) compiles and builds its launcher but loads
-        nothing onto the GPU, which another thread's CUDA graph capture would not allow; the
-        first run loads it."""
-        if not load:
-            job = self.compile_job(args)
-            if job is not None:
-                job()
-            return
+    def compile(self, args) -> None:
+        """Compile the kernel for `args` (stand-ins too) and load it onto the GPU. Compiling
+        ahead (runtime/ahead.py) uses compile_job, which loads nothing onto the GPU: another
+        thread's CUDA graph capture would not allow it; the first run loads it."""
         check_arguments(self, args, grouped=self.family.grouped)
         with target.on_device(_device(args)):
             self._loaded(args, self.plan(args))
