@@ -6,7 +6,7 @@ import torch
 import epifuse
 from epifuse.reference import reference_accum
 from epifuse.ir import Output, op
-from epifuse.ops import OPS
+from epifuse.ops import OPS, relu, sum  # noqa: A004  (names relu_aux_loss uses)
 from epifuse.reference import evaluate
 
 
@@ -136,3 +136,17 @@ def lm_head(device, tokens: int, hidden: int, vocab: int, seed: int):
     b = torch.randn(vocab, generator=gen).to(device)
     target = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
     return x, W, b, target
+
+
+def relu_aux_loss(accum, alpha, C, bias):
+    F = (accum * alpha) + (C * 2.0) + bias
+    D = relu(F)
+    r = sum(D, dim=1)
+    return D, F, r
+
+
+def op_tensors(dtype=torch.float64, grad=True):
+    """A, B, C and bias of a 6 x 5 x 4 problem, seeded (the custom ops' tests)."""
+    g = torch.Generator().manual_seed(7)
+    shapes = {"A": (6, 4), "B": (4, 5), "C": (6, 5), "bias": (5,)}
+    return {k: torch.randn(*s, dtype=dtype, generator=g).requires_grad_(grad) for k, s in shapes.items()}
