@@ -376,3 +376,27 @@ def test_a_process_exits_without_waiting_for_queued_compiles():
                          env={**__import__("os").environ, "PYTHONPATH": __import__("os").pathsep.join(sys.path)})
     assert out.returncode == 0 and "queued" in out.stdout, out.stderr[-2000:]
     assert time.perf_counter() - start < 15   # waiting for the eight would take 40 s (four threads, 20 s each)
+
+
+def test_the_pool_lets_a_job_go_before_its_future_wakes_the_waiter():
+    """A tuning's compile jobs hold its scratch tensors: the pool's thread must not keep the last
+    job it ran (and so a GPU's scratch memory) alive until its next job arrives."""
+    import gc
+    import weakref
+
+    class Held:
+        pass
+    for fails in (False, True):
+        held = Held()
+        alive = weakref.ref(held)
+
+        def job(held=held):
+            if fails:
+                raise ValueError("compile failed")
+            return 3
+        future = ahead.compile_all([job])[0]
+        del held, job
+        assert (future.exception(10) is not None) if fails else future.result(10) == 3
+        del future   # a failed job's traceback, kept in its future, holds the job's frame
+        gc.collect()
+        assert alive() is None, "the pool's thread still holds the job it ran"

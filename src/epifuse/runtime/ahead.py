@@ -97,14 +97,20 @@ class _Pool:
     def _work(self) -> None:
         while True:
             future, job = self._jobs.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = job()
-            except BaseException as error:  # noqa: BLE001 - kept in the future, as an executor does
+            ran, result, error = future.set_running_or_notify_cancel(), None, None
+            if ran:
+                try:
+                    result = job()
+                except BaseException as caught:  # noqa: BLE001 - kept in the future, as an executor does
+                    error = caught
+            # The job and what it holds (a tuning's scratch tensors, a backward's plans) are let go
+            # before its future wakes a waiter, not when this thread's next job arrives.
+            job = None
+            if error is not None:
                 future.set_exception(error)
-            else:
+            elif ran:
                 future.set_result(result)
+            future = result = error = None
 
 
 _POOL: list = []   # the _Pool of compile_all, made on first use
