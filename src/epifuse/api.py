@@ -58,10 +58,10 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     # A kept launch first: its signature admits only calls that do not go through the custom
     # ops (torch.compile traces this function: nothing is looked up while it does)
     compiling = torch.compiler.is_compiling()
-    key = None if compiling else callsite.signature(
+    call = None if compiling else callsite.signature(
         epilogue, A, B, tensors, (out_dtype, accumulate, deterministic, compute_dtype, precision))
-    if key is not None:
-        site = callsite.lookup(key)
+    if call is not None:
+        site = callsite.lookup(call)
         if site is not None:
             return site.call(A, B, tensors)
     if not compiling:
@@ -103,7 +103,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     kernel.run(args)
     returns = tuple(name for name, _ in program.outputs)
     if tune.generation() == chosen_in:   # else a background winner landed meanwhile: keep nothing stale
-        callsite.remember(key, args, kernel, tuple(missing), returns)
+        callsite.remember(call, args, kernel, tuple(missing), returns)
     outputs = tuple(epi.outputs[name] for name in returns)
     return outputs[0] if len(outputs) == 1 else outputs
 

@@ -72,8 +72,8 @@ def _run(key, program, A, B, values, outputs, compute_dtype, deterministic, prec
     a millisecond of host time, as long as the GEMM itself at a rank's share of a large layer."""
     tensors = {**values, **outputs}
     backward_request = backward_ahead.take_request()
-    signature = callsite.signature(key, A, B, tensors, ("op", compute_dtype, deterministic, precision, accumulate))
-    site = callsite.lookup(signature)
+    call = callsite.signature(key, A, B, tensors, ("op", compute_dtype, deterministic, precision, accumulate))
+    site = callsite.lookup(call)
     if site is not None:
         if backward_request is not None and not site.backward_queued:   # kept by a call without grad
             backward_ahead.queue_requested(backward_request)
@@ -90,7 +90,7 @@ def _run(key, program, A, B, values, outputs, compute_dtype, deterministic, prec
         kernel = choose_kernel(args, time_heavy=True) if key in _TIME_HEAVY else choose_kernel(args)
         kernel.run(args)
     if tune.generation() == chosen_in:   # else a background winner landed meanwhile: keep nothing stale
-        site = callsite.remember(signature, args, kernel, (), tuple(outputs))
+        site = callsite.remember(call, args, kernel, (), tuple(outputs))
         if site is not None and backward_request is not None:
             site.backward_queued = True
 

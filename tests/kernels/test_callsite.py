@@ -155,25 +155,101 @@ def test_signature_refuses_what_it_cannot_key():
     assert callsite.signature("src", A, B, {"alpha": 2.0}, opts) is not None
     assert callsite.signature("src", A, B, {"alpha": True}, opts) is None          # a bool
     assert callsite.signature("src", A, B, {"alpha": [1.0]}, opts) is None         # not a number
-    empty = callsite.signature("src", torch.ones(0, 3), B, {}, opts)              # empty: keyed by
-    assert empty is not None and empty != callsite.signature("src", A, B, {}, opts)  # its metadata
-    accum = torch.ones(4, 5)   # K = 0 factors: empty views sharing the operand's storage
-    assert callsite.signature("src", accum[:, :0], accum[:0, :], {"C": accum}, opts) is not None
-    assert callsite.signature("src", A, B, {"C": A}, opts) is None                 # shared storage
-    assert callsite.signature("src", A, B, {"C": A[1:]}, opts) is None             # a view of A
     assert callsite.signature("src", [[1.0]], B, {}, opts) is None                 # not a tensor
-    weight = torch.nn.Parameter(torch.ones(3, 5))
-    assert callsite.signature("src", A, weight, {}, opts) is None      # autograd: the custom ops
+    assert callsite.signature("src", A, B.as_subclass(_Subclass), {}, opts) is None   # a subclass
+    assert callsite.signature({}, A, B, {}, opts) is None                          # unhashable
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+def _kept_for(call):
+    """A site filed for `call` as remember files one, to ask which later calls it serves."""
+    site = callsite.Site([], (), None, (), (), torch.device("cpu"))
+    callsite._file(call, site)
+    return site
+
+
+@pytest.fixture(params=["torch", "python"])
+def guard(request, monkeypatch):
+    """Each site's guard: torch's C++ check of tensor metadata, and the Python one used where
+    this torch lacks it."""
+    if request.param == "torch":
+        if callsite._tensor_guard_type() is None:
+            pytest.skip("this torch has no C++ tensor guard as callsite calls it")
+        monkeypatch.setattr(callsite, "_GUARD_TYPE", [callsite._tensor_guard_type()])
+    else:
+        monkeypatch.setattr(callsite, "_GUARD_TYPE", [callsite.PythonGuard])
+    return request.param
+
+
+def test_a_kept_site_serves_only_calls_of_its_signature(guard):
+    """A site serves a later call only if it is the first call's signature: the same numbers,
+    names, and each tensor's type, sizes, strides, dtype, address modulo 16 and grad state, no
+    storage shared, each storage holding its view, no sign bit."""
+    opts = (None, False, False, torch.float32, "default")
+
+    def sig(A, B, **tensors):
+        return callsite.signature("src", A, B, tensors, opts)
+
+    def fresh(*shape, dtype=torch.float32):
+        return torch.randn(*shape, dtype=dtype)
+    A, B, C = fresh(4, 3), fresh(3, 5), fresh(4, 5)
+    site = _kept_for(sig(A, B, C=C, alpha=2.0))
+    assert callsite.lookup(sig(fresh(4, 3), fresh(3, 5), C=fresh(4, 5), alpha=2.0)) is site
+    assert callsite.lookup(sig(A, B, C=C, alpha=3.0)) is None                     # another number
+    assert callsite.lookup(sig(A, B, D=C, alpha=2.0)) is None                     # another name
+    assert callsite.lookup(sig(fresh(5, 3), B, C=C, alpha=2.0)) is None           # another size
+    assert callsite.lookup(sig(fresh(3, 4).t(), B, C=C, alpha=2.0)) is None       # other strides
+    assert callsite.lookup(sig(fresh(4, 3, dtype=torch.float64), B, C=C, alpha=2.0)) is None
+    assert callsite.lookup(sig(A, B, C=C._neg_view(), alpha=2.0)) is None         # a sign bit
+    assert callsite.lookup(sig(A, B, C=torch.nn.Parameter(C), alpha=2.0)) is None   # another type
+    shared = fresh(32)   # A's 12 elements, then C's 20 (48 bytes on: aligned as the first C)
+    assert callsite.lookup(sig(A, B, C=shared[12:].view(4, 5), alpha=2.0)) is site
+    assert callsite.lookup(sig(shared[:12].view(4, 3), B, C=shared[12:].view(4, 5), alpha=2.0)) is None
+    freed = fresh(4, 5)
+    freed.untyped_storage().resize_(0)
+    assert callsite.lookup(sig(A, B, C=freed, alpha=2.0)) is None                 # freed storage
+    shrunk = fresh(4, 5)
+    shrunk.untyped_storage().resize_(40)
+    assert callsite.lookup(sig(A, B, C=shrunk, alpha=2.0)) is None                # shrunk storage
+
+    base = fresh(64)   # 4 bytes apart: misaligned by different amounts, which a view the launch
+    kept = _kept_for(sig(A, B, C=base[1:21].view(4, 5)))   # takes (a gated B's half) may tell apart
+    assert callsite.lookup(sig(A, B, C=fresh(64)[1:21].view(4, 5))) is kept
+    assert callsite.lookup(sig(A, B, C=fresh(64)[2:22].view(4, 5))) is None
+    assert callsite.lookup(sig(A, B, C=fresh(64)[:20].view(4, 5))) is None
+
+    accum = fresh(4, 5)   # K = 0 factors: empty views sharing the operand's storage
+    empty = _kept_for(sig(accum[:, :0], accum[:0, :], C=accum))
+    other = fresh(4, 5)
+    assert callsite.lookup(sig(other[:, :0], other[:0, :], C=other)) is empty
+
+
+def test_a_site_for_tensors_that_require_grad_serves_only_calls_without_grad(guard):
+    A, B = torch.randn(4, 3), torch.nn.Parameter(torch.randn(3, 5))
+    opts = (None, False, False, torch.float32, "default")
+    call = callsite.signature("src", A, B, {}, opts)
+    assert not callsite._keepable(call.tensors)    # with grad: autograd's custom ops record it
     with torch.no_grad():
-        assert callsite.signature("src", A, weight, {}, opts) is not None
-    base = torch.ones(64)
-    aligned, misaligned = base[:20].view(4, 5), base[1:21].view(4, 5)   # 4 bytes apart
-    assert callsite.signature("src", A, B, {"C": aligned}, opts) != \
-        callsite.signature("src", A, B, {"C": misaligned}, opts)
-    # misaligned by different amounts: a view the launch takes (a gated B's second half) may be
-    # aligned for one and not the other
-    assert callsite.signature("src", A, B, {"C": base[1:21].view(4, 5)}, opts) != \
-        callsite.signature("src", A, B, {"C": base[2:22].view(4, 5)}, opts)
+        call = callsite.signature("src", A, B, {}, opts)
+        assert callsite._keepable(call.tensors)
+        site = _kept_for(call)
+        assert callsite.lookup(callsite.signature("src", A, B, {}, opts)) is site
+    assert callsite.lookup(callsite.signature("src", A, B, {}, opts)) is None
+    assert callsite.lookup(callsite.signature("src", A, B.detach(), {}, opts)) is None
+
+
+def test_sites_of_one_head_are_bounded(monkeypatch):
+    """Calls that differ only in their tensors' layouts (a batch size that varies) keep up to
+    SITES_PER_HEAD sites under one head, the latest first."""
+    monkeypatch.setattr(callsite, "SITES_PER_HEAD", 3)
+    opts = (None, False, False, torch.float32, "default")
+    calls = [callsite.signature("src", torch.randn(m, 3), torch.randn(3, 5), {}, opts) for m in range(1, 6)]
+    sites = [_kept_for(call) for call in calls]
+    assert len(callsite._SITES) == 1 and callsite.sites() == sites[2:]
+    assert [callsite.lookup(call) for call in calls] == [None, None, *sites[2:]]
 
 
 def test_sites_are_bounded(monkeypatch, device):

@@ -4,18 +4,23 @@ but allocating its outputs and launching.
 A signature is everything the checks, the kernel choice and Triton's specialization of the
 launch read: the epilogue (a function by the code the parser reads, so a redefined function,
 whose `__code__` changed, is a new signature), every tensor's shape, strides, dtype, device and
-16-byte alignment, every number's type and value, and the options. The first call of a signature
-runs the full path (checks, tuning, compile); if every tensor its launch took is one the caller
-passed, epifuse allocated or the kernel owns, the launch's argument list is kept with the
-positions of the caller's tensors, and with the plan's reduction steps (initialize the atomic
-reductions, sums and amax, that the kernel does not zero itself before the launch; fold the
-partials into the destinations after it). A later call with the same signature copies the
-list, puts its own tensors in those positions, and runs the steps and the launch. Tensors that
-share storage (an in-place update, an output aliasing an input), and tensors the
-checks refuse (a sign bit, a storage too small for the view, other layouts) always take the full
-path, which checks them. An empty tensor is keyed by its metadata alone: nothing is read through
-it (the K = 0 factors of the backward's epilogue pass are empty views of the accum it reads),
-and a launch whose grid is empty is never kept.
+16-byte alignment, every number's type and value, and the options. It is looked up in two
+steps, so that a repeated call costs little host time: a dict keyed by its head (the epilogue,
+the options, the stream, the keywords' names, the numbers), then, among the sites kept under
+that head, the one whose guard takes the call's tensors (torch's C++ check of tensor metadata,
+the one torch.compile's guards make, where this torch has it; the same check in Python where
+not) and whose alignment and storages match. The first call of a signature runs the full path
+(checks, tuning, compile); if every tensor its launch took is one the caller passed, epifuse
+allocated or the kernel owns, the launch's argument list is kept with the positions of the
+caller's tensors, and with the plan's reduction steps (initialize the atomic reductions, sums
+and amax, that the kernel does not zero itself before the launch; fold the partials into the
+destinations after it). A later call with the same signature copies the list, puts its own
+tensors in those positions, and runs the steps and the launch. Tensors that share storage (an
+in-place update, an output aliasing an input), and tensors the checks refuse (a sign bit, a
+storage too small for the view, other layouts) always take the full path, which checks them.
+An empty tensor is matched by its metadata alone: nothing is read through it (the K = 0
+factors of the backward's epilogue pass are empty views of the accum it reads), and a launch
+whose grid is empty is never kept.
 
 Calls of one site may run at once, from threads, on streams, or into a CUDA graph. Each call
 gets reduction work buffers of its own (the fp32 buffers and per-program partials its before-
@@ -38,7 +43,8 @@ import torch
 
 from . import tune
 
-MAX_SITES = 256
+MAX_SITES = 256        # heads kept (the epilogue, options, stream, names and numbers of a call)
+SITES_PER_HEAD = 16    # sites kept per head (its calls' tensor layouts: a batch size that varies)
 _SITES: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()
 HITS = [0]  # calls served from a kept launch (for tests and the overhead benchmark)
@@ -69,65 +75,165 @@ def epilogue_identity(epilogue):
     return epilogue if code is None else code
 
 
-def signature(epilogue, A, B, tensors: dict, options: tuple) -> tuple | None:
+class Call:
+    """A call's signature in two parts: `head`, the dict key of its sites (the epilogue, the
+    options, the stream, the keywords' names in order, the numbers' types and values), and
+    `tensors` (A, B and the tensor keywords in order), which a kept site's guard matches."""
+
+    __slots__ = ("head", "tensors")
+
+    def __init__(self, head: tuple, tensors: tuple):
+        self.head, self.tensors = head, tensors
+
+
+def signature(epilogue, A, B, tensors: dict, options: tuple) -> Call | None:
     """The call's signature, or None when it must take the full path: an unhashable epilogue,
-    anything but plain tensors and numbers (bools, tensor subclasses), non-empty tensors
-    sharing storage, a tensor the checks refuse (a negative bit, a storage that does not hold
-    the view, sparse and other layouts), a tensor that requires grad while grad is enabled
-    (that call goes through epifuse.torch_ops), or a stream capturing a CUDA graph. Keyword
-    order is part of it."""
+    anything but plain tensors and numbers (bools, tensor subclasses), or a stream capturing a
+    CUDA graph. What the tensors must be for a kept launch to take them (their metadata, no
+    shared storage, a storage that holds each view, no sign bit, not requiring grad while grad
+    is enabled) is checked by lookup against each site kept under the head. Keyword order is
+    part of the head."""
     identity = epilogue_identity(epilogue)
     try:
         hash(identity)
     except TypeError:
         return None
-    if identity is _UNREADABLE:
+    if identity is _UNREADABLE or type(A) not in PLAIN_TENSOR_TYPES or type(B) not in PLAIN_TENSOR_TYPES:
         return None
-    if type(A) not in PLAIN_TENSOR_TYPES:
-        return None
-    parts = [identity, options]
+    head = [identity, options]
     if A.is_cuda:   # kernel-owned buffers (split-K's workspace) are kept per site: one stream each
         if torch._C._cuda_isCurrentStreamCapturing():
             return None
-        parts.append(torch._C._cuda_getCurrentRawStream(A.device.index))
-    grad = torch.is_grad_enabled()
-    storages = set()
+        head.append(torch._C._cuda_getCurrentRawStream(A.device.index))
+    given = [A, B]
+    for name, value in tensors.items():
+        kind = type(value)
+        if kind in PLAIN_TENSOR_TYPES:
+            head.append(name)
+            given.append(value)
+        elif kind in _NUMBER_TYPES:
+            # a float by its bits as well: -0.0 == 0.0, but 1 / x tells them apart
+            head.append((name, kind, value, math.copysign(1.0, value)) if kind is float else (name, kind, value))
+        else:
+            return None
+    return Call(tuple(head), tuple(given))
+
+
+def _tensor_guard_type():
+    """torch's guard of tensor metadata in C++ (the check torch.compile's guards make: exact
+    type, dispatch keys, so the sign and conjugate bits, dtype, device, requires_grad, sizes
+    and strides), if this torch has it as this module calls it; else None (the Python guard)."""
     try:
-        for name, t in (("A", A), ("B", B), *tensors.items()):
-            kind = type(t)
-            if kind in PLAIN_TENSOR_TYPES:
-                requires_grad = t.requires_grad
-                numel = t.numel()
-                if (grad and requires_grad) or t.is_neg():
-                    return None
-                if numel == 0:   # nothing is read or written through it: no storage to check
-                    parts.append((name, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16,
-                                  requires_grad))
-                    continue
-                storage = t.untyped_storage()   # sparse, mkldnn and nested tensors raise here or below
-                base = storage.data_ptr()
-                if base in storages:
-                    return None
-                storages.add(base)
-                address, shape, strides = t.data_ptr(), t.shape, t.stride()
-                reach = numel
-                if not t.is_contiguous():   # how many elements apart its first and last lie, plus one
-                    reach = 1
-                    for size, stride in zip(shape, strides):
-                        reach += (size - 1) * stride
-                if address - base + reach * t.itemsize > storage.nbytes():
-                    return None   # freed or shrunk storage: the full path says so
-                # the address modulo 16, not only whether it is aligned: a view the launch takes
-                # of it (a gated GEMM's second half of B) is aligned or not by it and the strides
-                parts.append((name, shape, strides, t.dtype, t.device, address % 16, requires_grad))
-            elif kind in _NUMBER_TYPES:
-                # a float by its bits as well: -0.0 == 0.0, but 1 / x tells them apart
-                parts.append((name, kind, t, math.copysign(1.0, t)) if kind is float else (name, kind, t))
-            else:
-                return None
-    except (RuntimeError, NotImplementedError):   # a layout without storage or strides: the full path names it
+        from torch._C._dynamo.guards import TensorGuards
+        probe = torch.ones(2, 3)
+        guard = TensorGuards(probe, dynamic_dims_sizes=[[2, 3]], dynamic_dims_strides=[[3, 1]])
+        if guard.check(torch.zeros(2, 3)) and not guard.check(torch.ones(3, 2).t()) and \
+                not guard.check(torch.ones(2, 3, dtype=torch.float64)) and not guard.check(probe._neg_view()):
+            return TensorGuards
+    except Exception:  # noqa: BLE001 - a torch without it, or with another signature: the Python guard
+        pass
+    return None
+
+
+class PythonGuard:
+    """The guard's check written in Python: each tensor's exact type, sizes, strides, dtype,
+    device, requires_grad, and sign and conjugate bits."""
+
+    __slots__ = ("expected",)
+
+    def __init__(self, *tensors):
+        self.expected = tuple(self._describe(t) for t in tensors)
+
+    @staticmethod
+    def _describe(t):
+        return (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.is_neg(), t.is_conj())
+
+    def check(self, *tensors) -> bool:
+        if len(tensors) != len(self.expected):
+            return False
+        try:
+            return all(self._describe(t) == expected for t, expected in zip(tensors, self.expected))
+        except (AttributeError, RuntimeError, NotImplementedError):
+            return False
+
+
+_GUARD_TYPE: list = []   # [the guard class], decided on the first site kept
+
+
+def _guard(tensors: tuple):
+    if not _GUARD_TYPE:
+        _GUARD_TYPE.append(_tensor_guard_type() or PythonGuard)
+    guard_type = _GUARD_TYPE[0]
+    if guard_type is PythonGuard:
+        return PythonGuard(*tensors)
+    return guard_type(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                      dynamic_dims_strides=[list(t.stride()) for t in tensors])
+
+
+class _Kept:
+    """A site and what a call's tensors must be for it: its guard, and per tensor its address
+    modulo 16 and the bytes its view reaches from its first element (None for an empty tensor:
+    nothing is read or written through it, so its storage is not checked)."""
+
+    __slots__ = ("site", "guard", "aligned", "reach", "needs_grad")
+
+    def __init__(self, site, tensors: tuple):
+        self.site, self.guard = site, _guard(tensors)
+        # the address modulo 16, not only whether it is aligned: a view the launch takes of it
+        # (a gated GEMM's second half of B) is aligned or not by it and the strides
+        self.aligned = tuple(t.data_ptr() % 16 for t in tensors)
+        self.reach = tuple(_reach_bytes(t) for t in tensors)
+        self.needs_grad = any(t.requires_grad for t in tensors)
+
+    def takes(self, tensors: tuple) -> bool:
+        if not self.guard.check(*tensors) or (self.needs_grad and torch.is_grad_enabled()):
+            return False
+        bases = []
+        for t, aligned, reach in zip(tensors, self.aligned, self.reach):
+            address = t.data_ptr()
+            if address % 16 != aligned:
+                return False
+            if reach is None:
+                continue
+            storage = t.untyped_storage()
+            base = storage.data_ptr()
+            if base in bases or address - base + reach > storage.nbytes():
+                return False   # shared storage, or a freed or shrunk one: the full path says so
+            bases.append(base)
+        return True
+
+
+def _reach_bytes(t) -> int | None:
+    """The bytes from t's first element to the end of its last (None when it is empty)."""
+    if t.numel() == 0:
         return None
-    return tuple(parts)
+    reach = 1
+    for size, stride in zip(t.shape, t.stride()):
+        reach += (size - 1) * stride
+    return reach * t.itemsize
+
+
+def _keepable(tensors: tuple) -> bool:
+    """Whether a launch on these tensors may be kept: none requires grad while grad is enabled
+    (those calls go through epifuse.torch_ops), none has a sign bit, their non-empty storages
+    are distinct, each holds its view, and every layout has storage and strides."""
+    grad = torch.is_grad_enabled()
+    bases = set()
+    try:
+        for t in tensors:
+            if (grad and t.requires_grad) or t.is_neg() or t.is_conj():
+                return False
+            reach = _reach_bytes(t)
+            if reach is None:
+                continue
+            storage = t.untyped_storage()   # sparse, mkldnn and nested tensors raise here or below
+            base = storage.data_ptr()
+            if base in bases or t.data_ptr() - base + reach > storage.nbytes():
+                return False
+            bases.add(base)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 class Site:
@@ -172,14 +278,24 @@ class Site:
         return outputs[0] if len(outputs) == 1 else outputs
 
 
-def lookup(key) -> Site | None:
-    return _SITES.get(key) if key is not None else None
+def lookup(call: Call | None) -> Site | None:
+    """The site kept for `call`: one kept under its head whose guard takes its tensors."""
+    if call is None:
+        return None
+    kept = _SITES.get(call.head)
+    if kept is None:
+        return None
+    tensors = call.tensors
+    for entry in kept:
+        if entry.takes(tensors):
+            return entry.site
+    return None
 
 
-def remember(key, args, kernel, allocated: tuple, returns: tuple) -> Site | None:
-    """Keep the launch of `kernel` on `args` for `key`, if its tensors are all accounted for;
-    the Site kept, or None."""
-    if key is None:
+def remember(call: Call | None, args, kernel, allocated: tuple, returns: tuple) -> Site | None:
+    """Keep the launch of `kernel` on `args` for `call`, if its tensors may be kept and are all
+    accounted for; the Site kept, or None."""
+    if call is None or not _keepable(call.tensors):
         return None
     plan = getattr(args, "_plans", {}).get(kernel)
     if plan is None or plan.launch_with is None or not all(g > 0 for g in plan.grid):
@@ -213,11 +329,25 @@ def remember(key, args, kernel, allocated: tuple, returns: tuple) -> Site | None
         values[i] = None
     site = Site(values, tuple(positions), plan.launch_with, allocate, returns, args.A.device, *steps,
                 work=work, gated=gated)
+    _file(call, site)
+    return site
+
+
+def _file(call: Call, site: Site) -> None:
+    """Keep `site` for calls like `call`: first among those of its head (at most
+    SITES_PER_HEAD, the least recently kept dropped), and its head last of at most MAX_SITES."""
+    entry = _Kept(site, call.tensors)
     with _LOCK:
-        _SITES[key] = site
+        kept = [entry, *_SITES.pop(call.head, ())][:SITES_PER_HEAD]
+        _SITES[call.head] = kept
         while len(_SITES) > MAX_SITES:
             _SITES.popitem(last=False)
-    return site
+
+
+def sites() -> list:
+    """Every kept site, the most recently kept head's last (for tests)."""
+    with _LOCK:
+        return [entry.site for kept in _SITES.values() for entry in reversed(kept)]
 
 
 def clear() -> None:
