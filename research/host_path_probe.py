@@ -64,7 +64,8 @@ def main() -> None:
     rows["empty_python_call"] = per_call_us(lambda: None)
     from epifuse.runtime import tune
     rows["kernel"] = tune.HISTORY[-1]["choice"] if tune.HISTORY else os.environ.get("EPIFUSE_TUNE", "")
-    rows["guard"] = type(callsite._SITES[call.head][0].guard).__name__
+    head = getattr(call, "head", None)   # a tree before the two-step lookup keys sites by the whole signature
+    rows["guard"] = type(callsite._SITES[head][0].guard).__name__ if head is not None else "none"
     print(json.dumps(rows))
 
 

@@ -53,3 +53,45 @@ def test_descriptor_arguments_expand_in_place_and_are_encoded_once_per_layout(in
         assert list(launched[-1][13:]) == expected(address)
         assert launched[-1][:4] == (4, 2, 1, "stream")
     assert len(encoded) == 2 * len(indices)   # the repeated layout reused its encodings
+
+
+class _Recorder:
+    """Stands for Triton's compiled launcher (a C function: no __code__), recording each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_the_plain_launch_passes_what_tritons_launcher_object_would(cooperative, monkeypatch):
+    """The installed Triton's own CudaLauncher.__call__ and plain_launcher hand the compiled
+    launcher the same arguments, for a kernel without descriptors or scratch; a kernel with
+    scratch, or a launcher that is a Python wrapper, is left to Triton."""
+    import triton.runtime
+    from triton.backends.nvidia.driver import CudaLauncher
+    # 3.9's __call__ reads the active driver first (a CPU machine has none); it is not used
+    # for a kernel without scratch
+    monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=None))
+    runner = CudaLauncher.__new__(CudaLauncher)
+    runner.launch = _Recorder()
+    runner.global_scratch_size = runner.profile_scratch_size = 0
+    runner.global_scratch_align = runner.profile_scratch_align = 1
+    runner.num_ctas, runner.launch_cooperative_grid, runner.launch_pdl = 1, cooperative, False
+    runner.gsan_enabled = False
+    if "arg_annotations" in CudaLauncher.__init__.__code__.co_names:   # 3.9 keeps these
+        runner.arg_annotations, runner.kernel_signature = "annotations", "kernel signature"
+    compiled = SimpleNamespace(run=runner)
+    plain = launch.plain_launcher(compiled)
+    assert plain is not None, "this Triton's CudaLauncher is not one plain_launcher knows"
+    values, constexprs = [7, "pointer", 3.5], [64, 128]
+    CudaLauncher.__call__(runner, 4, 2, 1, "stream", "function", "packed", None, None, None, *values, *constexprs)
+    plain((4, 2, 1), "stream", "function", "packed", values, constexprs)
+    through_triton, direct = runner.launch.calls
+    assert direct == through_triton
+    runner.global_scratch_size = 64
+    assert launch.plain_launcher(compiled) is None
+    runner.global_scratch_size, runner.launch = 0, lambda *args: None
+    assert launch.plain_launcher(compiled) is None

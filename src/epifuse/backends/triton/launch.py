@@ -1,10 +1,12 @@
 """The direct launch of a compiled kernel: the host-time fast path of a kept plan.
 
 `direct_launcher` skips Triton's per-call argument binding and specialization (a plan's
-arguments never change); `described_launcher` also keeps the TMA descriptors Triton encoded
-for each tensor seen, instead of encoding every descriptor at every launch. Both read how the
-installed Triton builds its launcher (3.6 expands descriptors in Python, 3.9 in C++) and
-return None where it is built otherwise: the caller then launches through Triton.
+arguments never change). Under it, `plain_launcher` calls Triton's compiled launcher without
+the Python of Triton's launcher object (kernels without descriptors or scratch), and
+`described_launcher` keeps the TMA descriptors Triton encoded for each tensor seen, instead
+of encoding every descriptor at every launch. Both read how the installed Triton builds its
+launcher (3.6 expands descriptors in Python, 3.9 in C++) and return None where it is built
+otherwise: the caller then launches through Triton.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ def direct_launcher(plan, compiled, device: int, before=None):
     convert = plan.convert
     current_device = torch._C._cuda_getDevice
     described = described_launcher(compiled)  # None for kernels without host TMA descriptors
+    plain = None if described is not None else plain_launcher(compiled)
     sync = plan.sync
     capturing = torch._C._cuda_isCurrentStreamCapturing
 
@@ -64,6 +67,8 @@ def direct_launcher(plan, compiled, device: int, before=None):
             values = convert(values, False)
         if described is not None:
             described(grid, stream, function, packed, [*values, *constexprs])
+        elif plain is not None:
+            plain(grid, stream, function, packed, values, constexprs)
         else:
             run(grid[0], grid[1], grid[2], stream, function, packed, None, None, None,
                 *values, *constexprs)
@@ -114,6 +119,37 @@ def described_launcher(compiled):
         raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, packed, None, None, None,
             *expand(args))
     return launch
+
+
+def plain_launcher(compiled):
+    """Triton's launch of `compiled`, a kernel without host TMA descriptors, scratch or GSan,
+    calling the compiled launcher as CudaLauncher.__call__ would, without the Python of
+    __call__ itself (its scratch allocators, which such a kernel does not use, and its
+    argument repacking). None where the launcher or __call__ is not as Triton 3.5-3.6 or 3.9
+    build them (the caller then launches through Triton)."""
+    runner = compiled.run
+    raw = getattr(runner, "launch", None)
+    code = getattr(getattr(type(runner), "__call__", None), "__code__", None)
+    # a Python function is Triton's descriptor wrapper, not the compiled launcher itself
+    if raw is None or not callable(raw) or hasattr(raw, "__code__") or code is None or \
+            getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1) or \
+            getattr(runner, "gsan_enabled", False) or getattr(runner, "_tvmffi_host_launch", None) is not None:
+        return None
+    cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
+    annotations = getattr(runner, "arg_annotations", None)
+    if code.co_argcount == 6 and annotations is None:   # 3.5-3.6: __call__(self, gridX, ..., function, *args)
+        def launch(grid, stream, function, packed, values, constexprs) -> None:
+            raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, packed, None, None, None,
+                *values, *constexprs)
+        return launch
+    if code.co_argcount == 10 and annotations is not None:   # 3.9: the hooks named, the arguments as a tuple
+        kernel_signature = runner.kernel_signature
+
+        def launch(grid, stream, function, packed, values, constexprs) -> None:
+            raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, packed, None, None, None, None, None,
+                annotations, kernel_signature, (*values, *constexprs))
+        return launch
+    return None
 
 
 def _described_launcher_39(runner, cells):

@@ -1,0 +1,38 @@
+#!/bin/bash
+# A/B of a kept epifuse.gemm's host time in one device call: this tree against the tree
+# unpacked under research/ab/before/src (git archive <commit> src), alternately, after the
+# launch tests of this tree (the plain launch against the installed Triton's own launcher).
+set -u
+T0=$(date +%s)
+PYTHONPATH=src:tests:. timeout 100 python -m pytest -q -p no:cacheprovider tests/unit/test_direct_launch.py \
+  > $OUT/launch_unit.log 2>&1; echo "launch unit rc=$? $(tail -1 $OUT/launch_unit.log)"
+PYTHONPATH=src:tests:. timeout -s INT 120 python -m pytest -m gpu -q -n 16 -p no:cacheprovider -rfE tests/kernels/test_launch.py \
+  tests/kernels/test_callsite.py tests/gpu/test_gpu.py -k "kept or launch or graph or thread or stream or callsite" \
+  > $OUT/launch_gpu.log 2>&1; echo "launch gpu rc=$? $(tail -1 $OUT/launch_gpu.log) $(( $(date +%s) - T0 )) s"
+for round in 1 2; do
+  for tree in after before; do
+    src=src; [ $tree = before ] && src=research/ab/before/src
+    PYTHONPATH=$src:. timeout 60 python research/host_path_probe.py --tune 0 > $OUT/probe_${tree}_$round.json 2>/dev/null
+    PYTHONPATH=$src:. timeout 90 python -m bench.overhead > $OUT/overhead_${tree}_$round.json 2>/dev/null
+  done
+done
+echo "ab done $(( $(date +%s) - T0 )) s"
+python - <<'P'
+import json, glob, os
+out = os.environ["OUT"]
+keys = ["epifuse_gemm", "signature", "lookup", "site_call_without_launch", "launch_with", "torch_addmm_out"]
+print("probe (tune 0)     " + " ".join(f"{k[:12]:>12s}" for k in keys))
+for f in sorted(glob.glob(out + "/probe_*.json")):
+    try:
+        d = json.load(open(f))
+        print(f"{os.path.basename(f)[6:-5]:18s} " + " ".join(f"{d[k]:12.2f}" for k in keys))
+    except Exception as e:
+        print(f, "unreadable", e)
+for f in sorted(glob.glob(out + "/overhead_*.json")):
+    try:
+        d = json.load(open(f))
+        print(f"{os.path.basename(f)[9:-5]:10s} gemm {d['epifuse_gemm_us']:6.2f} addmm {d['torch_addmm_us']:6.2f} over {d['gemm_over_addmm_us']:5.2f}"
+              f" | new out {d['epifuse_gemm_new_output_us']:6.2f} vs {d['torch_addmm_relu_us']:6.2f} over {d['new_output_over_addmm_relu_us']:5.2f} | {d['kernel']}")
+    except Exception as e:
+        print(f, "unreadable", e)
+P
