@@ -518,3 +518,45 @@ def test_a_kept_launch_does_not_keep_any_calls_tensors_alive(grad, device):
         del A, D, s
     gc.collect()
     assert [[r() is None for r in trio] for trio in refs] == [[True] * 3] * 3
+
+
+@pytest.mark.parametrize("place", ["A", "C"])
+def test_a_nested_tensor_after_a_kept_call_gets_the_full_paths_error(place):
+    """torch's C++ guard aborts the process reading a strided nested tensor's strides: such a
+    call never reaches a guard, and the full path names the tensor as it does on a first call."""
+    src = "def epi(accum, C):\n    D = accum + C\n    return D\n"
+    A, B, C = (integer_tensor(*shape, dtype=torch.float32) for shape in ((8, 4), (4, 6), (8, 6)))
+    epifuse.gemm(A, B, src, C=C)
+    epifuse.gemm(A, B, src, C=C)
+    assert callsite.sites()
+    tensors = {"A": A, "C": C}
+    tensors[place] = torch.nested.nested_tensor([tensors[place], tensors[place]])
+    with pytest.raises(epifuse.errors.ShapeError, match="is a nested tensor"):
+        epifuse.gemm(tensors["A"], B, src, C=tensors["C"])
+
+
+def test_the_same_layout_filed_twice_keeps_one_site_and_all_heads_share_one_bound(monkeypatch):
+    """Threads that make the same first call at once each file a site: the last replaces the
+    others (each holds its plan's buffers). MAX_SITES bounds the sites of all heads together."""
+    opts = (None, False, False, torch.float32, "default")
+
+    def call(m, alpha=1.0):
+        return callsite.signature("src", torch.randn(m, 3), torch.randn(3, 5), {"alpha": alpha}, opts)
+    _kept_for(call(4))
+    second = _kept_for(call(4))
+    assert callsite.sites() == [second] and callsite.lookup(call(4)) is second
+    monkeypatch.setattr(callsite, "MAX_SITES", 3)
+    others = [_kept_for(call(m, alpha=2.0)) for m in (1, 2, 3)]
+    assert callsite.sites() == others and len(callsite._SITES) == 1   # the first head went
+
+
+def test_the_guard_probe_holds_under_another_default_dtype():
+    """The probe that picks torch's C++ guard names every dtype it compares: a process whose
+    default dtype is float64 keeps the C++ guard."""
+    expected = callsite._tensor_guard_type()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert callsite._tensor_guard_type() is expected
+    finally:
+        torch.set_default_dtype(previous)

@@ -380,23 +380,26 @@ def test_a_process_exits_without_waiting_for_queued_compiles():
 
 def test_the_pool_lets_a_job_go_before_its_future_wakes_the_waiter():
     """A tuning's compile jobs hold its scratch tensors: the pool's thread must not keep the last
-    job it ran (and so a GPU's scratch memory) alive until its next job arrives."""
-    import gc
+    job it ran (and so a GPU's scratch memory) alive until its next job arrives, nor while it
+    completes the job's future (whose callbacks run inside set_result: a waiter wakes there)."""
     import weakref
 
     class Held:
         pass
     for fails in (False, True):
-        held = Held()
+        held, release, freed_when_done = Held(), threading.Event(), []
         alive = weakref.ref(held)
 
         def job(held=held):
+            release.wait(10)
             if fails:
                 raise ValueError("compile failed")
             return 3
         future = ahead.compile_all([job])[0]
+        future.add_done_callback(lambda _: freed_when_done.append(alive() is None))
         del held, job
+        release.set()
         assert (future.exception(10) is not None) if fails else future.result(10) == 3
-        del future   # a failed job's traceback, kept in its future, holds the job's frame
-        gc.collect()
+        assert freed_when_done == [not fails]   # a failed job's traceback, kept in its future, holds its frame
+        del future
         assert alive() is None, "the pool's thread still holds the job it ran"

@@ -43,8 +43,8 @@ import torch
 
 from . import tune
 
-MAX_SITES = 256        # heads kept (the epilogue, options, stream, names and numbers of a call)
-SITES_PER_HEAD = 16    # sites kept per head (its calls' tensor layouts: a batch size that varies)
+MAX_SITES = 256        # sites kept in all (each holds its plan's own buffers: split-K's workspace)
+SITES_PER_HEAD = 16    # per head (a call's epilogue, options, stream, names and numbers): its layouts
 _SITES: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()
 HITS = [0]  # calls served from a kept launch (for tests and the overhead benchmark)
@@ -88,8 +88,8 @@ class Call:
 
 def signature(epilogue, A, B, tensors: dict, options: tuple) -> Call | None:
     """The call's signature, or None when it must take the full path: an unhashable epilogue,
-    anything but plain tensors and numbers (bools, tensor subclasses), or a stream capturing a
-    CUDA graph. What the tensors must be for a kept launch to take them (their metadata, no
+    anything but plain tensors and numbers (bools, tensor subclasses, nested tensors), or a
+    stream capturing a CUDA graph. What the tensors must be for a kept launch to take them (their metadata, no
     shared storage, a storage that holds each view, no sign bit, not requiring grad while grad
     is enabled) is checked by lookup against each site kept under the head. Keyword order is
     part of the head."""
@@ -98,7 +98,8 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> Call | None:
         hash(identity)
     except TypeError:
         return None
-    if identity is _UNREADABLE or type(A) not in PLAIN_TENSOR_TYPES or type(B) not in PLAIN_TENSOR_TYPES:
+    if identity is _UNREADABLE or type(A) not in PLAIN_TENSOR_TYPES or type(B) not in PLAIN_TENSOR_TYPES or \
+            A.is_nested or B.is_nested:
         return None
     head = [identity, options]
     if A.is_cuda:   # kernel-owned buffers (split-K's workspace) are kept per site: one stream each
@@ -109,6 +110,8 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> Call | None:
     for name, value in tensors.items():
         kind = type(value)
         if kind in PLAIN_TENSOR_TYPES:
+            if value.is_nested:   # torch's guard aborts the process reading its strides: the full path names it
+                return None
             head.append(name)
             given.append(value)
         elif kind in _NUMBER_TYPES:
@@ -125,9 +128,10 @@ def _tensor_guard_type():
     and strides), if this torch has it as this module calls it; else None (the Python guard)."""
     try:
         from torch._C._dynamo.guards import TensorGuards
-        probe = torch.ones(2, 3)
+        probe = torch.ones(2, 3, dtype=torch.float32)
         guard = TensorGuards(probe, dynamic_dims_sizes=[[2, 3]], dynamic_dims_strides=[[3, 1]])
-        if guard.check(torch.zeros(2, 3)) and not guard.check(torch.ones(3, 2).t()) and \
+        if guard.check(torch.zeros(2, 3, dtype=torch.float32)) and \
+                not guard.check(torch.ones(3, 2, dtype=torch.float32).t()) and \
                 not guard.check(torch.ones(2, 3, dtype=torch.float64)) and not guard.check(probe._neg_view()):
             return TensorGuards
     except Exception:  # noqa: BLE001 - a torch without it, or with another signature: the Python guard
@@ -175,10 +179,12 @@ class _Kept:
     modulo 16 and the bytes its view reaches from its first element (None for an empty tensor:
     nothing is read or written through it, so its storage is not checked)."""
 
-    __slots__ = ("site", "guard", "aligned", "reach", "needs_grad")
+    __slots__ = ("site", "guard", "aligned", "reach", "needs_grad", "layout")
 
     def __init__(self, site, tensors: tuple):
         self.site, self.guard = site, _guard(tensors)
+        # what the guard checks, for telling a second site for the same calls from a new one
+        self.layout = tuple(PythonGuard._describe(t) for t in tensors)
         # the address modulo 16, not only whether it is aligned: a view the launch takes of it
         # (a gated GEMM's second half of B) is aligned or not by it and the strides
         self.aligned = tuple(t.data_ptr() % 16 for t in tensors)
@@ -189,17 +195,20 @@ class _Kept:
         if not self.guard.check(*tensors) or (self.needs_grad and torch.is_grad_enabled()):
             return False
         bases = []
-        for t, aligned, reach in zip(tensors, self.aligned, self.reach):
-            address = t.data_ptr()
-            if address % 16 != aligned:
-                return False
-            if reach is None:
-                continue
-            storage = t.untyped_storage()
-            base = storage.data_ptr()
-            if base in bases or address - base + reach > storage.nbytes():
-                return False   # shared storage, or a freed or shrunk one: the full path says so
-            bases.append(base)
+        try:
+            for t, aligned, reach in zip(tensors, self.aligned, self.reach):
+                address = t.data_ptr()
+                if address % 16 != aligned:
+                    return False
+                if reach is None:
+                    continue
+                storage = t.untyped_storage()
+                base = storage.data_ptr()
+                if base in bases or address - base + reach > storage.nbytes():
+                    return False   # shared storage, or a freed or shrunk one: the full path says so
+                bases.append(base)
+        except (RuntimeError, NotImplementedError):   # a layout without storage: the full path names it
+            return False
         return True
 
 
@@ -334,14 +343,17 @@ def remember(call: Call | None, args, kernel, allocated: tuple, returns: tuple) 
 
 
 def _file(call: Call, site: Site) -> None:
-    """Keep `site` for calls like `call`: first among those of its head (at most
-    SITES_PER_HEAD, the least recently kept dropped), and its head last of at most MAX_SITES."""
+    """Keep `site` for calls like `call`: first among those of its head, replacing one kept for
+    the same layout (threads that made the same first call at once), at most SITES_PER_HEAD
+    per head (the least recently kept dropped) and MAX_SITES in all (the least recently kept
+    heads dropped)."""
     entry = _Kept(site, call.tensors)
     with _LOCK:
-        kept = [entry, *_SITES.pop(call.head, ())][:SITES_PER_HEAD]
-        _SITES[call.head] = kept
-        while len(_SITES) > MAX_SITES:
-            _SITES.popitem(last=False)
+        others = [e for e in _SITES.pop(call.head, ()) if (e.layout, e.aligned) != (entry.layout, entry.aligned)]
+        _SITES[call.head] = [entry, *others][:SITES_PER_HEAD]
+        total = sum(map(len, _SITES.values()))
+        while total > MAX_SITES and len(_SITES) > 1:
+            total -= len(_SITES.popitem(last=False)[1])
 
 
 def sites() -> list:

@@ -135,7 +135,9 @@ def plain_launcher(compiled):
             getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1) or \
             getattr(runner, "gsan_enabled", False) or getattr(runner, "_tvmffi_host_launch", None) is not None:
         return None
-    cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
+    cooperative, pdl = getattr(runner, "launch_cooperative_grid", None), getattr(runner, "launch_pdl", None)
+    if cooperative is None or pdl is None:
+        return None
     annotations = getattr(runner, "arg_annotations", None)
     if code.co_argcount == 6 and annotations is None:   # 3.5-3.6: __call__(self, gridX, ..., function, *args)
         def launch(grid, stream, function, packed, values, constexprs) -> None:
