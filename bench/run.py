@@ -31,7 +31,7 @@ import torch
 
 from . import report
 from .timing import bench_ms, ClockSampler, collect_env, first_call_s, gpu_clocks, merge_summaries
-from .workloads import FP8, SHAPES, WORKLOADS, bind_ops
+from .workloads import FP8, SHAPES, WORKLOADS, bind_ops, shape_dims
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", FP8: "fp8e4m3",
@@ -48,7 +48,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="S2, fp16, short timing, no inductor")
     p.add_argument("--with-s4", action="store_true", help="in --quick, add the small-M shape S4")
-    p.add_argument("--shapes", type=_csv, help=f"comma list of {','.join(SHAPES)}")
+    p.add_argument("--shapes", type=_csv, help=f"comma list of {','.join(SHAPES)} or MxNxK (a model's layer: "
+                                               "1024x16384x4096)")
     p.add_argument("--workloads", type=_csv, help=f"comma list of {','.join(WORKLOADS)}")
     p.add_argument("--dtypes", type=_csv, help="comma list of fp16,bf16 (fp8_scaled is always e4m3, int8_scaled int8)")
     p.add_argument("--baselines", type=_csv, help=f"comma list of {','.join(BASELINES)}")
@@ -75,9 +76,10 @@ def parse_args(argv=None):
     args.rep = args.rep if args.rep is not None else (50.0 if args.quick else 200.0)
     for kind, names, known in [("shape", args.shapes, SHAPES), ("workload", args.workloads, WORKLOADS),
                                ("dtype", args.dtypes, DTYPES), ("baseline", args.baselines, BASELINES)]:
-        bad = [n for n in names if n not in known]
+        bad = [n for n in names if n not in known and not (kind == "shape" and shape_dims(n))]
         if bad:
-            p.error(f"unknown {kind} {', '.join(bad)}; choose from {', '.join(known)}")
+            also = " or MxNxK with positive sizes" if kind == "shape" else ""
+            p.error(f"unknown {kind} {', '.join(bad)}; choose from {', '.join(known)}{also}")
     return args
 
 
@@ -166,7 +168,7 @@ def run_row(w, shape, dtype, cfg, epifuse, epifuse_import_error, env):
     again in the reverse order, and each gets the mean of its two medians. Compiling heats the
     GPU and lowers its clock: timing each baseline right after its own compile favoured
     whichever came first (cuBLAS, the denominator)."""
-    M, N, K = SHAPES[shape]
+    M, N, K = shape_dims(shape)
     history = _tuning_history(epifuse)
     tuned_before = len(history) if history is not None else 0
     sets = _input_sets(w, M, N, K, dtype, "cuda", cfg.seed, env["l2_bytes"])
@@ -241,7 +243,7 @@ def _time_both_ways(calls: dict, errors: dict, warmup: float, rep: float, sample
 
 
 def make_row(w, shape, dtype, times, errors, first, errs, epifuse_requested=True):
-    M, N, K = SHAPES.get(shape, (None, None, None))
+    M, N, K = shape_dims(shape) or (None, None, None)
     base = times.get("cublas")
     ratios = {k: v / base for k, v in times.items() if k != "cublas" and base}
     err = max(errs.values(), key=lambda e: (e != e, e)) if errs else None  # NaN ranks highest

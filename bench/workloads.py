@@ -109,6 +109,17 @@ def int8_scaled(accum, bias, sa, sb):
 
 SHAPES = {"S1": (4096, 4096, 4096), "S2": (16384, 4096, 1024),
           "S3": (8192, 8192, 8192), "S4": (128, 8192, 8192)}
+
+
+def shape_dims(shape: str) -> tuple[int, int, int] | None:
+    """M, N, K of a named shape (S1-S4) or of one written MxNxK (a model's layer: 1024x16384x4096);
+    None for anything else."""
+    if shape in SHAPES:
+        return SHAPES[shape]
+    parts = shape.split("x")
+    if len(parts) == 3 and all(part.isdigit() and int(part) > 0 for part in parts):
+        return tuple(int(part) for part in parts)
+    return None
 FP8 = torch.float8_e4m3fn
 
 

@@ -253,3 +253,17 @@ def test_models_chart_takes_each_block_from_the_last_file_that_has_it(tmp_path):
     assert gpu == "H200" and table == {"mlp": {"epifuse": 0.9}, "gcn": {"epifuse": 0.7, "compile": 1.0}}
     with pytest.raises(SystemExit, match="2 GPUs"):
         models_chart.blocks([a, write("c.json", "H100", [("mlp", "epifuse", 1.0)])])
+
+
+def test_shapes_are_named_or_written_out():
+    """--shapes takes S1-S4 or a model's layer as MxNxK (the shipped table's entries come from
+    such runs); anything else is refused by name."""
+    from bench.workloads import shape_dims
+    args = run.parse_args(["--shapes", "S2,1024x16384x4096", "--workloads", "bias_gelu"])
+    assert [shape_dims(s) for s in args.shapes] == [(16384, 4096, 1024), (1024, 16384, 4096)]
+    row = run.make_row(run.WORKLOADS["bias_gelu"], "1024x16384x4096", run.DTYPES["fp16"], {}, {}, {}, {},
+                       epifuse_requested=False)
+    assert (row["M"], row["N"], row["K"]) == (1024, 16384, 4096)
+    for bad in ("S9", "1024x0x64", "1024x64", "axbxc"):
+        with pytest.raises(SystemExit):
+            run.parse_args(["--shapes", bad])
