@@ -25,11 +25,30 @@ if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+# seconds each GPU test took in a recent run (research/gpu_durations.py writes it)
+GPU_DURATIONS = Path(__file__).resolve().parent / "gpu_durations.json"
+
+
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on the GPU machine)")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
+    if HAS_CUDA:
+        items[:] = longest_first(items)
+
+
+def longest_first(items: list) -> list:
+    """`items` with the GPU tests that took longest in a recent run first, so that
+    pytest-xdist's workers (which take tests in this order) do not end on them; tests without
+    a recorded time keep their order after those. Every worker collects and sorts alike."""
+    import json
+    try:
+        seconds = json.loads(GPU_DURATIONS.read_text())
+    except (OSError, ValueError):
+        return items
+    order = {id(item): i for i, item in enumerate(items)}
+    return sorted(items, key=lambda item: (-seconds.get(item.nodeid, 0.0), order[id(item)]))
 
 
 @pytest.fixture

@@ -1,0 +1,27 @@
+"""The GPU run's order (tests/conftest.py): the tests that took longest start first."""
+from types import SimpleNamespace
+
+import conftest
+
+
+def test_longest_recorded_tests_come_first_and_the_rest_keep_their_order(tmp_path, monkeypatch):
+    durations = tmp_path / "gpu_durations.json"
+    durations.write_text('{"t.py::b": 3.0, "t.py::d": 90.5, "t.py::e": 3.0}')
+    monkeypatch.setattr(conftest, "GPU_DURATIONS", durations)
+    items = [SimpleNamespace(nodeid=f"t.py::{name}") for name in "abcdef"]
+    assert [i.nodeid[-1] for i in conftest.longest_first(items)] == list("dbeacf")
+    monkeypatch.setattr(conftest, "GPU_DURATIONS", tmp_path / "missing.json")
+    assert conftest.longest_first(items) == items
+
+
+def test_the_recorded_durations_name_collected_tests():
+    """A renamed test loses its place silently: most recorded names must still be tests."""
+    import json
+    import subprocess
+    import sys
+    recorded = json.loads(conftest.GPU_DURATIONS.read_text())
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                             "tests", "--ignore=tests/gpu/test_distributed_gpu.py"],
+                            capture_output=True, text=True, cwd=conftest.GPU_DURATIONS.parents[1], timeout=600)
+    collected = set(result.stdout.splitlines())
+    assert sum(name in collected for name in recorded) >= 0.9 * len(recorded)
