@@ -10,6 +10,8 @@ def test_longest_recorded_tests_come_first_and_the_rest_keep_their_order(tmp_pat
     monkeypatch.setattr(conftest, "GPU_DURATIONS", durations)
     items = [SimpleNamespace(nodeid=f"t.py::{name}") for name in "abcdef"]
     assert [i.nodeid[-1] for i in conftest.longest_first(items)] == list("dbeacf")
+    # three workers: rounds of three, every second one reversed
+    assert [i.nodeid[-1] for i in conftest.longest_first(items, workers=3)] == list("dbefca")
     monkeypatch.setattr(conftest, "GPU_DURATIONS", tmp_path / "missing.json")
     assert conftest.longest_first(items) == items
 
