@@ -1,19 +1,19 @@
-"""The GPU run's order (tests/conftest.py): the tests that took longest start first."""
+"""The GPU run's order (tests/gpu_order.py): the tests that took longest start first."""
 from types import SimpleNamespace
 
-import conftest
+import gpu_order
 
 
 def test_longest_recorded_tests_come_first_and_the_rest_keep_their_order(tmp_path, monkeypatch):
     durations = tmp_path / "gpu_durations.json"
     durations.write_text('{"t.py::b": 3.0, "t.py::d": 90.5, "t.py::e": 3.0}')
-    monkeypatch.setattr(conftest, "GPU_DURATIONS", durations)
+    monkeypatch.setattr(gpu_order, "GPU_DURATIONS", durations)
     items = [SimpleNamespace(nodeid=f"t.py::{name}") for name in "abcdef"]
-    assert [i.nodeid[-1] for i in conftest.longest_first(items)] == list("dbeacf")
+    assert [i.nodeid[-1] for i in gpu_order.longest_first(items)] == list("dbeacf")
     # three workers: rounds of three, every second one reversed
-    assert [i.nodeid[-1] for i in conftest.longest_first(items, workers=3)] == list("dbefca")
-    monkeypatch.setattr(conftest, "GPU_DURATIONS", tmp_path / "missing.json")
-    assert conftest.longest_first(items) == items
+    assert [i.nodeid[-1] for i in gpu_order.longest_first(items, workers=3)] == list("dbefca")
+    monkeypatch.setattr(gpu_order, "GPU_DURATIONS", tmp_path / "missing.json")
+    assert gpu_order.longest_first(items) == items
 
 
 def test_the_recorded_durations_name_collected_tests():
@@ -21,9 +21,9 @@ def test_the_recorded_durations_name_collected_tests():
     import json
     import subprocess
     import sys
-    recorded = json.loads(conftest.GPU_DURATIONS.read_text())
+    recorded = json.loads(gpu_order.GPU_DURATIONS.read_text())
     result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                              "tests", "--ignore=tests/gpu/test_distributed_gpu.py"],
-                            capture_output=True, text=True, cwd=conftest.GPU_DURATIONS.parents[1], timeout=600)
+                            capture_output=True, text=True, cwd=gpu_order.GPU_DURATIONS.parents[1], timeout=600)
     collected = set(result.stdout.splitlines())
     assert sum(name in collected for name in recorded) >= 0.9 * len(recorded)
