@@ -6,7 +6,8 @@ a compiled GCN step was 280-390 us a call, where a repeated epifuse.gemm takes a
 At 256 x 256 x 256 bf16 on the GPU, a BCE-like epilogue with a 0-d operand and a 0-d mean:
 the op through torch.ops before and after torch._dynamo is imported (after it, torch's
 custom-op wrapper runs the implementation under torch._disable_dynamo), epifuse.gemm, and the
-op's pieces (_plan, _output_specs, callsite.signature, the kept launch); then cProfile of the op
+op's pieces (op_planning.bind_operands and op_output_specs, callsite.signature and lookup, the
+kept launch); then cProfile of the op
 before dynamo is imported (after it, cProfile does not see inside the disabled region).
 """
 from __future__ import annotations
@@ -34,13 +35,13 @@ SOURCE = """def fused_addmm(accum, x0, x1, x2):
 
 def main() -> None:
     import sys
-    from epifuse import torch_ops as T
+    from epifuse import epilogue_table, op_planning
     from epifuse.runtime import callsite
     dev, dt = "cuda", torch.bfloat16
     A = torch.randn(256, 256, device=dev, dtype=dt)
     B = torch.randn(256, 256, device=dev, dtype=dt).t()
     ops = [torch.randn(256, device=dev, dtype=dt), torch.rand(256, 256, device=dev), torch.zeros((), device=dev)]
-    key = T.entry(T.register_epilogue(SOURCE)).key
+    key = epilogue_table.entry(epilogue_table.register_epilogue(SOURCE)).key
     op = torch.ops.epifuse.gemm.default
 
     def call():
@@ -57,17 +58,21 @@ def main() -> None:
     importlib.import_module("torch._dynamo")
     rows["op, dynamo imported"] = us(call)
     rows["torch.addmm"] = us(lambda: torch.addmm(ops[0], A, B))
-    e = T.resolve(key)
-    values = T.unpack(e.program.operands, ops, [], "ttt")
-    rows["_plan"] = us(lambda: T._plan(e.program, A, B, values))
-    program, graph, accum_shape, values, _ = T._plan(e.program, A, B, values)
-    rows["_output_specs"] = us(lambda: T._output_specs(e, graph, accum_shape, A, "bfloat16,float32", torch.float32))
+    e = epilogue_table.resolve(key)
+    values = op_planning.unpack(e.program.operands, ops, [], "ttt")
+    rows["bind_operands"] = us(lambda: op_planning.bind_operands(e.program, A, B, values))
+    program, graph, accum_shape, values, _ = op_planning.bind_operands(e.program, A, B, values)
+    rows["op_output_specs"] = us(lambda: op_planning.op_output_specs(e, graph, accum_shape, A, "bfloat16,float32",
+                                                                     torch.float32))
     outs = dict(zip(["out0", "out1"], call()))
     options = ("op", torch.float32, False, "default", False)
-    rows["callsite.signature"] = us(lambda: callsite.signature(key, A, B, {**values, **outs}, options))
-    site = callsite.lookup(callsite.signature(key, A, B, {**values, **outs}, options))
+    tensors = {**values, **outs}
+    rows["callsite.signature"] = us(lambda: callsite.signature(key, A, B, tensors, options))
+    signed = callsite.signature(key, A, B, tensors, options)
+    rows["callsite.lookup"] = us(lambda: callsite.lookup(signed))
+    site = callsite.lookup(signed)
     if site is not None:
-        rows["kept launch (site.call)"] = us(lambda: site.call(A, B, {**values, **outs}))
+        rows["kept launch (site.call)"] = us(lambda: site.call(A, B, tensors))
     for name, value in rows.items():
         print(f"{name:32s} {value if isinstance(value, bool) else f'{value:8.1f} us'}")
     print("\n".join(line for line in text.getvalue().splitlines() if line.strip()))
