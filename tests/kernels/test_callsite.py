@@ -560,3 +560,25 @@ def test_the_guard_probe_holds_under_another_default_dtype():
         assert callsite._tensor_guard_type() is expected
     finally:
         torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize("ignores", ["requires_grad", "sizes", "strides", "dtype", "sign bit", "device", "type"])
+def test_a_cpp_guard_that_ignores_a_field_is_not_used(ignores, monkeypatch):
+    """The probe refuses a C++ guard (another torch's TensorGuards) that would let through a
+    tensor differing in any field a false hit would get wrong: the Python guard is used."""
+    import torch._C._dynamo.guards as guards
+    fields = {"requires_grad": lambda t: t.requires_grad, "sizes": lambda t: tuple(t.shape),
+              "strides": lambda t: t.stride(), "dtype": lambda t: t.dtype, "sign bit": lambda t: t.is_neg(),
+              "device": lambda t: t.device, "type": type}
+    kept = [f for name, f in fields.items() if name != ignores]
+
+    class Lenient:
+        def __init__(self, *tensors, dynamic_dims_sizes, dynamic_dims_strides):
+            self.expected = [tuple(f(t) for f in kept) for t in tensors]
+
+        def check(self, *tensors):
+            return [tuple(f(t) for f in kept) for t in tensors] == self.expected
+    monkeypatch.setattr(guards, "TensorGuards", Lenient)
+    assert callsite._tensor_guard_type() is None
+    kept = list(fields.values())
+    assert callsite._tensor_guard_type() is Lenient   # the same fake, checking every field, passes

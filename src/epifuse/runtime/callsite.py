@@ -130,9 +130,15 @@ def _tensor_guard_type():
         from torch._C._dynamo.guards import TensorGuards
         probe = torch.ones(2, 3, dtype=torch.float32)
         guard = TensorGuards(probe, dynamic_dims_sizes=[[2, 3]], dynamic_dims_strides=[[3, 1]])
+        # each field a false hit would get wrong, requires_grad above all: a site kept for calls
+        # without autograd serving one that needs it would return outputs without gradients
         if guard.check(torch.zeros(2, 3, dtype=torch.float32)) and \
                 not guard.check(torch.ones(3, 2, dtype=torch.float32).t()) and \
-                not guard.check(torch.ones(2, 3, dtype=torch.float64)) and not guard.check(probe._neg_view()):
+                not guard.check(torch.ones(2, 3, dtype=torch.float64)) and not guard.check(probe._neg_view()) and \
+                not guard.check(torch.ones(2, 3, dtype=torch.float32, requires_grad=True)) and \
+                not guard.check(torch.ones(1, 3, dtype=torch.float32)) and \
+                not guard.check(torch.ones(2, 3, dtype=torch.float32, device="meta")) and \
+                not guard.check(torch.nn.Parameter(torch.ones(2, 3, dtype=torch.float32), requires_grad=False)):
             return TensorGuards
     except Exception:  # noqa: BLE001 - a torch without it, or with another signature: the Python guard
         pass
