@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import torch
 
@@ -16,21 +15,13 @@ if "--tune" in sys.argv:
     os.environ["EPIFUSE_TUNE"] = sys.argv[sys.argv.index("--tune") + 1]
 
 import epifuse  # noqa: E402
+from bench.overhead import _per_call_us  # noqa: E402
 from epifuse.runtime import callsite  # noqa: E402
 
 
 def per_call_us(fn, calls: int = 3000) -> float:
-    best = float("inf")
-    for _ in range(3):
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+    """bench.overhead's host time per call, the best of three rounds."""
+    return min(_per_call_us(fn, calls) for _ in range(3))
 
 
 def main() -> None:

@@ -200,22 +200,30 @@ class _Kept:
     def takes(self, tensors: tuple) -> bool:
         if not self.guard.check(*tensors) or (self.needs_grad and torch.is_grad_enabled()):
             return False
-        bases = []
-        try:
-            for t, aligned, reach in zip(tensors, self.aligned, self.reach):
-                address = t.data_ptr()
-                if address % 16 != aligned:
-                    return False
-                if reach is None:
-                    continue
-                storage = t.untyped_storage()
-                base = storage.data_ptr()
-                if base in bases or address - base + reach > storage.nbytes():
-                    return False   # shared storage, or a freed or shrunk one: the full path says so
-                bases.append(base)
-        except (RuntimeError, NotImplementedError):   # a layout without storage: the full path names it
-            return False
-        return True
+        return _placed(tensors, self.aligned, self.reach)
+
+
+def _placed(tensors: tuple, aligned: tuple, reach: tuple) -> bool:
+    """Whether each tensor lies at its address modulo 16 in `aligned` and, unless its `reach`
+    is None (empty), in a storage of its own that holds the `reach` bytes of its view: not a
+    storage shared with another tensor, nor one freed or shrunk since (the full path says so).
+    A layout without storage takes the full path too, which names it."""
+    bases = []
+    try:
+        for t, alignment, span in zip(tensors, aligned, reach):
+            address = t.data_ptr()
+            if address % 16 != alignment:
+                return False
+            if span is None:
+                continue
+            storage = t.untyped_storage()   # sparse, mkldnn and nested tensors raise here or below
+            base = storage.data_ptr()
+            if base in bases or address - base + span > storage.nbytes():
+                return False
+            bases.append(base)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def _reach_bytes(t) -> int | None:
@@ -230,25 +238,18 @@ def _reach_bytes(t) -> int | None:
 
 def _keepable(tensors: tuple) -> bool:
     """Whether a launch on these tensors may be kept: none requires grad while grad is enabled
-    (those calls go through epifuse.torch_ops), none has a sign bit, their non-empty storages
-    are distinct, each holds its view, and every layout has storage and strides."""
+    (those calls go through epifuse.torch_ops), none has a sign or conjugate bit, their
+    non-empty storages are distinct, each holds its view, and every layout has storage and
+    strides."""
     grad = torch.is_grad_enabled()
-    bases = set()
     try:
-        for t in tensors:
-            if (grad and t.requires_grad) or t.is_neg() or t.is_conj():
-                return False
-            reach = _reach_bytes(t)
-            if reach is None:
-                continue
-            storage = t.untyped_storage()   # sparse, mkldnn and nested tensors raise here or below
-            base = storage.data_ptr()
-            if base in bases or t.data_ptr() - base + reach > storage.nbytes():
-                return False
-            bases.add(base)
+        if any((grad and t.requires_grad) or t.is_neg() or t.is_conj() for t in tensors):
+            return False
+        reach = tuple(_reach_bytes(t) for t in tensors)
+        aligned = tuple(t.data_ptr() % 16 for t in tensors)
     except (RuntimeError, NotImplementedError):
         return False
-    return True
+    return _placed(tensors, aligned, reach)
 
 
 class Site:

@@ -584,10 +584,10 @@ def _compile_before_timing(scratch, kernels) -> None:
     timing for the host. Each kernel's plan is built here, on `scratch` (Kernel.compile_job:
     its buffers on this thread's stream, kept on scratch for the timing, and Triton's one-time
     set-up done here by the first, so the pool's threads start compiling together); the pool
-    only compiles. A kernel that fails to plan or
-    compile is left to its timing, which fails and drops it. Nothing here (each kernel
-    compiles before its own timing) while the current stream captures a CUDA graph (no timing
-    runs then either), under the interpreter, or with EPIFUSE_COMPILE_AHEAD=0."""
+    only compiles. A kernel that fails to plan or compile is left to its timing, which fails
+    and drops it. Nothing here (each kernel compiles before its own timing) while the current
+    stream captures a CUDA graph (no timing runs then either), under the interpreter, or with
+    EPIFUSE_COMPILE_AHEAD=0."""
     device = scratch.A.device
     if len(kernels) < 2 or not ahead.compiles_on(device) or capturing(device):
         return
