@@ -2,11 +2,15 @@
 --junitxml=...`): each test's node id and seconds, for those that took at least MIN_S. The
 test set-up (tests/conftest.py) starts the longest GPU tests first, so that pytest-xdist's
 workers do not end on them.
-    python research/gpu_durations.py research/results/<run>/gpu.xml [more.xml]
-A test in several reports keeps its longest time."""
+    python research/gpu_durations.py research/results/<run>/gpu.xml [more.xml] [rerun.log]
+A report not ending in .xml is a pytest log with `--durations` lines ("12.34s call <node id>"),
+for tests a run's time limit cut off and a second call ran. The durations already in the file
+are kept too (a test the limit cut off would otherwise drop out of the file and start last next
+time); a test in several places keeps its longest time."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -24,9 +28,18 @@ def node_id(case) -> str:
     return f"{'/'.join(parts)}.py::{name}"
 
 
+DURATION_LINE = re.compile(r"^\s*([0-9.]+)s call\s+(\S.*?)\s*$")
+
+
 def main(paths: list[str]) -> int:
-    seconds: dict[str, float] = {}
+    seconds: dict[str, float] = json.loads(OUT.read_text()) if OUT.exists() else {}
     for path in paths:
+        if not path.endswith(".xml"):
+            for line in Path(path).read_text().splitlines():
+                if match := DURATION_LINE.match(line):
+                    key = match.group(2)
+                    seconds[key] = max(seconds.get(key, 0.0), float(match.group(1)))
+            continue
         for case in ET.parse(path).iter("testcase"):
             if case.get("classname") and case.find("skipped") is None:
                 key = node_id(case)
