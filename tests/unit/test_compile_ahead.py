@@ -2,7 +2,9 @@
 backward_from_stand_ins): the worker queue itself, and that the calls planned ahead from fake
 tensors (stand_in.py) are exactly the calls the backward then makes (else the compile ahead is wasted).
 On the CPU nothing is compiled (the interpreter); the plan, checks and choice are."""
+import functools
 import threading
+import time
 
 import pytest
 import torch
@@ -361,6 +363,56 @@ def test_triton_is_set_up_once_however_many_threads_compile(monkeypatch):
 
     monkeypatch.setattr(compiled, "_triton_key", lambda: 1 / 0)
     compiled._key_triton()   # nor here
+
+
+def test_set_up_hashes_triton_ahead_only_where_the_index_is_empty(tmp_path, monkeypatch):
+    """A cold cache (an empty index, or none): set_up computes the hash of Triton's installation
+    in a thread of its own beside the driver, so a first compile does not wait for it after the
+    driver; a caller's _key_triton meanwhile waits for that thread rather than hash again. With
+    a kept kernel in the index (a warm start, served without the hash), nothing is hashed."""
+    from epifuse.runtime import compiled
+    monkeypatch.setenv("EPIFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(compiled, "_make_driver", lambda: None)
+    started, release, hashed = threading.Event(), threading.Event(), []
+
+    @functools.lru_cache   # as Triton's is
+    def triton_key():
+        hashed.append(threading.current_thread().name)
+        started.set()
+        release.wait(10)
+    monkeypatch.setattr(compiled, "_triton_key", lambda: triton_key)
+
+    monkeypatch.setattr(compiled, "SET_UP", threading.Event())
+    compiled.set_up()                    # no index yet
+    assert started.wait(10) and hashed == ["epifuse-triton-key"]
+    caller = threading.Thread(target=compiled._key_triton)
+    caller.start()
+    caller.join(0.2)
+    assert caller.is_alive()             # waits for the hashing thread
+    release.set()
+    caller.join(10)
+    assert not caller.is_alive() and hashed == ["epifuse-triton-key"]   # hashed once
+    hashed.clear()
+    triton_key.cache_clear()
+
+    index = compiled._directory()
+    index.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(compiled, "SET_UP", threading.Event())
+    compiled.set_up()                    # an empty index: still cold
+    assert started.wait(10)
+    for _ in range(100):
+        if hashed:
+            break
+        time.sleep(0.01)
+    assert hashed == ["epifuse-triton-key"]
+    hashed.clear()
+    triton_key.cache_clear()
+
+    (index / ("ab" * 32)).write_text("cd" * 32 + "\n")
+    monkeypatch.setattr(compiled, "SET_UP", threading.Event())
+    compiled.set_up()                    # a warm start
+    time.sleep(0.2)
+    assert hashed == [] and not [t for t in threading.enumerate() if t.name == "epifuse-triton-key"]
 
 
 def test_a_process_exits_without_waiting_for_queued_compiles():

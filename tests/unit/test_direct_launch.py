@@ -5,6 +5,7 @@ every other argument passes as it is, in order."""
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from epifuse.backends.triton import launch
 
@@ -84,13 +85,17 @@ def test_the_plain_launch_passes_what_tritons_launcher_object_would(cooperative,
     if "arg_annotations" in CudaLauncher.__init__.__code__.co_names:   # 3.9 keeps these
         runner.arg_annotations, runner.kernel_signature = "annotations", "kernel signature"
     compiled = SimpleNamespace(run=runner)
-    plain = launch.plain_launcher(compiled)
+    plain = launch.plain_launcher(compiled, pointers=(1,))
     assert plain is not None, "this Triton's CudaLauncher is not one plain_launcher knows"
-    values, constexprs = [7, "pointer", 3.5], [64, 128]
-    CudaLauncher.__call__(runner, 4, 2, 1, "stream", "function", "packed", None, None, None, *values, *constexprs)
+    tensor = torch.randn(4)
+    values, constexprs = [7, tensor, 3.5], [64, 128]
+    # the tensor goes as its address, which the compiled launcher takes as it is
+    CudaLauncher.__call__(runner, 4, 2, 1, "stream", "function", "packed", None, None, None,
+                          7, tensor.data_ptr(), 3.5, *constexprs)
     plain((4, 2, 1), "stream", "function", "packed", values, constexprs)
     through_triton, direct = runner.launch.calls
     assert direct == through_triton
+    assert values[1] is tensor   # the caller's list keeps its tensor
     runner.global_scratch_size = 64
     assert launch.plain_launcher(compiled) is None
     runner.global_scratch_size, runner.launch = 0, lambda *args: None

@@ -39,6 +39,7 @@ LOADED = [0]  # kernels this process took from the index (for tests and the star
 # Set once set_up has run in this process (whether or not making Triton's driver succeeded)
 SET_UP = threading.Event()
 _SET_UP_LOCK = threading.Lock()
+_KEY_LOCK = threading.Lock()   # one thread computes Triton's hash; the others wait for it
 _BIND_LOCK = threading.Lock()
 LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
 _OTHER_KEY = "Triton keyed the launch otherwise than the index (a Triton this module does not know)"
@@ -149,18 +150,36 @@ def set_up() -> None:
     and loads a small CUDA helper module, 0.3-0.4 s on an H200 host. Every warmup calls this
     first: the first caller does the work and threads arriving meanwhile wait for it, rather
     than each make a driver of their own. A step that fails here is left to the compile,
-    which does it again and raises there."""
+    which does it again and raises there. Where the index is empty (a cold cache: this
+    process's first kernel will be compiled), the hash of Triton's installation that every
+    compile needs first (_key_triton) is computed beside it, in a thread of its own: both wait
+    on files and a compiler rather than hold the GIL, so they overlap each other and the
+    caller's planning."""
     if SET_UP.is_set():
         return
     with _SET_UP_LOCK:
         if SET_UP.is_set():
             return
+        if _index_empty():
+            threading.Thread(target=_key_triton, name="epifuse-triton-key", daemon=True).start()
         try:
             _make_driver()
         except Exception:  # noqa: BLE001 - the compile redoes it and raises there
             pass
         finally:
             SET_UP.set()
+
+
+def _index_empty() -> bool:
+    """Whether the index names no compiled kernel (or cannot be read): a warm start's index
+    serves its kernels without Triton's hash, which is then never computed."""
+    try:
+        with os.scandir(_directory()) as entries:
+            return next(entries, None) is None
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 def set_up_soon() -> None:
@@ -179,11 +198,12 @@ def _make_driver() -> None:
 
 
 def _key_triton() -> None:
-    """The hash of Triton's installation that starts every compile's key (0.3-0.4 s, cached by
+    """The hash of Triton's installation that starts every compile's key (0.3-0.7 s, cached by
     Triton once computed), computed once before a compile: threads compiling at once would
     each compute it, as Triton's cache does not lock. Not computed for a kernel the index
-    serves, which never needs it (a warm start)."""
-    with _SET_UP_LOCK:
+    serves, which never needs it (a warm start); computed ahead by set_up where the index is
+    empty."""
+    with _KEY_LOCK:
         try:
             _triton_key()()
         except Exception:  # noqa: BLE001 - the compile computes it again and raises there
@@ -201,9 +221,10 @@ def _triton_key():
 
 
 def _after_fork_in_child() -> None:
-    """A set-up thread of the parent may have held the lock at the fork: the child's is new."""
-    global _SET_UP_LOCK
+    """A set-up thread of the parent may have held a lock at the fork: the child's are new."""
+    global _SET_UP_LOCK, _KEY_LOCK
     _SET_UP_LOCK = threading.Lock()
+    _KEY_LOCK = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

@@ -50,7 +50,10 @@ def direct_launcher(plan, compiled, device: int, before=None):
     convert = plan.convert
     current_device = torch._C._cuda_getDevice
     described = described_launcher(compiled)  # None for kernels without host TMA descriptors
-    plain = None if described is not None else plain_launcher(compiled)
+    # the tensor arguments' positions, after conversion (a descriptor is not a pointer)
+    converted = plan.values if convert is None else convert(list(plan.values), False)
+    pointers = tuple(i for i, value in enumerate(converted) if isinstance(value, torch.Tensor))
+    plain = None if described is not None else plain_launcher(compiled, pointers)
     sync = plan.sync
     capturing = torch._C._cuda_isCurrentStreamCapturing
 
@@ -121,12 +124,16 @@ def described_launcher(compiled):
     return launch
 
 
-def plain_launcher(compiled):
+def plain_launcher(compiled, pointers: tuple = ()):
     """Triton's launch of `compiled`, a kernel without host TMA descriptors, scratch or GSan,
     calling the compiled launcher as CudaLauncher.__call__ would, without the Python of
     __call__ itself (its scratch allocators, which such a kernel does not use, and its
-    argument repacking). None where the launcher or __call__ is not as Triton 3.5-3.6 or 3.9
-    build them (the caller then launches through Triton)."""
+    argument repacking). The tensors at `pointers` (positions in the launch's values) go as
+    their addresses, which the compiled launcher takes as they are: given a tensor, it calls
+    its data_ptr and asks the driver whether that is a device pointer (cuPointerGetAttribute,
+    per tensor per launch), which the full path's device checks and a kept launch's guard
+    have settled. None where the launcher or __call__ is not as Triton 3.5-3.6 or 3.9 build
+    them (the caller then launches through Triton)."""
     runner = compiled.run
     raw = getattr(runner, "launch", None)
     code = getattr(getattr(type(runner), "__call__", None), "__code__", None)
@@ -141,6 +148,7 @@ def plain_launcher(compiled):
     annotations = getattr(runner, "arg_annotations", None)
     if code.co_argcount == 6 and annotations is None:   # 3.5-3.6: __call__(self, gridX, ..., function, *args)
         def launch(grid, stream, function, packed, values, constexprs) -> None:
+            values = _addresses(values, pointers)
             raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, packed, None, None, None,
                 *values, *constexprs)
         return launch
@@ -148,10 +156,20 @@ def plain_launcher(compiled):
         kernel_signature = runner.kernel_signature
 
         def launch(grid, stream, function, packed, values, constexprs) -> None:
+            values = _addresses(values, pointers)
             raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, packed, None, None, None, None, None,
                 annotations, kernel_signature, (*values, *constexprs))
         return launch
     return None
+
+
+def _addresses(values, pointers: tuple) -> list:
+    """A copy of `values` with the tensors at `pointers` replaced by their addresses (the list
+    given stays as it is: it may be the plan's own, which keeps its tensors alive)."""
+    values = list(values)
+    for i in pointers:
+        values[i] = values[i].data_ptr()
+    return values
 
 
 def _described_launcher_39(runner, cells):

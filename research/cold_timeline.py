@@ -1,0 +1,160 @@
+"""Where a cold first call's seconds go, by wall-clock sampling (issue 34's 3 s target).
+
+    PYTHONPATH=src:. python -m research.cold_timeline [--workload bias_gelu] [--shape S2] [--training]
+
+Each case runs in a fresh child forked as bench.first_call's are (torch and epifuse imported, the
+GPU untouched, empty epifuse and Triton caches). A sampler thread reads every thread's stack each
+5 ms (sys._current_frames; no tracing, so Triton's Python front end is not slowed as under
+cProfile) and counts, per thread, each function on the stack once per sample (inclusive time).
+The table lists, for the calling thread and then for all other threads together, the functions
+of epifuse, Triton and subprocess with the most samples: the caller's share is the critical
+path, the others' what overlapped it.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+from bench.first_call import _caches, in_child
+from bench.workloads import SHAPES, WORKLOADS
+
+PERIOD_S = 0.005
+KEEP = ("epifuse", "triton", "subprocess", "threading.py", "concurrent")
+
+
+def _label(frame) -> str:
+    path = frame.f_code.co_filename
+    for mark in ("/epifuse/", "/triton/", "/bench/"):
+        if mark in path:
+            path = mark.strip("/") + "/" + path.split(mark, 1)[1]
+            break
+    else:
+        path = os.path.basename(path)
+    return f"{path}:{frame.f_code.co_name}"
+
+
+class Sampler:
+    def __init__(self):
+        self.counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.samples: collections.Counter = collections.Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._main = threading.get_ident()
+
+    def _run(self):
+        me = threading.get_ident()
+        while not self._stop.wait(PERIOD_S):
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                who = "caller" if ident == self._main else "others"
+                seen = set()
+                while frame is not None:
+                    label = _label(frame)
+                    if label not in seen and any(k in label for k in KEEP):
+                        seen.add(label)
+                    frame = frame.f_back
+                if who == "caller" or seen:
+                    self.samples[who] += 1
+                self.counts[who].update(seen)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def table(self, top: int) -> dict:
+        return {who: {"samples": self.samples[who], "top": [(label, round(n * PERIOD_S, 3))
+                                                            for label, n in c.most_common(top)]}
+                for who, c in self.counts.items()}
+
+
+def gemm_child(spec: dict) -> dict:
+    os.environ.update(spec["env"])
+    import epifuse
+
+    from bench.run import _epifuse_call
+    M, N, K = spec["shape"]
+    device = spec["device"]
+    w = WORKLOADS[spec["workload"]]
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0)
+    s = w.build(M, N, K, torch.bfloat16 if device == "cuda" else torch.float32, device, gen)
+    call, _ = _epifuse_call(epifuse, w, s, False)
+    _sync(device)
+    start = time.perf_counter()
+    with Sampler() as sampler:
+        call()
+        _sync(device)
+    return {"seconds": time.perf_counter() - start, **sampler.table(spec["top"])}
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def training_child(spec: dict) -> dict:
+    os.environ.update(spec["env"])
+    import epifuse.nn
+
+    from bench.training import _mlp
+    torch.manual_seed(0)
+    model = epifuse.nn.fuse_linear_activations(_mlp(4096, 16384).to("cuda", torch.bfloat16))
+    x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with Sampler() as sampler:
+        model(x).float().square().mean().backward()
+        torch.cuda.synchronize()
+    return {"seconds": time.perf_counter() - start, **sampler.table(spec["top"])}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", default="bias_gelu")
+    p.add_argument("--shape", default="S2")
+    p.add_argument("--training", action="store_true")
+    p.add_argument("--top", type=int, default=40)
+    p.add_argument("--policy", default="fast")
+    p.add_argument("--device", default="cuda", help="cpu: the plumbing at 64x64x32 under Triton's interpreter")
+    a = p.parse_args(argv)
+    import epifuse  # noqa: F401 - imported before the fork, as bench.first_call does
+    with tempfile.TemporaryDirectory() as root:
+        env = {**_caches(root, "case"), "EPIFUSE_TUNE": a.policy, "EPIFUSE_QUIET": "1"}
+        spec = {"env": env, "top": a.top}
+        if a.training:
+            result = in_child(training_child, spec)
+            title = "cold training step (FusedLinear MLP 4096 -> 16384 -> 4096, bf16, 1024 tokens)"
+        else:
+            shape = (SHAPES.get(a.shape) or tuple(int(n) for n in a.shape.split("x"))
+                     if a.device == "cuda" else (64, 64, 32))
+            result = in_child(gemm_child, {**spec, "workload": a.workload, "shape": shape, "device": a.device})
+            title = f"cold {a.workload} {a.shape}"
+    if "error" in result:
+        print(result["error"])
+        return 1
+    print(f"{title}: {result['seconds']:.2f} s (inclusive seconds per function, sampled every "
+          f"{PERIOD_S * 1e3:.0f} ms)")
+    for who in ("caller", "others"):
+        part = result.get(who)
+        if not part:
+            continue
+        print(f"-- {who}: {part['samples']} samples")
+        for label, seconds in part["top"]:
+            print(f"  {seconds:7.3f}  {label}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
