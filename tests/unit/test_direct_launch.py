@@ -38,20 +38,27 @@ def test_descriptor_arguments_expand_in_place_and_are_encoded_once_per_layout(in
     monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
     metas = [f"m{i}" for i in indices]
     launched = []
-    run = launch.described_launcher(SimpleNamespace(run=_runner(list(indices), metas, launched)))
+    # a tensor argument besides the descriptors goes as its address
+    pointer = next(i for i in range(5) if i not in indices)
+    tensor = torch.randn(3)
+    run = launch.described_launcher(SimpleNamespace(run=_runner(list(indices), metas, launched)), (pointer,))
     assert run is not None
 
     def args_with(address):
-        return [_Descriptor(address + i, (8 + i, 16), (16, 1)) if i in indices else f"v{i}" for i in range(5)]
+        return [_Descriptor(address + i, (8 + i, 16), (16, 1)) if i in indices else
+                tensor if i == pointer else f"v{i}" for i in range(5)]
 
     def expected(address):
         out = []
         for i in range(5):
-            out += [f"enc{address + i}:m{i}", f"extent{8 + i}"] if i in indices else [f"v{i}"]
+            out += [f"enc{address + i}:m{i}", f"extent{8 + i}"] if i in indices else \
+                [tensor.data_ptr()] if i == pointer else [f"v{i}"]
         return out
     for address in (1000, 1000, 2000):
-        run((4, 2, 1), "stream", "function", "packed", args_with(address))
+        args = args_with(address)
+        run((4, 2, 1), "stream", "function", "packed", args)
         assert list(launched[-1][13:]) == expected(address)
+        assert args[pointer] is tensor
         assert launched[-1][:4] == (4, 2, 1, "stream")
     assert len(encoded) == 2 * len(indices)   # the repeated layout reused its encodings
 

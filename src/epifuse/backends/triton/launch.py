@@ -49,10 +49,10 @@ def direct_launcher(plan, compiled, device: int, before=None):
     raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher asks
     convert = plan.convert
     current_device = torch._C._cuda_getDevice
-    described = described_launcher(compiled)  # None for kernels without host TMA descriptors
     # the tensor arguments' positions, after conversion (a descriptor is not a pointer)
     converted = plan.values if convert is None else convert(list(plan.values), False)
     pointers = tuple(i for i, value in enumerate(converted) if isinstance(value, torch.Tensor))
+    described = described_launcher(compiled, pointers)  # None for kernels without host TMA descriptors
     plain = None if described is not None else plain_launcher(compiled, pointers)
     sync = plan.sync
     capturing = torch._C._cuda_isCurrentStreamCapturing
@@ -80,14 +80,15 @@ def direct_launcher(plan, compiled, device: int, before=None):
     return lambda: launch_with(values)
 
 
-def described_launcher(compiled):
+def described_launcher(compiled, pointers: tuple = ()):
     """Triton's launch of `compiled`, a kernel with host TMA descriptor arguments, without
     encoding each descriptor anew at every launch as Triton's wrapper does
     (driver.wrap_handle_tensordesc: a cuTensorMapEncodeTiled per descriptor and a Python loop
     over every argument). It keeps, per argument, the encoding Triton's own make_tensordesc_arg
-    made for each (base address, shape, strides) it has seen. None where the kernel has no host
-    descriptors or needs launch scratch, or Triton's launcher is not built as this expects
-    (the caller then launches through Triton)."""
+    made for each (base address, shape, strides) it has seen. The tensors at `pointers` go as
+    their addresses (plain_launcher says why). None where the kernel has no host descriptors
+    or needs launch scratch, or Triton's launcher is not built as this expects (the caller
+    then launches through Triton)."""
     runner = compiled.run
     wrapper = getattr(runner, "launch", None)
     code, closure = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
@@ -96,7 +97,7 @@ def described_launcher(compiled):
         return None
     cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in closure)))
     if "relevant_paths" in cells:
-        return _described_launcher_39(runner, cells)
+        return _described_launcher_39(runner, cells, pointers)
     raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
     if not callable(raw) or not indices or not metas or None in metas or len(metas) != len(indices):
         return None
@@ -112,6 +113,8 @@ def described_launcher(compiled):
 
     def expand(args) -> list:
         out = list(args)
+        for i in pointers:
+            out[i] = out[i].data_ptr()
         for i in last_first:
             arg, encodings = args[i], kept[i]
             key = (arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides))
@@ -172,7 +175,7 @@ def _addresses(values, pointers: tuple) -> list:
     return values
 
 
-def _described_launcher_39(runner, cells):
+def _described_launcher_39(runner, cells, pointers: tuple):
     """described_launcher for Triton 3.9's wrapper (wrap_handle_tensordesc_impl), which expands
     the descriptors in C++ (make_tensordesc_args) through a Python encoder per descriptor: the
     same expansion, through an encoder that keeps what Triton's made per (metadata, base
@@ -199,7 +202,7 @@ def _described_launcher_39(runner, cells):
     def launch(grid, stream, function, packed, args) -> None:
         base = (grid[0], grid[1], grid[2], stream, function, cooperative, pdl, packed, None, None, None, None, None,
                 annotations, kernel_signature)
-        raw(*base, make_tensordesc_args(tuple(args), signature, paths, metas, base, keep))
+        raw(*base, make_tensordesc_args(tuple(_addresses(args, pointers)), signature, paths, metas, base, keep))
     return launch
 
 
