@@ -5,7 +5,6 @@ every other argument passes as it is, in order."""
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from epifuse.backends.triton import launch
 
@@ -38,27 +37,20 @@ def test_descriptor_arguments_expand_in_place_and_are_encoded_once_per_layout(in
     monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
     metas = [f"m{i}" for i in indices]
     launched = []
-    # a tensor argument besides the descriptors goes as its address
-    pointer = next(i for i in range(5) if i not in indices)
-    tensor = torch.randn(3)
-    run = launch.described_launcher(SimpleNamespace(run=_runner(list(indices), metas, launched)), (pointer,))
+    run = launch.described_launcher(SimpleNamespace(run=_runner(list(indices), metas, launched)))
     assert run is not None
 
     def args_with(address):
-        return [_Descriptor(address + i, (8 + i, 16), (16, 1)) if i in indices else
-                tensor if i == pointer else f"v{i}" for i in range(5)]
+        return [_Descriptor(address + i, (8 + i, 16), (16, 1)) if i in indices else f"v{i}" for i in range(5)]
 
     def expected(address):
         out = []
         for i in range(5):
-            out += [f"enc{address + i}:m{i}", f"extent{8 + i}"] if i in indices else \
-                [tensor.data_ptr()] if i == pointer else [f"v{i}"]
+            out += [f"enc{address + i}:m{i}", f"extent{8 + i}"] if i in indices else [f"v{i}"]
         return out
     for address in (1000, 1000, 2000):
-        args = args_with(address)
-        run((4, 2, 1), "stream", "function", "packed", args)
+        run((4, 2, 1), "stream", "function", "packed", args_with(address))
         assert list(launched[-1][13:]) == expected(address)
-        assert args[pointer] is tensor
         assert launched[-1][:4] == (4, 2, 1, "stream")
     assert len(encoded) == 2 * len(indices)   # the repeated layout reused its encodings
 
@@ -92,17 +84,13 @@ def test_the_plain_launch_passes_what_tritons_launcher_object_would(cooperative,
     if "arg_annotations" in CudaLauncher.__init__.__code__.co_names:   # 3.9 keeps these
         runner.arg_annotations, runner.kernel_signature = "annotations", "kernel signature"
     compiled = SimpleNamespace(run=runner)
-    plain = launch.plain_launcher(compiled, pointers=(1,))
+    plain = launch.plain_launcher(compiled)
     assert plain is not None, "this Triton's CudaLauncher is not one plain_launcher knows"
-    tensor = torch.randn(4)
-    values, constexprs = [7, tensor, 3.5], [64, 128]
-    # the tensor goes as its address, which the compiled launcher takes as it is
-    CudaLauncher.__call__(runner, 4, 2, 1, "stream", "function", "packed", None, None, None,
-                          7, tensor.data_ptr(), 3.5, *constexprs)
+    values, constexprs = [7, "pointer", 3.5], [64, 128]
+    CudaLauncher.__call__(runner, 4, 2, 1, "stream", "function", "packed", None, None, None, *values, *constexprs)
     plain((4, 2, 1), "stream", "function", "packed", values, constexprs)
     through_triton, direct = runner.launch.calls
     assert direct == through_triton
-    assert values[1] is tensor   # the caller's list keeps its tensor
     runner.global_scratch_size = 64
     assert launch.plain_launcher(compiled) is None
     runner.global_scratch_size, runner.launch = 0, lambda *args: None

@@ -49,11 +49,8 @@ def direct_launcher(plan, compiled, device: int, before=None):
     raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher asks
     convert = plan.convert
     current_device = torch._C._cuda_getDevice
-    # the tensor arguments' positions, after conversion (a descriptor is not a pointer)
-    converted = plan.values if convert is None else convert(list(plan.values), False)
-    pointers = tuple(i for i, value in enumerate(converted) if isinstance(value, torch.Tensor))
-    described = described_launcher(compiled, pointers)  # None for kernels without host TMA descriptors
-    plain = None if described is not None else plain_launcher(compiled, pointers)
+    described = described_launcher(compiled)  # None for kernels without host TMA descriptors
+    plain = None if described is not None else plain_launcher(compiled)
     sync = plan.sync
     capturing = torch._C._cuda_isCurrentStreamCapturing
 
@@ -80,15 +77,14 @@ def direct_launcher(plan, compiled, device: int, before=None):
     return lambda: launch_with(values)
 
 
-def described_launcher(compiled, pointers: tuple = ()):
+def described_launcher(compiled):
     """Triton's launch of `compiled`, a kernel with host TMA descriptor arguments, without
     encoding each descriptor anew at every launch as Triton's wrapper does
     (driver.wrap_handle_tensordesc: a cuTensorMapEncodeTiled per descriptor and a Python loop
     over every argument). It keeps, per argument, the encoding Triton's own make_tensordesc_arg
-    made for each (base address, shape, strides) it has seen. The tensors at `pointers` go as
-    their addresses (plain_launcher says why). None where the kernel has no host descriptors
-    or needs launch scratch, or Triton's launcher is not built as this expects (the caller
-    then launches through Triton)."""
+    made for each (base address, shape, strides) it has seen. None where the kernel has no host
+    descriptors or needs launch scratch, or Triton's launcher is not built as this expects
+    (the caller then launches through Triton)."""
     runner = compiled.run
     wrapper = getattr(runner, "launch", None)
     code, closure = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
@@ -97,7 +93,7 @@ def described_launcher(compiled, pointers: tuple = ()):
         return None
     cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in closure)))
     if "relevant_paths" in cells:
-        return _described_launcher_39(runner, cells, pointers)
+        return _described_launcher_39(runner, cells)
     raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
     if not callable(raw) or not indices or not metas or None in metas or len(metas) != len(indices):
         return None
@@ -113,8 +109,6 @@ def described_launcher(compiled, pointers: tuple = ()):
 
     def expand(args) -> list:
         out = list(args)
-        for i in pointers:
-            out[i] = out[i].data_ptr()
         for i in last_first:
             arg, encodings = args[i], kept[i]
             key = (arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides))
@@ -127,16 +121,12 @@ def described_launcher(compiled, pointers: tuple = ()):
     return launch
 
 
-def plain_launcher(compiled, pointers: tuple = ()):
+def plain_launcher(compiled):
     """Triton's launch of `compiled`, a kernel without host TMA descriptors, scratch or GSan,
     calling the compiled launcher as CudaLauncher.__call__ would, without the Python of
     __call__ itself (its scratch allocators, which such a kernel does not use, and its
-    argument repacking). The tensors at `pointers` (positions in the launch's values) go as
-    their addresses, which the compiled launcher takes as they are: given a tensor, it calls
-    its data_ptr and asks the driver whether that is a device pointer (cuPointerGetAttribute,
-    per tensor per launch), which the full path's device checks and a kept launch's guard
-    have settled. None where the launcher or __call__ is not as Triton 3.5-3.6 or 3.9 build
-    them (the caller then launches through Triton)."""
+    argument repacking). None where the launcher or __call__ is not as Triton 3.5-3.6 or 3.9
+    build them (the caller then launches through Triton)."""
     runner = compiled.run
     raw = getattr(runner, "launch", None)
     code = getattr(getattr(type(runner), "__call__", None), "__code__", None)
@@ -151,7 +141,6 @@ def plain_launcher(compiled, pointers: tuple = ()):
     annotations = getattr(runner, "arg_annotations", None)
     if code.co_argcount == 6 and annotations is None:   # 3.5-3.6: __call__(self, gridX, ..., function, *args)
         def launch(grid, stream, function, packed, values, constexprs) -> None:
-            values = _addresses(values, pointers)
             raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, packed, None, None, None,
                 *values, *constexprs)
         return launch
@@ -159,23 +148,13 @@ def plain_launcher(compiled, pointers: tuple = ()):
         kernel_signature = runner.kernel_signature
 
         def launch(grid, stream, function, packed, values, constexprs) -> None:
-            values = _addresses(values, pointers)
             raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, packed, None, None, None, None, None,
                 annotations, kernel_signature, (*values, *constexprs))
         return launch
     return None
 
 
-def _addresses(values, pointers: tuple) -> list:
-    """A copy of `values` with the tensors at `pointers` replaced by their addresses (the list
-    given stays as it is: it may be the plan's own, which keeps its tensors alive)."""
-    values = list(values)
-    for i in pointers:
-        values[i] = values[i].data_ptr()
-    return values
-
-
-def _described_launcher_39(runner, cells, pointers: tuple):
+def _described_launcher_39(runner, cells):
     """described_launcher for Triton 3.9's wrapper (wrap_handle_tensordesc_impl), which expands
     the descriptors in C++ (make_tensordesc_args) through a Python encoder per descriptor: the
     same expansion, through an encoder that keeps what Triton's made per (metadata, base
@@ -202,7 +181,7 @@ def _described_launcher_39(runner, cells, pointers: tuple):
     def launch(grid, stream, function, packed, args) -> None:
         base = (grid[0], grid[1], grid[2], stream, function, cooperative, pdl, packed, None, None, None, None, None,
                 annotations, kernel_signature)
-        raw(*base, make_tensordesc_args(tuple(_addresses(args, pointers)), signature, paths, metas, base, keep))
+        raw(*base, make_tensordesc_args(tuple(args), signature, paths, metas, base, keep))
     return launch
 
 

@@ -1,0 +1,1 @@
+"""Kernel classes. Each answers `supports(args)` with a Status before anything compiles."""

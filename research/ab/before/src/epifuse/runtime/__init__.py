@@ -1,0 +1,1 @@
+"""Run-time support: the on-disk cache of generated kernels."""

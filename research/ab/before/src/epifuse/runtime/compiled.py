@@ -1,0 +1,279 @@
+"""Warm start: load a kernel compiled by an earlier process without asking Triton to key it.
+
+Triton finds a compiled kernel in its disk cache by a key that starts with a hash of its own
+installation (every compiler source file and the 400 MB libtriton), computed once per process:
+0.3-0.5 s, most of a warm start. This module keeps a small index beside the generated sources:
+<cache>/compiled/<entry>, one file per compiled specialization, naming the Triton cache entry
+that holds it. The entry's name is a hash of everything Triton's key covers that can change
+without changing the installation's version and file identity: the generated module's text,
+the specialization of the arguments and the compile options (Triton's own in-process key), the
+target, and the cache-invalidating environment variables.
+
+`warmup(kernel, values, grid, meta)` is `kernel.warmup(...)` that first puts the indexed kernel
+into the JIT function's in-process cache (so Triton does not compile or key it) and, after a
+compile, records it. Anything unexpected (an entry that is not a hash, a Triton cache entry
+that is gone, an internal Triton API that changed, compile hooks installed) falls back to
+Triton's own path, which then rewrites the entry; an entry that is not a hash is damaged, and
+is set aside with a warning first (cache.set_aside).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import sys
+import sysconfig
+import threading
+from types import SimpleNamespace
+
+import triton
+from triton import knobs
+
+from .cache import cache_dir, read_file, set_aside, write_atomically
+
+_HASH = re.compile(r"[0-9a-f]{64}")
+_ENTRY = re.compile(rb"[0-9a-f]{64}\n?")  # an index entry: what _record writes
+_ENTRY_BYTES = 65
+LOADED = [0]  # kernels this process took from the index (for tests and the start-up benchmark)
+# Set once set_up has run in this process (whether or not making Triton's driver succeeded)
+SET_UP = threading.Event()
+_SET_UP_LOCK = threading.Lock()
+_BIND_LOCK = threading.Lock()
+LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
+_OTHER_KEY = "Triton keyed the launch otherwise than the index (a Triton this module does not know)"
+
+
+def _directory():
+    return cache_dir().parent / "compiled"
+
+
+@functools.lru_cache(maxsize=None)
+def _installation() -> str:
+    """Triton's version and the identity of its compiler library (path, size, mtime)."""
+    ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
+    lib = os.path.join(os.path.dirname(triton.__file__), "_C", f"libtriton.{ext}")
+    st = os.stat(lib)
+    return f"triton {triton.__version__} {lib} {st.st_size} {st.st_mtime_ns}"
+
+
+def _hooks_installed() -> bool:
+    return any((knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook,
+                knobs.compilation.always_compile, knobs.compilation.override,
+                knobs.compilation.dump_ir))
+
+
+def triton_api():
+    """The Triton internals this module uses (Triton 3.6 and 3.9), imported: an ImportError here
+    means they moved, and every launch takes Triton's own path. Where they remain but Triton's
+    own key for a launch is not the one computed here (3.9 added a keyword to it), nothing
+    is recorded or served (warmup)."""
+    # Function-local: private Triton modules that may be missing; ImportError is the signal.
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.cache import get_cache_manager
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction, MockTensor, compute_cache_key
+    if not hasattr(JITFunction, "_pack_args"):  # device_caches and ASTSource are per instance
+        raise ImportError("triton.runtime.jit.JITFunction has no _pack_args")
+    return SimpleNamespace(knobs=knobs, env_vars=get_cache_invalidating_env_vars, CompiledKernel=CompiledKernel,
+                           get_cache_manager=get_cache_manager, driver=driver, MockTensor=MockTensor,
+                           compute_cache_key=compute_cache_key)
+
+
+def _lookup(kernel, values, meta):
+    """(Triton's in-process cache, its key there, the index entry's name) for this launch."""
+    api = triton_api()
+    source_sha = getattr(sys.modules.get(kernel.module), "__source_sha256__", None)
+    if source_sha is None:
+        return None
+    device = api.driver.active.get_current_device()
+    kernel_cache, key_cache, target, backend, binder = kernel.device_caches[device]
+    # the keyword arguments JITFunction.run adds before it binds (3.9 adds the third)
+    kwargs = dict(meta, debug=meta.get("debug", kernel.debug) or api.knobs.runtime.debug,
+                  instrumentation_mode=api.knobs.compilation.instrumentation_mode)
+    if hasattr(api.knobs.compilation, "fpsan_homomorphic_casts"):
+        kwargs["fpsan_homomorphic_casts"] = api.knobs.compilation.fpsan_homomorphic_casts
+    bound, specialization, options = binder(*map(api.MockTensor.wrap_dtype, values), **kwargs)
+    key = api.compute_cache_key(key_cache, specialization, options)
+    text = "\n".join([_installation(), str(target), source_sha, kernel.fn.__qualname__, str(key),
+                      str(sorted(api.env_vars().items()))])
+    entry = hashlib.sha256(text.encode()).hexdigest()
+    return kernel_cache, key, entry, (backend, kwargs, bound, specialization, options)
+
+
+def _read(entry: str) -> str | None:
+    """The Triton cache key the index entry `entry` names, or None (no entry, or a damaged one,
+    which is set aside)."""
+    path = _directory() / entry
+    found = read_file(path, _ENTRY_BYTES)
+    if found is None:
+        return None
+    data, seen = found
+    if _ENTRY.fullmatch(data) is None:
+        set_aside(path, "does not hold a Triton cache key", seen)
+        return None
+    return data[:64].decode("ascii")
+
+
+def _record(entry: str, triton_hash: str) -> None:
+    directory = _directory()
+    try:
+        if directory.exists() and not directory.is_dir():
+            set_aside(directory, "is not a directory")
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomically(directory / entry, triton_hash + "\n")
+    except OSError:
+        pass  # a read-only cache only costs Triton's own lookup next time
+
+
+def _load(kernel, entry: str, binding) -> object | None:
+    """The CompiledKernel the index names, read from Triton's cache, or None."""
+    api = triton_api()
+    triton_hash = _read(entry)
+    if triton_hash is None:
+        return None
+    backend, kwargs, bound, specialization, options = binding
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    src = kernel.ASTSource(kernel, signature, constexprs, attrs)
+    name = f"{src.name[:150]}.json"
+    group = api.get_cache_manager(triton_hash).get_group(name)
+    if not group or name not in group:
+        return None
+    compiled = api.CompiledKernel(src, group, triton_hash)
+    return compiled if compiled.name == kernel.fn.__name__ else None
+
+
+def set_up() -> None:
+    """Triton's driver, made once in this process: its first use builds (once per machine)
+    and loads a small CUDA helper module, 0.3-0.4 s on an H200 host. Every warmup calls this
+    first: the first caller does the work and threads arriving meanwhile wait for it, rather
+    than each make a driver of their own. A step that fails here is left to the compile,
+    which does it again and raises there."""
+    if SET_UP.is_set():
+        return
+    with _SET_UP_LOCK:
+        if SET_UP.is_set():
+            return
+        try:
+            _make_driver()
+        except Exception:  # noqa: BLE001 - the compile redoes it and raises there
+            pass
+        finally:
+            SET_UP.set()
+
+
+def set_up_soon() -> None:
+    """set_up() in a daemon thread, while the caller parses, chooses and plans its first
+    kernel; the caller's warmup then waits for whatever is left of it (set_up)."""
+    if SET_UP.is_set() or _SET_UP_LOCK.locked():
+        return
+    threading.Thread(target=set_up, name="epifuse-triton-set-up", daemon=True).start()
+
+
+def _make_driver() -> None:
+    """Triton's driver for this machine's GPUs, made on first use (a Triton whose other
+    internals moved, which triton_api reports, still has this)."""
+    from triton.runtime.driver import driver
+    driver.active.get_current_device()
+
+
+def _key_triton() -> None:
+    """The hash of Triton's installation that starts every compile's key (0.3-0.4 s, cached by
+    Triton once computed), computed once before a compile: threads compiling at once would
+    each compute it, as Triton's cache does not lock. Not computed for a kernel the index
+    serves, which never needs it (a warm start)."""
+    with _SET_UP_LOCK:
+        try:
+            _triton_key()()
+        except Exception:  # noqa: BLE001 - the compile computes it again and raises there
+            pass
+
+
+def _triton_key():
+    """Triton's function hashing its installation (cached per process by Triton), where this
+    Triton keeps it."""
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        from triton.compiler.compiler import triton_key
+    return triton_key
+
+
+def _after_fork_in_child() -> None:
+    """A set-up thread of the parent may have held the lock at the fork: the child's is new."""
+    global _SET_UP_LOCK
+    _SET_UP_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def bind(kernel) -> None:
+    """Make the JIT function's cache for the current device in this thread: Triton makes it on
+    first use (a defaultdict whose factory is Python code), so threads compiling the function's
+    configs at once would each make one, and all but one compiled kernel would be lost."""
+    set_up()   # before the first use of Triton's driver, which set_up makes once
+    try:
+        device = triton_api().driver.active.get_current_device()
+        with _BIND_LOCK:
+            kernel.device_caches[device]
+    except Exception:  # noqa: BLE001 - a Triton without these internals (or a test's stand-in kernel):
+        pass           # each thread makes its own, as Triton does; nothing else depends on it
+
+
+def prepare(kernel, values, grid, meta) -> None:
+    """warmup() without loading onto the GPU: the kernel compiled (or found in the index) and its
+    launcher built (a separate compile of its own, cached on disk by Triton), so that the first
+    launch only loads both. Touches no GPU state: safe while another thread captures a CUDA graph.
+    Where Triton's launcher API differs, the launcher is left to the first launch."""
+    compiled = warmup(kernel, values, grid, meta)
+    try:
+        launcher_cls = triton_api().driver.active.launcher_cls
+        launcher_cls(compiled.src, compiled.metadata)
+    except Exception as error:  # noqa: BLE001 - an internal Triton API that moved: built at first launch
+        LAST_FALLBACK[0] = repr(error)
+
+
+def warmup(kernel, values, grid, meta):
+    """kernel.warmup(*values, grid=grid, **meta), served from the index when it can be."""
+    bind(kernel)   # Triton set up, and every thread's first use of the JIT function under the lock
+    return _warmup(kernel, values, grid, meta)
+
+
+def _warmup(kernel, values, grid, meta):
+    try:
+        found = None if _hooks_installed() else _lookup(kernel, values, meta)
+    except Exception as error:  # a Triton internal this module reads has changed: Triton's own path
+        LAST_FALLBACK[0] = repr(error)
+        found = None
+    if found is None:
+        _key_triton()
+        return kernel.warmup(*values, grid=grid, **meta)
+    kernel_cache, key, entry, binding = found
+    if key not in kernel_cache:
+        try:
+            compiled = _load(kernel, entry, binding)
+        except Exception as error:
+            LAST_FALLBACK[0] = repr(error)
+            compiled = None
+        if compiled is not None:
+            kernel_cache[key] = compiled
+            launched = kernel.warmup(*values, grid=grid, **meta)
+            if launched is compiled:
+                LOADED[0] += 1
+            else:
+                kernel_cache.pop(key, None)
+                LAST_FALLBACK[0] = _OTHER_KEY
+            return launched
+    if key not in kernel_cache:   # Triton compiles it now
+        _key_triton()
+    compiled = kernel.warmup(*values, grid=grid, **meta)
+    if kernel_cache.get(key) is not compiled:  # Triton keyed it otherwise: an entry would never be asked for
+        LAST_FALLBACK[0] = _OTHER_KEY
+        return compiled
+    triton_hash = getattr(compiled, "hash", None)
+    if isinstance(triton_hash, str) and _HASH.fullmatch(triton_hash) and _read(entry) != triton_hash:
+        _record(entry, triton_hash)
+    return compiled

@@ -1,0 +1,1 @@
+"""Tools around the library: tracing a tile, drawing the DAG, problems to try, profiler output."""
