@@ -27,9 +27,6 @@ import sysconfig
 import threading
 from types import SimpleNamespace
 
-import triton
-from triton import knobs
-
 from .cache import cache_dir, read_file, set_aside, write_atomically
 
 _HASH = re.compile(r"[0-9a-f]{64}")
@@ -52,6 +49,7 @@ def _directory():
 @functools.lru_cache(maxsize=None)
 def _installation() -> str:
     """Triton's version and the identity of its compiler library (path, size, mtime)."""
+    import triton
     ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
     lib = os.path.join(os.path.dirname(triton.__file__), "_C", f"libtriton.{ext}")
     st = os.stat(lib)
@@ -59,6 +57,7 @@ def _installation() -> str:
 
 
 def _hooks_installed() -> bool:
+    from triton import knobs
     return any((knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook,
                 knobs.compilation.always_compile, knobs.compilation.override,
                 knobs.compilation.dump_ir))
@@ -70,6 +69,7 @@ def triton_api():
     own key for a launch is not the one computed here (3.9 added a keyword to it), nothing
     is recorded or served (warmup)."""
     # Function-local: private Triton modules that may be missing; ImportError is the signal.
+    from triton import knobs
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime.cache import get_cache_manager

@@ -55,8 +55,6 @@ import threading
 from typing import NamedTuple
 
 import torch
-import triton
-from triton.testing import do_bench
 
 from ..arguments import EpilogueArguments, GemmArguments
 from ..errors import EpilogueArgumentError
@@ -87,8 +85,19 @@ def tuning_key(args) -> str:
     return "|".join([
         args.key, shape_bucket(args), f"operands {layouts}",
         f"{args.A.dtype}x{args.B.dtype}", outputs, f"{args.precision} det={args.deterministic}",
-        gpu, f"torch {torch.__version__}", f"triton {triton.__version__}", f"epifuse {__version__}",
+        gpu, f"torch {torch.__version__}", f"triton {_triton_version()}", f"epifuse {__version__}",
         f"ranking {RANKING}"])
+
+
+def _triton_version() -> str:
+    import triton   # imported where a kernel is chosen, not with epifuse (0.15 s)
+    return triton.__version__
+
+
+def do_bench(fn, **kwargs) -> float:
+    """Triton's do_bench (imported on first use, as above)."""
+    from triton.testing import do_bench as triton_do_bench
+    return triton_do_bench(fn, **kwargs)
 
 
 def candidates_digest(kernels) -> str:

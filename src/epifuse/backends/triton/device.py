@@ -12,7 +12,11 @@ import os
 import threading
 
 import torch
-import triton
+
+def cdiv(a: int, b: int) -> int:
+    """a / b rounded up (as triton.cdiv; Triton itself is imported when a kernel is built)."""
+    return -(-a // b)
+
 
 # Triton's interpreter patches triton.language globally while a kernel runs: one at a time.
 INTERPRETER_LOCK = threading.Lock()
@@ -68,7 +72,7 @@ def gpu_sms(args) -> int | None:
 
 
 def output_tiles(args, config) -> int:
-    return args.L * triton.cdiv(args.M, config.block_m) * triton.cdiv(args.N, config.block_n)
+    return args.L * cdiv(args.M, config.block_m) * cdiv(args.N, config.block_n)
 
 
 # The tiles most configs take: what decides whether a grid is small.
@@ -77,7 +81,7 @@ USUAL_TILE = (128, 128)
 
 def few_tiles(args, sms: int) -> bool:
     """Whether the usual 128x128 output tiles are fewer than the GPU's `sms`."""
-    return args.L * triton.cdiv(args.M, USUAL_TILE[0]) * triton.cdiv(args.N, USUAL_TILE[1]) < sms
+    return args.L * cdiv(args.M, USUAL_TILE[0]) * cdiv(args.N, USUAL_TILE[1]) < sms
 
 
 def leaves_sms_idle(args) -> bool:

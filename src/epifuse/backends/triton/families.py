@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import triton
 
 from ... import staging
 from ...ir import fed_reductions
@@ -175,7 +174,7 @@ def _pointer_values(args) -> dict:
 
 
 def _tile_grid(args, config) -> tuple:
-    return (triton.cdiv(args.M, config.block_m) * triton.cdiv(args.N, config.block_n), args.L)
+    return (target.cdiv(args.M, config.block_m) * target.cdiv(args.N, config.block_n), args.L)
 
 
 # ---- tiled --------------------------------------------------------------------------------------
@@ -348,6 +347,7 @@ def _install_allocator() -> None:
     """Device-side descriptors need scratch memory, which Triton asks this allocator for. The
     allocator is a context variable, so it is set in the launching thread every time (autograd
     runs backward kernels on its own threads)."""
+    import triton   # loaded by then: the kernel is built
     triton.set_allocator(_scratch)
 
 
@@ -369,6 +369,7 @@ def _gluon_check(schedule: str):
             return unsupported(f"the Gluon kernel uses wgmma, which only compute capability 9.x has; "
                                f"this GPU is {major}.x")
         if not target.gluon_available():
+            import triton
             return unsupported(f"triton {triton.__version__} has no Gluon Hopper support")
         return gluon_problem_check(schedule, args, config, cc)
     return check
@@ -440,7 +441,7 @@ def _gluon_launch(consumers: int):
             meta[f"{p.upper()}_BUF"] = plan.owner[p]
         for p, wait in plan.wait.items():
             meta[f"{p.upper()}_WAIT"] = wait
-        tiles = triton.cdiv(args.M, config.block_m) * triton.cdiv(args.N, config.block_n)
+        tiles = target.cdiv(args.M, config.block_m) * target.cdiv(args.N, config.block_n)
         programs = target.sm_count(args.A.device.index or 0) if args.A.is_cuda else OFFLINE_SMS
         return Launch(values, meta, (max(1, min(programs, tiles)),),
                       converter=lambda names: descriptor_converter(args, layout, names, meta))

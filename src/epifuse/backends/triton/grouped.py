@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ...shapes import is_stand_in, misalignment
 from ..base import Status, unsupported
 from . import configs
+from . import device as target
 from . import plan as plans
 from .families import INT32_LIMIT, Family, Launch, common_check, triton_meta
 from .layout import Layout
@@ -67,7 +67,7 @@ def column_hints(columns: tuple[Column, ...], rows: list[list[int]]) -> dict[str
 
 
 def _tile_count(problems, config) -> int:
-    return sum(triton.cdiv(p.M, config.block_m) * triton.cdiv(p.N, config.block_n) for p in problems)
+    return sum(target.cdiv(p.M, config.block_m) * target.cdiv(p.N, config.block_n) for p in problems)
 
 
 def _check(grouped, config, cc) -> Status | None:
@@ -139,7 +139,7 @@ def _launch(grouped, config, layout: Layout) -> Launch:
             continue
         fields = _row(p, layout, roles, buffers, tiles)
         rows.append([fields[c.name] for c in columns])
-        tiles += triton.cdiv(p.M, config.block_m) * triton.cdiv(p.N, config.block_n)
+        tiles += target.cdiv(p.M, config.block_m) * target.cdiv(p.N, config.block_n)
     first = grouped.problems[0]
     pointee = _pointee(first, layout, first_buffers)
     hints = column_hints(columns, rows)

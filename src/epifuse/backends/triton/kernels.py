@@ -21,7 +21,6 @@ import contextlib
 import threading
 
 import torch
-import triton
 
 from ... import verify as verification
 from ...arguments import check_real
@@ -212,7 +211,7 @@ class TritonKernel(Kernel):
             compiled = compiled_index.warmup(plan.kernel, plan.jit_values(values), plan.grid, plan.meta)
             try:
                 getattr(compiled, "_init_handles", lambda: None)()  # where Triton checks resources
-            except triton.runtime.errors.OutOfResources:
+            except _out_of_resources():
                 plan = self._smaller_plan(args)
                 if plan is None:
                     raise
@@ -299,3 +298,10 @@ def _layout(graph, deterministic: bool):
 
 
 __all__ = ["TritonKernel"]
+
+
+def _out_of_resources() -> type:
+    """Triton's error for a config that needs more shared memory or registers than the GPU has
+    (imported here: Triton is loaded once a kernel is built, not with epifuse)."""
+    from triton.runtime.errors import OutOfResources
+    return OutOfResources

@@ -11,7 +11,6 @@ otherwise: the caller then launches through Triton.
 from __future__ import annotations
 
 import torch
-from triton import knobs
 
 # encoded TMA descriptors kept per descriptor argument of a plan's launch (on Triton 3.9 the
 # bound is shared: this many times the descriptor arguments, for all of them)
@@ -40,6 +39,7 @@ def direct_launcher(plan, compiled, device: int, before=None):
     """A launch of the already compiled kernel that skips Triton's per-call argument binding
     and specialization: the plan's arguments (and so their specialization) never change.
     Not used while Triton launch hooks (profilers) are installed."""
+    from triton import knobs   # loaded by then: the kernel is compiled
     if compiled is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
         return None
     names = plan.kernel.arg_names

@@ -24,7 +24,6 @@ import math
 import threading
 
 import torch
-import triton
 
 from ...errors import InternalError
 from ...ir import AXES
@@ -139,8 +138,8 @@ def reduction_buffers(args, layout: Layout, config, pieces: int) -> tuple[dict, 
             finish.append((y, work))
         else:
             sizes = {"L": args.L,
-                     "M": triton.cdiv(args.M, config.block_m) if "M" in y.dims else args.M,
-                     "N": triton.cdiv(args.N, config.block_n) * pieces if "N" in y.dims else args.N}
+                     "M": target.cdiv(args.M, config.block_m) if "M" in y.dims else args.M,
+                     "N": target.cdiv(args.N, config.block_n) * pieces if "N" in y.dims else args.N}
             work = torch.empty((sizes["L"], sizes["M"], sizes["N"]), device=dest.device, dtype=torch.float32)
             buffers[y.name] = (work, dict(zip(AXES, work.stride())))
             finish.append((y, work))

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import functools
 from dataclasses import dataclass
 from pathlib import Path
-
-import jinja2
 
 from ...runtime.cache import load_kernel_module
 from .epilogue import emit_epilogue
@@ -25,10 +24,22 @@ from .rules import helper_source
 
 KERNEL_NAME = "epifuse_kernel"
 
-_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-                          trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                          undefined=jinja2.StrictUndefined, autoescape=False)
-_ENV.filters["tma_flag"] = lambda prefix: f"{prefix.upper()}_TMA"
+
+
+@functools.lru_cache(maxsize=None)
+def _environment():
+    """The kernel templates' environment, made once (jinja2 is imported on the first render,
+    not with epifuse)."""
+    import jinja2
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                                     trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                                     undefined=jinja2.StrictUndefined, autoescape=False)
+    environment.filters["tma_flag"] = lambda prefix: f"{prefix.upper()}_TMA"
+    return environment
+
+
+def _template(name: str):
+    return _environment().get_template(name)
 
 
 @dataclass(frozen=True)
@@ -124,7 +135,7 @@ def render(spec: SourceSpec, graph, key: str, target: str, deterministic: bool) 
         slots = layout.tma_candidates()
         meta = [*META["persistent"], *_output_meta(layout, ("KIND", "LO", "HI")), *(f"{p.upper()}_TMA" for p in slots)]
         params = [*GEMM_PARAMS["persistent"], *layout.param_names(), *(f"{m}: tl.constexpr" for m in meta)]
-        return _ENV.get_template("persistent.py.j2").render(params=params, tma_slots=slots, **context)
+        return _template("persistent.py.j2").render(params=params, tma_slots=slots, **context)
     if family == "grouped":
         row = _bind_row(spec.table) + _mean_scales(layout)
         runtime = ["table_ptr", "NUM_GROUPS", "SEARCH_STEPS", *(o.prefix for o in layout.operands if o.kind == "number")]
@@ -133,7 +144,7 @@ def render(spec: SourceSpec, graph, key: str, target: str, deterministic: bool) 
         runtime = [*GEMM_PARAMS[family], *layout.param_names(), *zero_runtime]
     meta = [*META[family], *_output_meta(layout, ("KIND", "LO", "HI")), *zero_meta]
     params = [*runtime, *(f"{m}: tl.constexpr" for m in meta)]
-    return _ENV.get_template("pointer.py.j2").render(params=params, row=row, **context)
+    return _template("pointer.py.j2").render(params=params, row=row, **context)
 
 
 def _render_gluon(spec: SourceSpec, graph, layout: Layout, key: str) -> str:
@@ -158,7 +169,7 @@ def _render_gluon(spec: SourceSpec, graph, layout: Layout, key: str) -> str:
     consumer = ["a_bufs", "b_bufs", "ready_bars", "empty_bars", "turn_bars", "load_bars", *runtime,
                 *(f"{p}_bufs" for p in slots)]
     split_lines, values = _split_lines(pieces)
-    return _ENV.get_template("gluon.py.j2").render(
+    return _template("gluon.py.j2").render(
         key=key, target=f"cuda (Gluon {schedule}, sm_90)", libdevice=True, helpers=helper_source(helpers, "cuda"),
         kernel_name=KERNEL_NAME, schedule=schedule, warps=warps, consumers=consumers, pieces=pieces,
         api=api, slots=slots, loads=loads, stores=stores, epilogue=lines, zeroing=zeroing,
