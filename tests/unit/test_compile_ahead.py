@@ -415,6 +415,41 @@ def test_set_up_hashes_triton_ahead_only_where_the_index_is_empty(tmp_path, monk
     assert hashed == [] and not [t for t in threading.enumerate() if t.name == "epifuse-triton-key"]
 
 
+_THREAD_START_PROBE = """
+import sys, threading
+import epifuse
+from epifuse.runtime import ahead, compiled
+assert "triton" not in sys.modules
+started = []
+start = threading.Thread.start
+
+def recording(self):
+    module = sys.modules.get("triton")
+    started.append(module is not None and not getattr(module.__spec__, "_initializing", False))
+    return start(self)
+threading.Thread.start = recording
+compiled._make_driver = lambda: None
+compiled._triton_key = lambda: (lambda: None)
+{call}
+print("STARTED", started)
+"""
+
+
+@pytest.mark.parametrize("call", ["compiled.set_up_soon()", "ahead.compile_all([lambda: None])[0].result(60)",
+                                  "ahead.soon('key', lambda: None); ahead.wait_all(60)"])
+def test_triton_is_loaded_before_a_thread_that_uses_it_starts(call):
+    """Triton is not loaded with epifuse; each place that starts a thread which compiles or sets
+    Triton up loads it first, in the caller: threads importing parts of Triton while another
+    runs its __init__ can fail with 'partially initialized module'."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _THREAD_START_PROBE.format(call=call)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    started = next(row for row in out.stdout.splitlines() if row.startswith("STARTED")).split(" ", 1)[1]
+    assert started.startswith("[True") and "False" not in started, started   # each thread: Triton loaded
+
+
 def test_a_process_exits_without_waiting_for_queued_compiles():
     """The pool's threads are daemons: a process that ends with compiles still queued (one
     forward with grad, then exit) exits at once rather than run each of them first."""

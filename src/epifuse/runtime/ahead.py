@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from queue import SimpleQueue
 
 from ..backends.triton.device import uses_interpreter
+from .compiled import load_triton
 
 WORKERS = 2            # threads planning backward jobs at once (their compiles run in the pool)
 POOL_THREADS = 4       # threads compile_all compiles in at once
@@ -58,6 +59,7 @@ def compiles_on(device) -> bool:
 def soon(key, job) -> bool:
     """Queue `job` for a worker unless `key` was queued before in this process; whether it was
     queued now."""
+    load_triton()
     with _LOCK:
         if key in _SEEN:
             _SEEN.move_to_end(key)
@@ -86,6 +88,7 @@ class _Pool:
         self._lock = threading.Lock()
 
     def submit(self, job) -> Future:
+        load_triton()
         future: Future = Future()
         self._jobs.put((future, job))
         with self._lock:

@@ -145,6 +145,15 @@ def _load(kernel, entry: str, binding) -> object | None:
     return compiled if compiled.name == kernel.fn.__name__ else None
 
 
+def load_triton() -> None:
+    """Import Triton (0.15 s, not loaded with epifuse) in this thread, before epifuse starts a
+    thread that uses it. Python's import of a submodule takes a parent package found in
+    sys.modules as it is, even while another thread is still running the parent's __init__:
+    threads importing parts of Triton while it loads can fail with 'partially initialized
+    module'. Once `triton` is loaded, the parts epifuse's threads use are too."""
+    import triton  # noqa: F401
+
+
 def set_up() -> None:
     """Triton's driver, made once in this process: its first use builds (once per machine)
     and loads a small CUDA helper module, 0.3-0.4 s on an H200 host. Every warmup calls this
@@ -161,6 +170,7 @@ def set_up() -> None:
         if SET_UP.is_set():
             return
         if _index_empty():
+            load_triton()
             threading.Thread(target=_key_triton, name="epifuse-triton-key", daemon=True).start()
         try:
             _make_driver()
@@ -187,6 +197,7 @@ def set_up_soon() -> None:
     kernel; the caller's warmup then waits for whatever is left of it (set_up)."""
     if SET_UP.is_set() or _SET_UP_LOCK.locked():
         return
+    load_triton()
     threading.Thread(target=set_up, name="epifuse-triton-set-up", daemon=True).start()
 
 

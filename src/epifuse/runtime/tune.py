@@ -63,6 +63,7 @@ from ..shapes import bytes_per_output, operand_layouts
 from ..version import __version__
 from . import ahead, shipped
 from .cache import cache_dir, entry_lock, read_file, set_aside, write_atomically
+from .compiled import load_triton
 
 _LOCK = threading.Lock()
 _MEMORY: dict[str, str] = {}
@@ -417,6 +418,7 @@ def tune_in_background(args, kernels, key: str) -> None:
     if torch.cuda.is_current_stream_capturing():
         return
     problem = _described(args)   # before anything is claimed: an error here leaves nothing queued
+    load_triton()
     with _LOCK:
         if key in _PENDING or key in _MEMORY or key in _FAILED:
             return
