@@ -1,1 +1,0 @@
-"""Kernel classes. Each answers `supports(args)` with a Status before anything compiles."""

@@ -1,1 +1,0 @@
-"""The Triton backend: lowering rules, the kernel emitter and the tiled kernel class."""

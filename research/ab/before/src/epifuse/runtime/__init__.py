@@ -1,1 +1,0 @@
-"""Run-time support: the on-disk cache of generated kernels."""
