@@ -17,22 +17,4 @@ for round in 1 2; do
   done
 done
 echo "ab done $(( $(date +%s) - T0 )) s"
-python - <<'P'
-import json, glob, os
-out = os.environ["OUT"]
-keys = ["epifuse_gemm", "signature", "lookup", "site_call_without_launch", "launch_with", "torch_addmm_out"]
-print("probe (tune 0)     " + " ".join(f"{k[:12]:>12s}" for k in keys))
-for f in sorted(glob.glob(out + "/probe_*.json")):
-    try:
-        d = json.load(open(f))
-        print(f"{os.path.basename(f)[6:-5]:18s} " + " ".join(f"{d[k]:12.2f}" for k in keys))
-    except Exception as e:
-        print(f, "unreadable", e)
-for f in sorted(glob.glob(out + "/overhead_*.json")):
-    try:
-        d = json.load(open(f))
-        print(f"{os.path.basename(f)[9:-5]:10s} gemm {d['epifuse_gemm_us']:6.2f} addmm {d['torch_addmm_us']:6.2f} over {d['gemm_over_addmm_us']:5.2f}"
-              f" | new out {d['epifuse_gemm_new_output_us']:6.2f} vs {d['torch_addmm_relu_us']:6.2f} over {d['new_output_over_addmm_relu_us']:5.2f} | {d['kernel']}")
-    except Exception as e:
-        print(f, "unreadable", e)
-P
+python research/ab_table.py $OUT

@@ -165,3 +165,51 @@ def test_l2_probe_says_its_policies_are_gone():
     with pytest.raises(SystemExit) as exit_info:
         l2_probe.main(["--policies", "identity:S2"])
     assert "NOTEBOOK.md, 2026-11-26 17:53" in str(exit_info.value)
+
+
+def test_cold_timeline_samples_the_callers_stack_and_the_other_threads():
+    """Inclusive seconds per function: a function the caller spends its time in is counted for
+    the caller, one a thread of its own runs for 'others'."""
+    import threading
+    import time
+
+    from research.cold_timeline import Sampler
+
+    def busy_in_thread(stop):
+        while not stop.is_set():
+            time.sleep(0.001)
+
+    def busy_in_caller():
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:
+            pass
+    stop = threading.Event()
+    with Sampler() as sampler:
+        # named as the sampler keeps only these frames: stand-ins for epifuse's threads
+        worker = threading.Thread(target=busy_in_thread, args=(stop,), name="epifuse-compile-0")
+        worker.start()
+        busy_in_caller()
+        stop.set()
+        worker.join()
+    table = sampler.table(top=50)
+    assert table["caller"]["samples"] > 10
+    assert table["others"]["samples"] > 10
+    assert any(label.endswith("threading.py:run") for label, _ in table["others"]["top"])
+
+
+def test_ab_table_lists_each_file_of_a_run(tmp_path, capsys):
+    import json
+
+    from research import ab_table
+    (tmp_path / "cold_gemm_after_1.txt").write_text("cold bias_gelu S2: 2.50 s (inclusive seconds)\n")
+    (tmp_path / "probe_after_1.json").write_text(json.dumps(dict.fromkeys(ab_table.PROBE_KEYS, 1.5)))
+    (tmp_path / "overhead_before_1.json").write_text(json.dumps({
+        "epifuse_gemm_us": 20.0, "torch_addmm_us": 15.0, "gemm_over_addmm_us": 5.0, "epifuse_gemm_new_output_us": 25.0,
+        "torch_addmm_relu_us": 17.0, "new_output_over_addmm_relu_us": 8.0, "kernel": "<k>"}))
+    (tmp_path / "overhead_broken_2.json").write_text("{")
+    ab_table.main(str(tmp_path))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("cold_gemm_after_1") and lines[0].endswith("2.50 s (inclusive seconds)")
+    assert lines[2].startswith("after_1") and lines[2].split()[1:] == ["1.50"] * 6
+    assert "over  5.00" in lines[3] and "| <k>" in lines[3]
+    assert "unreadable" in lines[4]
