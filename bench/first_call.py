@@ -5,7 +5,9 @@
         [--extra 8192x11008x4096,...] [--training] [--out DIR]
 
 For every workload x shape, each in processes forked from this one (which has imported torch
-and epifuse but not touched the GPU) with empty epifuse and Triton caches of their own:
+and epifuse but not touched the GPU; Triton, which epifuse imports at the first call that needs
+a kernel, is imported in the child, as in a user's process) with empty epifuse and Triton caches
+of their own:
   cold_s        the first epifuse.gemm call of a process with empty caches, under --policy
                 (EPIFUSE_TUNE; default fast), inputs already on the GPU
   warm_s        the first call of a second process sharing those caches (a user's next run)
