@@ -12,8 +12,8 @@ GPU_DURATIONS = Path(__file__).resolve().parent / "gpu_durations.json"
 
 def longest_first(items: list, workers: int | None = None) -> list:
     """`items` with the GPU tests that took longest in a recent run first, so that
-    pytest-xdist's workers do not end on them; tests without a recorded time keep their order
-    after those. xdist hands its first quarter of the tests out one by one, round robin, so
+    pytest-xdist's workers do not end on them; tests without a recorded time (new ones, whose
+    time is not known, or ones a run's time limit cut off) go before all, in their order. xdist hands its first quarter of the tests out one by one, round robin, so
     with `workers` (PYTEST_XDIST_WORKER_COUNT, which each worker has) every second round of
     that many is reversed: the worker that got a round's longest test gets the next round's
     shortest. Each worker collects and sorts alike, as xdist requires. Simulated on the
@@ -24,7 +24,7 @@ def longest_first(items: list, workers: int | None = None) -> list:
     except (OSError, ValueError):
         return items
     order = {id(item): i for i, item in enumerate(items)}
-    ranked = sorted(items, key=lambda item: (-seconds.get(item.nodeid, 0.0), order[id(item)]))
+    ranked = sorted(items, key=lambda item: (-seconds.get(item.nodeid, float("inf")), order[id(item)]))
     workers = workers or int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers < 2:
         return ranked

@@ -4,14 +4,14 @@ from types import SimpleNamespace
 import gpu_order
 
 
-def test_longest_recorded_tests_come_first_and_the_rest_keep_their_order(tmp_path, monkeypatch):
+def test_unrecorded_tests_come_first_then_the_longest_recorded(tmp_path, monkeypatch):
     durations = tmp_path / "gpu_durations.json"
     durations.write_text('{"t.py::b": 3.0, "t.py::d": 90.5, "t.py::e": 3.0}')
     monkeypatch.setattr(gpu_order, "GPU_DURATIONS", durations)
     items = [SimpleNamespace(nodeid=f"t.py::{name}") for name in "abcdef"]
-    assert [i.nodeid[-1] for i in gpu_order.longest_first(items)] == list("dbeacf")
+    assert [i.nodeid[-1] for i in gpu_order.longest_first(items)] == list("acfdbe")
     # three workers: rounds of three, every second one reversed
-    assert [i.nodeid[-1] for i in gpu_order.longest_first(items, workers=3)] == list("dbefca")
+    assert [i.nodeid[-1] for i in gpu_order.longest_first(items, workers=3)] == list("acfebd")
     monkeypatch.setattr(gpu_order, "GPU_DURATIONS", tmp_path / "missing.json")
     assert gpu_order.longest_first(items) == items
 
