@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from bench.first_call import _caches, in_child
+from bench.first_call import _caches, _sync, in_child
 from bench.workloads import SHAPES, WORKLOADS
 
 PERIOD_S = 0.005
@@ -97,11 +97,6 @@ def gemm_child(spec: dict) -> dict:
         call()
         _sync(device)
     return {"seconds": time.perf_counter() - start, **sampler.table(spec["top"])}
-
-
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def training_child(spec: dict) -> dict:

@@ -17,8 +17,10 @@ def longest_first(items: list, workers: int | None = None) -> list:
     with `workers` (PYTEST_XDIST_WORKER_COUNT, which each worker has) every second round of
     that many is reversed: the worker that got a round's longest test gets the next round's
     shortest. Each worker collects and sorts alike, as xdist requires. Simulated on the
-    durations of 2026-11-29: 327 s for 16 workers, against 416 in collection order and 353
-    longest first without the reversal (316 is the total over 16)."""
+    durations file of 2026-11-29 morning (tests under 2 s not recorded, unrecorded ones last):
+    327 s for 16 workers, against 416 in collection order and 353 longest first without the
+    reversal (316 is the total over 16). On the H200 that order took 541 s, six unrecorded
+    30-57 s tests starting last; the present rule and file have not run there yet."""
     try:
         seconds = json.loads(GPU_DURATIONS.read_text())
     except (OSError, ValueError):

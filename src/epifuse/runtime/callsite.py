@@ -191,10 +191,7 @@ class _Kept:
         self.site, self.guard = site, _guard(tensors)
         # what the guard checks, for telling a second site for the same calls from a new one
         self.layout = tuple(PythonGuard._describe(t) for t in tensors)
-        # the address modulo 16, not only whether it is aligned: a view the launch takes of it
-        # (a gated GEMM's second half of B) is aligned or not by it and the strides
-        self.aligned = tuple(t.data_ptr() % 16 for t in tensors)
-        self.reach = tuple(_reach_bytes(t) for t in tensors)
+        self.aligned, self.reach = _placement(tensors)
         self.needs_grad = any(t.requires_grad for t in tensors)
 
     def takes(self, tensors: tuple) -> bool:
@@ -226,6 +223,13 @@ def _placed(tensors: tuple, aligned: tuple, reach: tuple) -> bool:
     return True
 
 
+def _placement(tensors: tuple) -> tuple[tuple, tuple]:
+    """Per tensor, its address modulo 16 (not only whether it is aligned: a view the launch
+    takes of it, a gated GEMM's second half of B, is aligned or not by it and the strides) and
+    the bytes its view reaches (_reach_bytes): what _placed compares a later call's with."""
+    return tuple(t.data_ptr() % 16 for t in tensors), tuple(_reach_bytes(t) for t in tensors)
+
+
 def _reach_bytes(t) -> int | None:
     """The bytes from t's first element to the end of its last (None when it is empty)."""
     if t.numel() == 0:
@@ -245,8 +249,7 @@ def _keepable(tensors: tuple) -> bool:
     try:
         if any((grad and t.requires_grad) or t.is_neg() or t.is_conj() for t in tensors):
             return False
-        reach = tuple(_reach_bytes(t) for t in tensors)
-        aligned = tuple(t.data_ptr() % 16 for t in tensors)
+        aligned, reach = _placement(tensors)
     except (RuntimeError, NotImplementedError):
         return False
     return _placed(tensors, aligned, reach)

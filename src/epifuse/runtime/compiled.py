@@ -46,6 +46,12 @@ def _directory():
     return cache_dir().parent / "compiled"
 
 
+def triton_version() -> str:
+    """The installed Triton's version (imported here: not loaded with epifuse)."""
+    import triton
+    return triton.__version__
+
+
 @functools.lru_cache(maxsize=None)
 def _installation() -> str:
     """Triton's version and the identity of its compiler library (path, size, mtime)."""
@@ -53,7 +59,7 @@ def _installation() -> str:
     ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
     lib = os.path.join(os.path.dirname(triton.__file__), "_C", f"libtriton.{ext}")
     st = os.stat(lib)
-    return f"triton {triton.__version__} {lib} {st.st_size} {st.st_mtime_ns}"
+    return f"triton {triton_version()} {lib} {st.st_size} {st.st_mtime_ns}"
 
 
 def _hooks_installed() -> bool:

@@ -63,7 +63,7 @@ from ..shapes import bytes_per_output, operand_layouts
 from ..version import __version__
 from . import ahead, shipped
 from .cache import cache_dir, entry_lock, read_file, set_aside, write_atomically
-from .compiled import load_triton
+from .compiled import load_triton, triton_version
 
 _LOCK = threading.Lock()
 _MEMORY: dict[str, str] = {}
@@ -86,17 +86,12 @@ def tuning_key(args) -> str:
     return "|".join([
         args.key, shape_bucket(args), f"operands {layouts}",
         f"{args.A.dtype}x{args.B.dtype}", outputs, f"{args.precision} det={args.deterministic}",
-        gpu, f"torch {torch.__version__}", f"triton {_triton_version()}", f"epifuse {__version__}",
+        gpu, f"torch {torch.__version__}", f"triton {triton_version()}", f"epifuse {__version__}",
         f"ranking {RANKING}"])
 
 
-def _triton_version() -> str:
-    import triton   # imported where a kernel is chosen, not with epifuse (0.15 s)
-    return triton.__version__
-
-
 def do_bench(fn, **kwargs) -> float:
-    """Triton's do_bench (imported on first use, as above)."""
+    """Triton's do_bench (imported on first use: Triton is not loaded with epifuse)."""
     from triton.testing import do_bench as triton_do_bench
     return triton_do_bench(fn, **kwargs)
 

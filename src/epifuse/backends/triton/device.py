@@ -13,6 +13,7 @@ import threading
 
 import torch
 
+
 def cdiv(a: int, b: int) -> int:
     """a / b rounded up (as triton.cdiv; Triton itself is imported when a kernel is built)."""
     return -(-a // b)

@@ -32,6 +32,7 @@ import torch
 
 from ... import staging
 from ...ir import fed_reductions
+from ...runtime.compiled import triton_version
 from ...shapes import accumulator_types, misalignment
 from ..base import Status, unsupported
 from . import configs
@@ -369,8 +370,7 @@ def _gluon_check(schedule: str):
             return unsupported(f"the Gluon kernel uses wgmma, which only compute capability 9.x has; "
                                f"this GPU is {major}.x")
         if not target.gluon_available():
-            import triton
-            return unsupported(f"triton {triton.__version__} has no Gluon Hopper support")
+            return unsupported(f"triton {triton_version()} has no Gluon Hopper support")
         return gluon_problem_check(schedule, args, config, cc)
     return check
 

@@ -297,11 +297,12 @@ def _layout(graph, deterministic: bool):
     return entry[1]
 
 
-__all__ = ["TritonKernel"]
-
-
 def _out_of_resources() -> type:
     """Triton's error for a config that needs more shared memory or registers than the GPU has
     (imported here: Triton is loaded once a kernel is built, not with epifuse)."""
     from triton.runtime.errors import OutOfResources
     return OutOfResources
+
+
+__all__ = ["TritonKernel"]
+

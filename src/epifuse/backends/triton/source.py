@@ -9,9 +9,9 @@ per spec, graph, target and options, through the on-disk source cache.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,6 @@ from .plan import ZERO_BLOCK
 from .rules import helper_source
 
 KERNEL_NAME = "epifuse_kernel"
-
 
 
 @functools.lru_cache(maxsize=None)
