@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from queue import SimpleQueue
 
 from ..backends.triton.device import uses_interpreter
-from .compiled import load_triton
+from .compiled import start_thread
 
 WORKERS = 2            # threads planning backward jobs at once (their compiles run in the pool)
 POOL_THREADS = 4       # threads compile_all compiles in at once
@@ -59,7 +59,6 @@ def compiles_on(device) -> bool:
 def soon(key, job) -> bool:
     """Queue `job` for a worker unless `key` was queued before in this process; whether it was
     queued now."""
-    load_triton()
     with _LOCK:
         if key in _SEEN:
             _SEEN.move_to_end(key)
@@ -71,9 +70,7 @@ def soon(key, job) -> bool:
         _QUEUE.append((key, job))
         _THREADS[:] = [t for t in _THREADS if t.is_alive()]
         if len(_THREADS) < WORKERS:
-            thread = threading.Thread(target=_work, name="epifuse-compile-ahead", daemon=True)
-            _THREADS.append(thread)
-            thread.start()
+            _THREADS.append(start_thread(_work, "epifuse-compile-ahead"))
     return True
 
 
@@ -88,13 +85,12 @@ class _Pool:
         self._lock = threading.Lock()
 
     def submit(self, job) -> Future:
-        load_triton()
         future: Future = Future()
         self._jobs.put((future, job))
         with self._lock:
             if self._started < self._threads:
                 self._started += 1
-                threading.Thread(target=self._work, name=f"{self._name}_{self._started - 1}", daemon=True).start()
+                start_thread(self._work, f"{self._name}_{self._started - 1}")
         return future
 
     def _work(self) -> None:

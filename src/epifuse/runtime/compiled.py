@@ -151,13 +151,17 @@ def _load(kernel, entry: str, binding) -> object | None:
     return compiled if compiled.name == kernel.fn.__name__ else None
 
 
-def load_triton() -> None:
-    """Import Triton (0.15 s, not loaded with epifuse) in this thread, before epifuse starts a
-    thread that uses it. Python's import of a submodule takes a parent package found in
-    sys.modules as it is, even while another thread is still running the parent's __init__:
-    threads importing parts of Triton while it loads can fail with 'partially initialized
-    module'. Once `triton` is loaded, the parts epifuse's threads use are too."""
+def start_thread(target, name: str) -> threading.Thread:
+    """A daemon thread running `target`, started once Triton (0.15 s, not loaded with epifuse)
+    is imported in the calling thread: every thread epifuse starts compiles, times or sets
+    Triton up. Python's import of a submodule takes a parent package found in sys.modules as
+    it is, even while another thread is still running the parent's __init__, so threads
+    importing parts of Triton while it loads can fail with 'partially initialized module'.
+    Once `triton` is loaded, the parts epifuse's threads use are too."""
     import triton  # noqa: F401
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def set_up() -> None:
@@ -176,8 +180,7 @@ def set_up() -> None:
         if SET_UP.is_set():
             return
         if _index_empty():
-            load_triton()
-            threading.Thread(target=_key_triton, name="epifuse-triton-key", daemon=True).start()
+            start_thread(_key_triton, "epifuse-triton-key")
         try:
             _make_driver()
         except Exception:  # noqa: BLE001 - the compile redoes it and raises there
@@ -203,8 +206,7 @@ def set_up_soon() -> None:
     kernel; the caller's warmup then waits for whatever is left of it (set_up)."""
     if SET_UP.is_set() or _SET_UP_LOCK.locked():
         return
-    load_triton()
-    threading.Thread(target=set_up, name="epifuse-triton-set-up", daemon=True).start()
+    start_thread(set_up, "epifuse-triton-set-up")
 
 
 def _make_driver() -> None:

@@ -63,7 +63,7 @@ from ..shapes import bytes_per_output, operand_layouts
 from ..version import __version__
 from . import ahead, shipped
 from .cache import cache_dir, entry_lock, read_file, set_aside, write_atomically
-from .compiled import load_triton, triton_version
+from .compiled import start_thread, triton_version
 
 _LOCK = threading.Lock()
 _MEMORY: dict[str, str] = {}
@@ -413,14 +413,12 @@ def tune_in_background(args, kernels, key: str) -> None:
     if torch.cuda.is_current_stream_capturing():
         return
     problem = _described(args)   # before anything is claimed: an error here leaves nothing queued
-    load_triton()
     with _LOCK:
         if key in _PENDING or key in _MEMORY or key in _FAILED:
             return
         _PENDING[key] = (problem, kernels)
         if not _WORKER or not _WORKER[0].is_alive():
-            _WORKER[:] = [threading.Thread(target=_work, name="epifuse-tuning", daemon=True)]
-            _WORKER[0].start()
+            _WORKER[:] = [start_thread(_work, "epifuse-tuning")]
 
 
 def _span(layout: _Layout) -> int:
