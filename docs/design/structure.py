@@ -31,7 +31,8 @@ LAYERS = [
     ("what a call is made of: arguments and their checks (single and grouped), the outputs epifuse "
      "allocates, activations", ["arguments", "grouped_arguments", "allocation", "activations"]),
     ("verification against the float64 reference", ["verify"]),
-    ("the on-disk caches", ["runtime", "runtime.cache", "runtime.compiled"]),
+    ("the on-disk caches, and compiles in processes of their own", ["runtime", "runtime.cache", "runtime.compile_child", "runtime.compile_processes",
+                            "runtime.compiled"]),
     ("kernels: the contract, the reference kernels, the Triton backend",
      ["backends", "backends.base", "backends.reference", "backends.triton."]),
     ("choosing a kernel: candidates, order, tuning, kernels compiled ahead in worker threads",

@@ -611,7 +611,8 @@ B = torch.randint(-3, 4, (96, 160), device="cuda").half()
 bias = torch.randint(-3, 4, (160,), device="cuda").half()
 D = epifuse.gemm(A, B, {source!r}, bias=bias)
 expected = torch.relu(A.double() @ B.double() * {constant} + bias.double()).half()
-print("LOADED", compiled.LOADED[0], "KEYED", triton.runtime.cache.triton_key.cache_info().currsize)
+print("LOADED", compiled.LOADED[0], "KEYED", triton.runtime.cache.triton_key.cache_info().currsize,
+      "ELSEWHERE", compiled.COMPILED_ELSEWHERE[0])
 print("FALLBACK", compiled.LAST_FALLBACK[0])
 sys.exit(0 if torch.equal(D, expected) else 3)
 """
@@ -619,37 +620,47 @@ sys.exit(0 if torch.equal(D, expected) else 3)
 
 @pytest.mark.gpu
 def test_warm_start_loads_compiled_kernels_without_triton_keying_them(tmp_path):
+    """A cold process compiles in compile processes and records each kernel in the index without
+    hashing Triton's installation; a warm one loads the chosen kernel from the index. Damaged
+    entries or an emptied Triton cache are compiled again and rewritten; with compiles in this
+    process (EPIFUSE_COMPILE_PROCESSES=0), Triton keys them itself."""
     constant = _fresh_constant()
     source = f"def epi(accum, bias):\n    D = relu(accum * {constant} + bias)\n    return D\n"
     script = _WARM_SCRIPT.format(source=source, constant=constant)
     root, triton_cache = tmp_path / "cache", tmp_path / "triton"
 
-    def run() -> tuple[int, int]:
+    def run(processes: str = "") -> tuple[int, int, bool]:
+        """(kernels loaded from the index, whether Triton hashed itself, whether any kernel
+        was compiled in a compile process)"""
         env = dict(os.environ, EPIFUSE_CACHE_DIR=str(root), TRITON_CACHE_DIR=str(triton_cache),
-                   EPIFUSE_QUIET="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+                   EPIFUSE_QUIET="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   EPIFUSE_COMPILE_PROCESSES=processes)
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                              timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr[-3000:]
         assert "FALLBACK None" in out.stdout, out.stdout
         words = next(line for line in out.stdout.splitlines() if line.startswith("LOADED")).split()
-        return int(words[1]), int(words[3])
+        return int(words[1]), int(words[3]), int(words[5]) > 0
 
-    loaded, keyed = run()  # cold: tunes, compiles every candidate, records them
-    assert loaded == 0 and keyed == 1
+    assert run() == (0, 0, True)  # cold: every candidate compiled in compile processes, recorded
     entries = sorted((root / "compiled").iterdir())
 
     def intact(path) -> bool:
         return re.fullmatch(r"[0-9a-f]{64}", path.read_text().strip()) is not None
 
     assert entries and all(intact(p) for p in entries)
-    assert run() == (1, 0)  # warm: the chosen kernel comes from the index; Triton never keys it
+    assert run() == (1, 0, False)  # warm: the chosen kernel comes from the index; Triton never keys it
     for p in entries:
         p.write_text("garbage")
-    assert run() == (0, 1)  # damaged entries: Triton's own lookup, and the entries are rewritten
+    assert run() == (0, 0, True)  # damaged entries: compiled again (a Triton cache hit), rewritten
     assert any(intact(p) for p in entries)
-    assert run() == (1, 0)
+    assert run() == (1, 0, False)
     shutil.rmtree(triton_cache)
-    assert run() == (0, 1)  # Triton's cache emptied: compiled again, the same answer
+    assert run() == (0, 0, True)  # Triton's cache emptied: compiled again, the same answer
+    assert run() == (1, 0, False)
+    shutil.rmtree(triton_cache)
+    assert run("0") == (0, 1, False)  # compiles in this process: Triton keys them
+    assert run("0") == (1, 0, False)
 
 
 # ---- several processes sharing one cache directory -----------------------------------------------

@@ -366,11 +366,13 @@ def test_triton_is_set_up_once_however_many_threads_compile(monkeypatch):
 
 
 def test_set_up_hashes_triton_ahead_only_where_the_index_is_empty(tmp_path, monkeypatch):
-    """A cold cache (an empty index, or none): set_up computes the hash of Triton's installation
-    in a thread of its own beside the driver, so a first compile does not wait for it after the
-    driver; a caller's _key_triton meanwhile waits for that thread rather than hash again. With
-    a kept kernel in the index (a warm start, served without the hash), nothing is hashed."""
+    """Where compiles stay in this process (no compile processes) and the cache is cold (an
+    empty index, or none): set_up computes the hash of Triton's installation in a thread of its
+    own beside the driver, so a first compile does not wait for it after the driver; a caller's
+    _key_triton meanwhile waits for that thread rather than hash again. With a kept kernel in the
+    index (a warm start, served without the hash), nothing is hashed."""
     from epifuse.runtime import compiled
+    monkeypatch.setenv("EPIFUSE_COMPILE_PROCESSES", "0")
     monkeypatch.setenv("EPIFUSE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(compiled, "_make_driver", lambda: None)
     started, release, hashed = threading.Event(), threading.Event(), []
@@ -413,6 +415,37 @@ def test_set_up_hashes_triton_ahead_only_where_the_index_is_empty(tmp_path, monk
     compiled.set_up()                    # a warm start
     time.sleep(0.2)
     assert hashed == [] and not [t for t in threading.enumerate() if t.name == "epifuse-triton-key"]
+
+
+def test_set_up_starts_compile_processes_where_the_index_is_empty(tmp_path, monkeypatch):
+    """With compile processes (the default), a cold cache's set_up starts them (they hash
+    Triton's installation themselves) instead of hashing here; a warm start starts none."""
+    from epifuse.runtime import compile_processes, compiled
+    monkeypatch.delenv("EPIFUSE_COMPILE_PROCESSES", raising=False)
+    monkeypatch.setenv("EPIFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(compiled, "_make_driver", lambda: None)
+    hashed, started = [], []
+    monkeypatch.setattr(compiled, "_triton_key", lambda: lambda: hashed.append(1))
+    monkeypatch.setattr(compile_processes, "start", started.append)
+    monkeypatch.setattr(compiled, "SET_UP", threading.Event())
+    compiled.set_up()
+    assert started == [compiled.PROCESSES_AHEAD] and hashed == []
+    index = compiled._directory()
+    index.mkdir(parents=True, exist_ok=True)
+    (index / ("ab" * 32)).write_text("cd" * 32 + "\n")
+    monkeypatch.setattr(compiled, "SET_UP", threading.Event())
+    compiled.set_up()
+    time.sleep(0.1)
+    assert started == [compiled.PROCESSES_AHEAD] and hashed == []
+    monkeypatch.setenv("EPIFUSE_COMPILE_PROCESSES", "lots")   # raised by the caller's warmup, not here
+    index.joinpath("ab" * 32).unlink()
+    monkeypatch.setattr(compiled, "SET_UP", threading.Event())
+    compiled.set_up()
+    for _ in range(100):
+        if hashed:
+            break
+        time.sleep(0.01)
+    assert started == [compiled.PROCESSES_AHEAD] and hashed == [1]
 
 
 _THREAD_START_PROBE = """

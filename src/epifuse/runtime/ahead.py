@@ -1,7 +1,9 @@
 """Kernels compiled ahead of their first launch, in worker threads, while the caller goes on.
 
-Triton spends most of a compile in ptxas and in building a launcher, both separate processes,
-so compiles in threads overlap even under the GIL. Two uses:
+Each thread's compile goes to a compile process of its own where it can
+(compile_processes.py), so compiles started at once run side by side; where none can take it,
+the thread compiles itself, which overlaps others only in ptxas and the launcher's build
+(separate processes) while the rest holds the GIL. Two uses:
 
 - Tuning: `compile_all(jobs)` compiles the kernels about to be timed all at once, each in a
   thread of a small pool (runtime/tune.py), instead of one before each timing.
@@ -29,6 +31,7 @@ from concurrent.futures import Future
 from queue import SimpleQueue
 
 from ..backends.triton.device import uses_interpreter
+from .compile_processes import compile_ahead_enabled
 from .compiled import start_thread
 
 WORKERS = 2            # threads planning backward jobs at once (their compiles run in the pool)
@@ -46,8 +49,7 @@ FAILED = [0]                   # how many have raised in this process (FAILURES 
 COMPLETED = [0]                # jobs that finished without raising (for tests and the start-up benchmark)
 
 
-def enabled() -> bool:
-    return os.environ.get("EPIFUSE_COMPILE_AHEAD", "1").strip() != "0"
+enabled = compile_ahead_enabled
 
 
 def compiles_on(device) -> bool:

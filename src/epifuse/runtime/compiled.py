@@ -11,55 +11,44 @@ target, and the cache-invalidating environment variables.
 
 `warmup(kernel, values, grid, meta)` is `kernel.warmup(...)` that first puts the indexed kernel
 into the JIT function's in-process cache (so Triton does not compile or key it) and, after a
-compile, records it. Anything unexpected (an entry that is not a hash, a Triton cache entry
+compile, records it. A kernel the index lacks is compiled in a compile process where one can
+take it (compile_processes.py: compiles side by side, none holding this process's GIL, and this
+process never hashes Triton's installation), put into the JIT function's cache the same way,
+and recorded. Anything unexpected (an entry that is not a hash, a Triton cache entry
 that is gone, an internal Triton API that changed, compile hooks installed) falls back to
 Triton's own path, which then rewrites the entry; an entry that is not a hash is damaged, and
 is set aside with a warning first (cache.set_aside).
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import re
 import sys
-import sysconfig
 import threading
 from types import SimpleNamespace
 
+from . import compile_processes
+from .compile_child import installation
 from .cache import cache_dir, read_file, set_aside, write_atomically
 
 _HASH = re.compile(r"[0-9a-f]{64}")
 _ENTRY = re.compile(rb"[0-9a-f]{64}\n?")  # an index entry: what _record writes
 _ENTRY_BYTES = 65
 LOADED = [0]  # kernels this process took from the index (for tests and the start-up benchmark)
+COMPILED_ELSEWHERE = [0]  # kernels compile processes compiled for this process (for tests and benchmarks)
 # Set once set_up has run in this process (whether or not making Triton's driver succeeded)
 SET_UP = threading.Event()
 _SET_UP_LOCK = threading.Lock()
 _KEY_LOCK = threading.Lock()   # one thread computes Triton's hash; the others wait for it
 _BIND_LOCK = threading.Lock()
 LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
+PROCESSES_AHEAD = 3   # compile processes set_up starts on a cold cache (a tuning's three, a layer's forward and backward)
 _OTHER_KEY = "Triton keyed the launch otherwise than the index (a Triton this module does not know)"
 
 
 def _directory():
     return cache_dir().parent / "compiled"
-
-
-def triton_version() -> str:
-    """The installed Triton's version (imported here: not loaded with epifuse)."""
-    import triton
-    return triton.__version__
-
-
-@functools.lru_cache(maxsize=None)
-def _installation() -> str:
-    """Triton's version and the identity of its compiler library (path, size, mtime)."""
-    import triton
-    ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
-    lib = os.path.join(os.path.dirname(triton.__file__), "_C", f"libtriton.{ext}")
-    st = os.stat(lib)
-    return f"triton {triton_version()} {lib} {st.st_size} {st.st_mtime_ns}"
 
 
 def _hooks_installed() -> bool:
@@ -77,13 +66,13 @@ def triton_api():
     # Function-local: private Triton modules that may be missing; ImportError is the signal.
     from triton import knobs
     from triton._C.libtriton import get_cache_invalidating_env_vars
-    from triton.compiler.compiler import CompiledKernel
+    from triton.compiler.compiler import CompiledKernel, compile
     from triton.runtime.cache import get_cache_manager
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction, MockTensor, compute_cache_key
     if not hasattr(JITFunction, "_pack_args"):  # device_caches and ASTSource are per instance
         raise ImportError("triton.runtime.jit.JITFunction has no _pack_args")
-    return SimpleNamespace(knobs=knobs, env_vars=get_cache_invalidating_env_vars, CompiledKernel=CompiledKernel,
+    return SimpleNamespace(knobs=knobs, env_vars=get_cache_invalidating_env_vars, CompiledKernel=CompiledKernel, compile=compile,
                            get_cache_manager=get_cache_manager, driver=driver, MockTensor=MockTensor,
                            compute_cache_key=compute_cache_key)
 
@@ -103,10 +92,10 @@ def _lookup(kernel, values, meta):
         kwargs["fpsan_homomorphic_casts"] = api.knobs.compilation.fpsan_homomorphic_casts
     bound, specialization, options = binder(*map(api.MockTensor.wrap_dtype, values), **kwargs)
     key = api.compute_cache_key(key_cache, specialization, options)
-    text = "\n".join([_installation(), str(target), source_sha, kernel.fn.__qualname__, str(key),
+    text = "\n".join([installation(), str(target), source_sha, kernel.fn.__qualname__, str(key),
                       str(sorted(api.env_vars().items()))])
     entry = hashlib.sha256(text.encode()).hexdigest()
-    return kernel_cache, key, entry, (backend, kwargs, bound, specialization, options)
+    return kernel_cache, key, entry, (backend, kwargs, bound, specialization, options, target)
 
 
 def _read(entry: str) -> str | None:
@@ -134,13 +123,50 @@ def _record(entry: str, triton_hash: str) -> None:
         pass  # a read-only cache only costs Triton's own lookup next time
 
 
-def _load(kernel, entry: str, binding) -> object | None:
-    """The CompiledKernel the index names, read from Triton's cache, or None."""
-    api = triton_api()
+def _from_index(kernel, entry: str, binding) -> object | None:
+    """The CompiledKernel the index entry `entry` names, read from Triton's cache, or None."""
     triton_hash = _read(entry)
-    if triton_hash is None:
+    return None if triton_hash is None else _load(kernel, triton_hash, binding)
+
+
+def _compiled_elsewhere(kernel, entry: str, binding) -> object | None:
+    """The kernel compiled in a compile process (compile_processes.py) and read from Triton's
+    cache, recorded in the index as `entry`; None where no process could compile it."""
+    if not compile_processes.usable():
         return None
-    backend, kwargs, bound, specialization, options = binding
+    triton_hash = compile_processes.compile(_request(kernel, binding))
+    if triton_hash is None or _HASH.fullmatch(triton_hash) is None:
+        return None
+    compiled = _load(kernel, triton_hash, binding)
+    if compiled is not None:
+        _record(entry, triton_hash)
+        COMPILED_ELSEWHERE[0] += 1
+    return compiled
+
+
+def _request(kernel, binding) -> dict:
+    """What a compile process needs to compile this launch's kernel as Triton here would: the
+    generated module's text and names, and the arguments of triton.compile as the JIT
+    function packs them (compile_child.compile_request)."""
+    api = triton_api()
+    backend, kwargs, bound, specialization, options, target = binding
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    module = sys.modules[kernel.module]
+    return dict(text=module.__loader__.text, path=module.__file__, module=kernel.module,
+                function=kernel.fn.__name__, source_class=_name_of(kernel.ASTSource),
+                compile=_name_of(getattr(kernel, "compile", None) or api.compile), signature=signature, constexprs=constexprs, attrs=attrs,
+                options=dict(options.__dict__), target=target, env=sorted(api.env_vars().items()),
+                cache_dir=getattr(getattr(api.knobs, "cache", None), "dir", None))
+
+
+def _name_of(thing) -> tuple[str, str]:
+    return thing.__module__, thing.__qualname__
+
+
+def _load(kernel, triton_hash: str, binding) -> object | None:
+    """The CompiledKernel Triton's cache holds as `triton_hash` for this launch, or None."""
+    api = triton_api()
+    backend, kwargs, bound, specialization, options, _ = binding
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     src = kernel.ASTSource(kernel, signature, constexprs, attrs)
     name = f"{src.name[:150]}.json"
@@ -179,7 +205,7 @@ def set_up() -> None:
     with _SET_UP_LOCK:
         if SET_UP.is_set():
             return
-        if _index_empty():
+        if _index_empty() and not _start_processes():
             start_thread(_key_triton, "epifuse-triton-key")
         try:
             _make_driver()
@@ -206,7 +232,21 @@ def set_up_soon() -> None:
     kernel; the caller's warmup then waits for whatever is left of it (set_up)."""
     if SET_UP.is_set() or _SET_UP_LOCK.locked():
         return
+    if _index_empty():
+        _start_processes()   # before Triton's import below (0.15 s): they import it themselves
     start_thread(set_up, "epifuse-triton-set-up")
+
+
+def _start_processes() -> bool:
+    """Start the compile processes a cold cache will need (PROCESSES_AHEAD); whether compiles
+    go to them."""
+    try:
+        children = compile_processes.usable()
+    except Exception:  # noqa: BLE001 - a bad EPIFUSE_COMPILE_PROCESSES: warmup raises it in the caller
+        return False
+    if children:
+        compile_processes.start(PROCESSES_AHEAD)
+    return children
 
 
 def _make_driver() -> None:
@@ -277,7 +317,9 @@ def prepare(kernel, values, grid, meta) -> None:
 
 
 def warmup(kernel, values, grid, meta):
-    """kernel.warmup(*values, grid=grid, **meta), served from the index when it can be."""
+    """kernel.warmup(*values, grid=grid, **meta): served from the index when it can be, else
+    compiled in a compile process when one can, else by Triton in this thread."""
+    compile_processes.limit()   # raises on a bad EPIFUSE_COMPILE_PROCESSES, in the caller
     bind(kernel)   # Triton set up, and every thread's first use of the JIT function under the lock
     return _warmup(kernel, values, grid, meta)
 
@@ -293,21 +335,13 @@ def _warmup(kernel, values, grid, meta):
         return kernel.warmup(*values, grid=grid, **meta)
     kernel_cache, key, entry, binding = found
     if key not in kernel_cache:
-        try:
-            compiled = _load(kernel, entry, binding)
-        except Exception as error:
-            LAST_FALLBACK[0] = repr(error)
-            compiled = None
-        if compiled is not None:
-            kernel_cache[key] = compiled
-            launched = kernel.warmup(*values, grid=grid, **meta)
-            if launched is compiled:
-                LOADED[0] += 1
-            else:
-                kernel_cache.pop(key, None)
-                LAST_FALLBACK[0] = _OTHER_KEY
+        launched = _serve(kernel, values, grid, meta, found, _from_index)
+        if launched is not None:
             return launched
-    if key not in kernel_cache:   # Triton compiles it now
+        launched = _serve(kernel, values, grid, meta, found, _compiled_elsewhere)
+        if launched is not None:
+            return launched
+    if key not in kernel_cache:   # Triton compiles it now, in this thread
         _key_triton()
     compiled = kernel.warmup(*values, grid=grid, **meta)
     if kernel_cache.get(key) is not compiled:  # Triton keyed it otherwise: an entry would never be asked for
@@ -317,3 +351,27 @@ def _warmup(kernel, values, grid, meta):
     if isinstance(triton_hash, str) and _HASH.fullmatch(triton_hash) and _read(entry) != triton_hash:
         _record(entry, triton_hash)
     return compiled
+
+
+def _serve(kernel, values, grid, meta, found, source):
+    """kernel.warmup(...) with the compiled kernel `source` gives (the index, a compile process)
+    put into the JIT function's cache first; None where `source` has none. Where Triton keys the
+    launch otherwise than _lookup (a Triton this module does not know), it compiles the kernel
+    itself, which is what this returns then."""
+    kernel_cache, key, entry, binding = found
+    try:
+        compiled = source(kernel, entry, binding)
+    except Exception as error:  # noqa: BLE001 - a Triton internal that moved: Triton compiles it
+        LAST_FALLBACK[0] = repr(error)
+        return None
+    if compiled is None:
+        return None
+    kernel_cache[key] = compiled
+    launched = kernel.warmup(*values, grid=grid, **meta)
+    if launched is compiled:
+        if source is _from_index:
+            LOADED[0] += 1
+    else:
+        kernel_cache.pop(key, None)
+        LAST_FALLBACK[0] = _OTHER_KEY
+    return launched

@@ -1,0 +1,235 @@
+"""Compiles in processes of their own (runtime/compile_processes.py and compile_child.py).
+
+Triton compiles for a named GPU target without a GPU (ptxas ships with it), so the channel,
+the child's compile and every failure path run on a CPU; tests/gpu/test_gpu.py checks a real
+launch's kernels through them.
+"""
+import os
+import threading
+
+import pytest
+
+from epifuse.errors import EpilogueArgumentError
+from epifuse.runtime import compile_processes
+
+KERNEL = """import triton
+import triton.language as tl
+
+
+@triton.jit
+def scaled_copy(x, y, n, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offsets, tl.load(x + offsets, mask=offsets < n) * SCALE, mask=offsets < n)
+"""
+
+
+@pytest.fixture
+def children(tmp_path, monkeypatch):
+    """compile_processes with no child running, children started under this test's Triton
+    cache, and everything let go afterwards."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.delenv("EPIFUSE_COMPILE_PROCESSES", raising=False)
+    monkeypatch.delenv("EPIFUSE_COMPILE_AHEAD", raising=False)
+    compile_processes.let_all_go()
+    monkeypatch.setattr(compile_processes, "_FAILURES", [0])
+    yield compile_processes
+    compile_processes.let_all_go()
+
+
+def _request(tmp_path, scale: int, **changes) -> dict:
+    """A compile request as runtime/compiled.py packs one, for `scale` (a constexpr: a new
+    scale is a new kernel) at sm_90."""
+    from triton import knobs
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    path = tmp_path / "scaled_copy.py"
+    path.write_text(KERNEL)
+    target = GPUTarget("cuda", 90, 32)
+    request = dict(text=KERNEL, path=str(path), module="epifuse_test_generated.scaled_copy",
+                   function="scaled_copy", source_class=("triton.compiler.compiler", "ASTSource"),
+                   compile=("triton.compiler.compiler", "compile"),
+                   signature={"x": "*fp32", "y": "*fp32", "n": "i32", "SCALE": "constexpr", "BLOCK": "constexpr"},
+                   constexprs={(3,): scale, (4,): 128},
+                   attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]},
+                   options=dict(make_backend(target).parse_options({}).__dict__), target=target,
+                   env=sorted(get_cache_invalidating_env_vars().items()), cache_dir=knobs.cache.dir)
+    request.update(changes)
+    return request
+
+
+def _compiled_here(request, monkeypatch):
+    """The same compile in this process, as Triton's JIT function would make it (a JIT
+    function, not the interpreter's, which the CPU tests otherwise use)."""
+    import importlib.util
+
+    import triton
+    from triton.compiler import ASTSource
+    spec = importlib.util.spec_from_file_location("scaled_copy_here", request["path"])
+    module = importlib.util.module_from_spec(spec)
+    with monkeypatch.context() as patch:
+        patch.delenv("TRITON_INTERPRET", raising=False)
+        spec.loader.exec_module(module)
+    fn = module.scaled_copy
+    src = ASTSource(fn, request["signature"], request["constexprs"], request["attrs"])
+    return triton.compile(src, target=request["target"], options=request["options"])
+
+
+def test_a_child_compiles_the_kernel_this_process_would(children, tmp_path, monkeypatch):
+    scale = int.from_bytes(os.urandom(2), "little") + 2   # a kernel no earlier run compiled
+    request = _request(tmp_path, scale)
+    before = children.COMPILED[0]
+    triton_hash = children.compile(request)
+    assert triton_hash is not None, children.LAST_ERROR[0]
+    assert children.COMPILED[0] == before + 1
+    # in Triton's cache, where this process finds it by the hash: the kernel its own compile makes
+    from triton.runtime.cache import get_cache_manager
+    group = get_cache_manager(triton_hash).get_group("scaled_copy.json")
+    assert group is not None and {"scaled_copy.ptx", "scaled_copy.cubin"} <= set(group)
+    here = _compiled_here(request, monkeypatch)
+    with open(group["scaled_copy.ptx"]) as ptx, open(group["scaled_copy.cubin"], "rb") as cubin:
+        assert ptx.read() == here.asm["ptx"] and cubin.read() == here.asm["cubin"]
+    assert "mul.f32" in here.asm["ptx"]   # the kernel, compiled: it scales
+    assert here.hash != triton_hash   # children key by the installation's identity, not by hashing Triton
+
+
+def test_a_failed_compile_answers_with_its_error_and_the_child_serves_on(children, tmp_path):
+    assert children.compile(_request(tmp_path, 3, function="no_such_kernel")) is None
+    assert "no_such_kernel" in children.LAST_ERROR[0]
+    broken = KERNEL.replace("tl.arange(0, BLOCK)", "tl.arange(0, BLOCK) + undefined_name")
+    assert children.compile(_request(tmp_path, 3, text=broken)) is None
+    assert "undefined_name" in children.LAST_ERROR[0]
+    assert children.compile(_request(tmp_path, 5)) is not None   # the same child, still serving
+    assert children._RUNNING[0] == 1 and children._FAILURES[0] == 0
+
+
+def test_a_child_refuses_a_compile_under_another_triton_environment(children, tmp_path):
+    request = _request(tmp_path, 3, env=[("TRITON_SOME_CACHE_INVALIDATING_KNOB", "1")])
+    assert children.compile(request) is None
+    assert "environment differs" in children.LAST_ERROR[0]
+
+
+def test_a_request_that_does_not_pickle_starts_no_child(children, tmp_path):
+    assert children.compile(_request(tmp_path, 3, constexprs={(3,): threading.Lock()})) is None
+    assert "does not pickle" in children.LAST_ERROR[0] and children._RUNNING[0] == 0
+
+
+def test_children_that_die_are_replaced_then_given_up(children, tmp_path):
+    children.start(1)
+    child = children._IDLE[0]
+    child.popen.kill()
+    child.popen.wait(10)
+    assert children.compile(_request(tmp_path, 3)) is None   # the dead child: let go, counted
+    assert "ended" in children.LAST_ERROR[0] and children._RUNNING[0] == 0 and children._FAILURES[0] == 1
+    assert children.compile(_request(tmp_path, 3)) is not None   # a new child
+    children._IDLE[0].popen.kill()
+    children._IDLE[0].popen.wait(10)
+    assert children.compile(_request(tmp_path, 3)) is None
+    assert not children.usable() and children.compile(_request(tmp_path, 3)) is None   # given up
+    assert children._RUNNING[0] == 0
+
+
+def test_at_most_limit_children_run_and_callers_wait_for_one(children, tmp_path, monkeypatch):
+    monkeypatch.setenv("EPIFUSE_COMPILE_PROCESSES", "2")
+    results = []
+    callers = [threading.Thread(target=lambda s=s: results.append(children.compile(_request(tmp_path, s))))
+               for s in (11, 12, 13, 14, 15)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(300)
+    assert len(results) == 5 and None not in results and len(set(results)) == 5
+    assert children._RUNNING[0] == 2 and len(children._IDLE) == 2
+
+
+def test_the_number_of_children_is_a_setting(children, monkeypatch):
+    monkeypatch.setenv("EPIFUSE_COMPILE_PROCESSES", "0")
+    assert children.limit() == 0 and not children.usable()
+    monkeypatch.setenv("EPIFUSE_COMPILE_PROCESSES", "3")
+    assert children.limit() == 3 and children.usable()
+    monkeypatch.setenv("EPIFUSE_COMPILE_AHEAD", "0")   # every compile in the caller's thread
+    assert children.limit() == 0
+    monkeypatch.delenv("EPIFUSE_COMPILE_AHEAD")
+    for bad in ("many", "-1", "2.5"):
+        monkeypatch.setenv("EPIFUSE_COMPILE_PROCESSES", bad)
+        with pytest.raises(EpilogueArgumentError, match=f"EPIFUSE_COMPILE_PROCESSES={bad!r}"):
+            children.limit()
+
+
+def test_a_bad_setting_is_raised_by_the_call_that_would_compile(children, monkeypatch):
+    """Not swallowed with the other reasons a compile falls back to the caller's thread."""
+    from epifuse.runtime import compiled
+    monkeypatch.setenv("EPIFUSE_COMPILE_PROCESSES", "all")
+    with pytest.raises(EpilogueArgumentError, match="EPIFUSE_COMPILE_PROCESSES='all'"):
+        compiled.warmup(object(), [], (1,), {})
+
+
+def test_a_forked_process_starts_its_own_children(children, tmp_path):
+    children.start(1)
+    assert children._RUNNING[0] == 1
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: none of its parent's compile processes
+        os.close(read)
+        os.write(write, f"{children._RUNNING[0]} {len(children._IDLE)}".encode())
+        os._exit(0)
+    os.close(write)
+    seen = os.read(read, 100).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert seen == "0 0"
+    assert children.compile(_request(tmp_path, 3)) is not None   # the parent's child still serves
+
+
+def test_a_child_exits_when_its_parent_lets_it_go(children):
+    children.start(1)
+    popen = children._IDLE[0].popen
+    children.let_all_go()
+    assert popen.wait(60) == 0 and children._RUNNING[0] == 0
+
+
+_EARLY_LAUNCHER_PROBE = """
+import pickle, sys, threading
+from triton.backends.nvidia import driver
+from epifuse.runtime import compile_child
+built = []
+
+class Launcher:
+    def __init__(self, src, metadata):
+        built.append((threading.current_thread() is threading.main_thread(), src.fn.__name__,
+                      getattr(metadata, "tensordesc_meta", None)))
+
+driver.make_launcher = lambda *args: ""
+driver.CudaLauncher = Launcher
+compile_child._build_launcher_early()
+compile_child._build_launcher_early()   # wraps the stages once
+request = pickle.load(open(sys.argv[1], "rb"))
+compile_child.compile_request(request)
+first = list(built)
+built.clear()
+compile_child.compile_request(request)   # a cache hit: no stage runs
+print(repr((first, built, compile_child._EARLY)))
+"""
+
+
+def test_a_child_builds_the_launcher_beside_the_compiles_last_stages(tmp_path):
+    """With a Triton that builds a C launcher per kernel signature (3.6; the one here may not),
+    a child starts that build in a thread once the TTGIR stage has settled how tensor
+    descriptors are lowered, beside the later stages, then builds it once more from the final
+    metadata (a cache hit in Triton's cache). Run in a process of its own (not interpreting),
+    with a recording launcher in place of Triton's."""
+    import pickle
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    request = _request(tmp_path, int.from_bytes(os.urandom(2), "little") + 2, cache_dir=str(tmp_path / "triton"))
+    (tmp_path / "request.pickle").write_bytes(pickle.dumps(request))
+    out = subprocess.run([sys.executable, "-c", _EARLY_LAUNCHER_PROBE, str(tmp_path / "request.pickle")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, again, early = eval(out.stdout.strip().splitlines()[-1])
+    assert [row[:2] for row in first] == [(False, "scaled_copy"), (True, "scaled_copy")]  # early, in a thread
+    assert first[0][2] == first[1][2]   # the descriptors' lowering as the final metadata has it
+    assert [row[:2] for row in again] == [(True, "scaled_copy")]   # no stage ran: after the compile only
+    assert early == {"src": None, "thread": None}
