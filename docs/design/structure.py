@@ -31,7 +31,8 @@ LAYERS = [
     ("what a call is made of: arguments and their checks (single and grouped), the outputs epifuse "
      "allocates, activations", ["arguments", "grouped_arguments", "allocation", "activations"]),
     ("verification against the float64 reference", ["verify"]),
-    ("the on-disk caches, and compiles in processes of their own", ["runtime", "runtime.cache", "runtime.compile_child", "runtime.compile_processes",
+    ("the on-disk caches, and compiles in processes of their own", ["runtime", "runtime.cache", "runtime.triton_identity",
+                            "runtime.compile_child", "runtime.compile_processes",
                             "runtime.compiled"]),
     ("kernels: the contract, the reference kernels, the Triton backend",
      ["backends", "backends.base", "backends.reference", "backends.triton."]),
@@ -54,6 +55,8 @@ LAYERS = [
 LOCAL: dict[tuple[str, str], str] = {
     ("cli", "commands"): "the commands load once the arguments parse: `epifuse --help` and a "
                          "mistyped option load neither torch nor Triton",
+    ("runtime.compile_child", "runtime.triton_identity"): "a compile process runs compile_child.py by path, "
+                                                         "outside the package, and loads the file itself there",
     ("backend", "graph_heads"): "the LM-head rewrite (and the linear cross-entropy it calls, with epifuse.api) "
                                 "loads when a graph is compiled: `import epifuse` does not load them",
 }

@@ -6,6 +6,7 @@ launch's kernels through them.
 """
 import os
 import threading
+import time
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_a_child_compiles_the_kernel_this_process_would(children, tmp_path, monk
     scale = int.from_bytes(os.urandom(2), "little") + 2   # a kernel no earlier run compiled
     request = _request(tmp_path, scale)
     before = children.COMPILED[0]
-    triton_hash = children.compile(request)
+    triton_hash = children.compile_in_child(request)
     assert triton_hash is not None, children.LAST_ERROR[0]
     assert children.COMPILED[0] == before + 1
     # in Triton's cache, where this process finds it by the hash: the kernel its own compile makes
@@ -94,23 +95,29 @@ def test_a_child_compiles_the_kernel_this_process_would(children, tmp_path, monk
 
 
 def test_a_failed_compile_answers_with_its_error_and_the_child_serves_on(children, tmp_path):
-    assert children.compile(_request(tmp_path, 3, function="no_such_kernel")) is None
+    assert children.compile_in_child(_request(tmp_path, 3, function="no_such_kernel")) is None
     assert "no_such_kernel" in children.LAST_ERROR[0]
     broken = KERNEL.replace("tl.arange(0, BLOCK)", "tl.arange(0, BLOCK) + undefined_name")
-    assert children.compile(_request(tmp_path, 3, text=broken)) is None
+    assert children.compile_in_child(_request(tmp_path, 3, text=broken)) is None
     assert "undefined_name" in children.LAST_ERROR[0]
-    assert children.compile(_request(tmp_path, 5)) is not None   # the same child, still serving
+    assert children.compile_in_child(_request(tmp_path, 5)) is not None   # the same child, still serving
     assert children._RUNNING[0] == 1 and children._FAILURES[0] == 0
 
 
-def test_a_child_refuses_a_compile_under_another_triton_environment(children, tmp_path):
+def test_a_child_under_another_triton_environment_is_replaced(children, tmp_path):
+    """A cache-invalidating variable set after a child started: the child refuses the compile
+    and is let go (not a failure); the next compile starts a child with the new environment."""
+    children.start(1)
+    stale = children._IDLE[0]
     request = _request(tmp_path, 3, env=[("TRITON_SOME_CACHE_INVALIDATING_KNOB", "1")])
-    assert children.compile(request) is None
+    assert children.compile_in_child(request) is None
     assert "environment differs" in children.LAST_ERROR[0]
+    assert stale.popen.wait(60) is not None and children._RUNNING[0] == 0 and children._FAILURES[0] == 0
+    assert children.compile_in_child(_request(tmp_path, 3)) is not None
 
 
 def test_a_request_that_does_not_pickle_starts_no_child(children, tmp_path):
-    assert children.compile(_request(tmp_path, 3, constexprs={(3,): threading.Lock()})) is None
+    assert children.compile_in_child(_request(tmp_path, 3, constexprs={(3,): threading.Lock()})) is None
     assert "does not pickle" in children.LAST_ERROR[0] and children._RUNNING[0] == 0
 
 
@@ -119,20 +126,20 @@ def test_children_that_die_are_replaced_then_given_up(children, tmp_path):
     child = children._IDLE[0]
     child.popen.kill()
     child.popen.wait(10)
-    assert children.compile(_request(tmp_path, 3)) is None   # the dead child: let go, counted
+    assert children.compile_in_child(_request(tmp_path, 3)) is None   # the dead child: let go, counted
     assert "ended" in children.LAST_ERROR[0] and children._RUNNING[0] == 0 and children._FAILURES[0] == 1
-    assert children.compile(_request(tmp_path, 3)) is not None   # a new child
+    assert children.compile_in_child(_request(tmp_path, 3)) is not None   # a new child
     children._IDLE[0].popen.kill()
     children._IDLE[0].popen.wait(10)
-    assert children.compile(_request(tmp_path, 3)) is None
-    assert not children.usable() and children.compile(_request(tmp_path, 3)) is None   # given up
+    assert children.compile_in_child(_request(tmp_path, 3)) is None
+    assert not children.usable() and children.compile_in_child(_request(tmp_path, 3)) is None   # given up
     assert children._RUNNING[0] == 0
 
 
 def test_at_most_limit_children_run_and_callers_wait_for_one(children, tmp_path, monkeypatch):
     monkeypatch.setenv("EPIFUSE_COMPILE_PROCESSES", "2")
     results = []
-    callers = [threading.Thread(target=lambda s=s: results.append(children.compile(_request(tmp_path, s))))
+    callers = [threading.Thread(target=lambda s=s: results.append(children.compile_in_child(_request(tmp_path, s))))
                for s in (11, 12, 13, 14, 15)]
     for caller in callers:
         caller.start()
@@ -165,20 +172,91 @@ def test_a_bad_setting_is_raised_by_the_call_that_would_compile(children, monkey
 
 
 def test_a_forked_process_starts_its_own_children(children, tmp_path):
+    """...and closes its copies of the parent's pipes to them: a child sees its input end when
+    the parent lets it go, whatever processes the parent forked."""
     children.start(1)
     assert children._RUNNING[0] == 1
+    stdin_fd = children._IDLE[0].popen.stdin.fileno()
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:   # the child: none of its parent's compile processes
+    if pid == 0:   # the forked process: none of its parent's compile processes, nor their pipes
         os.close(read)
-        os.write(write, f"{children._RUNNING[0]} {len(children._IDLE)}".encode())
+        try:
+            os.fstat(stdin_fd)
+            pipe = "open"
+        except OSError:
+            pipe = "closed"
+        os.write(write, f"{children._RUNNING[0]} {len(children._IDLE)} {pipe}".encode())
         os._exit(0)
     os.close(write)
     seen = os.read(read, 100).decode()
     os.close(read)
     os.waitpid(pid, 0)
-    assert seen == "0 0"
-    assert children.compile(_request(tmp_path, 3)) is not None   # the parent's child still serves
+    assert seen == "0 0 closed"
+    assert children.compile_in_child(_request(tmp_path, 3)) is not None   # the parent's child still serves
+
+
+class _SilentChild:
+    """A compile process that never answers (a hung compile)."""
+
+    def __init__(self):
+        import subprocess
+        import sys
+        self.popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    ask = compile_processes._Child.ask
+    close_pipes = compile_processes._Child.close_pipes
+    let_go = compile_processes._Child.let_go
+
+
+def test_a_child_that_does_not_answer_is_killed_and_counted(children, tmp_path, monkeypatch):
+    monkeypatch.setattr(children, "_Child", _SilentChild)
+    monkeypatch.setattr(children, "ANSWER_TIMEOUT_S", 0.5)
+    assert children.compile_in_child(_request(tmp_path, 3)) is None
+    assert "no answer in" in children.LAST_ERROR[0]
+    assert children._RUNNING[0] == 0 and children._FAILURES[0] == 1 and not children._CHILDREN
+
+
+def test_an_interrupted_compile_frees_its_slot(children, tmp_path, monkeypatch):
+    """A KeyboardInterrupt while waiting for an answer (a notebook's interrupt) lets that child
+    go and frees its slot: with one slot, the next compile still gets a child."""
+    monkeypatch.setenv("EPIFUSE_COMPILE_PROCESSES", "1")
+
+    def interrupted(self, data, timeout):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as patch:
+        patch.setattr(children._Child, "ask", interrupted)
+        for _ in range(2):
+            with pytest.raises(KeyboardInterrupt):
+                children.compile_in_child(_request(tmp_path, 3))
+            assert children._RUNNING[0] == 0 and children._FAILURES[0] == 0
+    assert children.compile_in_child(_request(tmp_path, 3)) is not None
+
+
+def test_every_waiter_returns_when_children_are_given_up(children, tmp_path, monkeypatch):
+    """Callers waiting for a child when the children are given up (two died) all return None
+    (compiling in their own threads), none waits forever."""
+    monkeypatch.setenv("EPIFUSE_COMPILE_PROCESSES", "1")
+    gate = threading.Event()
+
+    def dying(self, data, timeout):
+        gate.wait(60)
+        self.popen.kill()
+        self.popen.wait(60)
+        return None
+    monkeypatch.setattr(children._Child, "ask", dying)
+    results = []
+    callers = [threading.Thread(target=lambda: results.append(children.compile_in_child(_request(tmp_path, 3))))
+               for _ in range(5)]
+    for caller in callers:
+        caller.start()
+    time.sleep(0.5)   # one caller holds the one child; four wait
+    gate.set()
+    for caller in callers:
+        caller.join(60)
+    assert not any(caller.is_alive() for caller in callers)
+    assert results == [None] * 5 and not children.usable() and children._RUNNING[0] == 0
 
 
 def test_a_child_exits_when_its_parent_lets_it_go(children):
@@ -196,8 +274,8 @@ built = []
 
 class Launcher:
     def __init__(self, src, metadata):
-        built.append((threading.current_thread() is threading.main_thread(), src.fn.__name__,
-                      getattr(metadata, "tensordesc_meta", None)))
+        settled = "tensordesc_meta" in metadata._metadata if hasattr(metadata, "_metadata") else None
+        built.append((threading.current_thread() is threading.main_thread(), src.fn.__name__, settled))
 
 driver.make_launcher = lambda *args: ""
 driver.CudaLauncher = Launcher
@@ -230,6 +308,6 @@ def test_a_child_builds_the_launcher_beside_the_compiles_last_stages(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     first, again, early = eval(out.stdout.strip().splitlines()[-1])
     assert [row[:2] for row in first] == [(False, "scaled_copy"), (True, "scaled_copy")]  # early, in a thread
-    assert first[0][2] == first[1][2]   # the descriptors' lowering as the final metadata has it
+    assert first[0][2] is True   # built once the TTGIR stage had settled the descriptors' lowering
     assert [row[:2] for row in again] == [(True, "scaled_copy")]   # no stage ran: after the compile only
     assert early == {"src": None, "thread": None}

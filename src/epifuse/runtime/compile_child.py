@@ -2,29 +2,26 @@
 compiles for the parent process, one at a time, into Triton's disk cache.
 
 It imports the standard library and Triton only (not torch, not epifuse), and never touches a
-GPU: every compile names its target. It imports Triton at start, then answers requests on stdin until stdin closes (the
-parent exited or let it go). A request holds a generated module's text and the arguments of
-one `triton.compile`, as the parent's JIT function packed them for a launch; the answer is the
-compiled kernel's hash in Triton's cache (the parent loads it from there), or an error's text.
-With a Triton that builds a launcher per kernel signature (a C compile), it is built here too,
-beside the compile's last stages, and lands in Triton's cache, where the parent's first launch
-finds it.
-
-installation() and triton_version() are read here for the parent's modules too (the compiled
-index, tuning's key, the Gluon check), so that both ends agree on them.
+GPU: every compile names its target. It imports Triton at start, then answers requests on stdin
+until stdin closes (the parent exited or let it go). A request holds a generated module's text
+and the arguments of one `triton.compile`, as the parent's JIT function packed them for a
+launch; the answer is ("ok", the compiled kernel's hash in Triton's cache, where the parent
+loads it), ("stale", why) where the parent's Triton environment is no longer this process's,
+or ("error", the exception's text). With a Triton that builds a launcher per kernel signature
+(a C compile), it is built here too, beside the compile's last stages, and lands in Triton's
+cache, where the parent's first launch finds it.
 
 Messages are pickles, each after its length (8 bytes, little-endian). This process's own
 stdout is pointed at stderr once the channel is set up, so nothing Triton prints can corrupt
 the channel.
 """
-import functools
 import importlib
+import importlib.util
 import linecache
 import os
 import pickle
 import struct
 import sys
-import sysconfig
 import threading
 import types
 
@@ -36,18 +33,42 @@ _HEADER = struct.Struct("<Q")
 _IMPORTED_AHEAD = ("triton.language.extra.libdevice", "triton.compiler.code_generator", "triton.experimental.gluon",
                    "triton.backends.nvidia.compiler", "triton.backends.nvidia.driver")
 _FUNCTIONS: dict = {}
+# The compile in progress (its source) and the thread building its launcher early.
+_EARLY: dict = {"src": None, "thread": None}
 
 
-def read_message(stream):
-    """The next message on `stream`, or None at its end."""
+class StaleEnvironment(Exception):
+    """The parent's cache-invalidating Triton environment is no longer this process's."""
+
+
+def _installation() -> str:
+    """triton_identity.installation(), loaded as this file is: as part of the package in the
+    parent, by path in a child."""
+    if __package__:
+        from .triton_identity import installation
+    else:
+        spec = importlib.util.spec_from_file_location(
+            "epifuse_triton_identity", os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_identity.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        installation = module.installation
+    return installation()
+
+
+def read_frame(stream) -> bytes | None:
+    """The next message's pickle on `stream`, or None at its end."""
     header = stream.read(_HEADER.size)
     if len(header) < _HEADER.size:
         return None
     size = _HEADER.unpack(header)[0]
     data = stream.read(size)
-    if len(data) < size:
-        return None
-    return pickle.loads(data)
+    return data if len(data) == size else None
+
+
+def read_message(stream):
+    """The next message on `stream`, or None at its end."""
+    data = read_frame(stream)
+    return None if data is None else pickle.loads(data)
 
 
 def frame(message) -> bytes:
@@ -82,7 +103,7 @@ def _environment_check(request) -> None:
     from triton._C.libtriton import get_cache_invalidating_env_vars
     seen = sorted(get_cache_invalidating_env_vars().items())
     if seen != request["env"]:
-        raise RuntimeError("Triton's cache-invalidating environment differs from the parent's")
+        raise StaleEnvironment("Triton's cache-invalidating environment differs from the parent's")
     if request["cache_dir"] is not None and knobs.cache.dir != request["cache_dir"]:
         knobs.cache.dir = request["cache_dir"]
 
@@ -124,9 +145,6 @@ def _build_launcher(src, metadata) -> None:
     except Exception:  # noqa: BLE001 - the parent builds it at the first launch
         pass
 
-
-# The compile in progress (its source) and the thread building its launcher early.
-_EARLY: dict = {"src": None, "thread": None}
 
 
 class _EarlyMetadata:
@@ -174,32 +192,16 @@ def _build_launcher_early() -> None:
     CUDABackend.add_stages = with_early_launcher
 
 
-def triton_version() -> str:
-    """The installed Triton's version (imported here: not loaded with epifuse)."""
-    import triton
-    return triton.__version__
-
-
-@functools.lru_cache(maxsize=None)
-def installation() -> str:
-    """Triton's version and the identity of its compiler library (path, size, mtime): what
-    changes whenever Triton is installed anew."""
-    import triton
-    ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
-    lib = os.path.join(os.path.dirname(triton.__file__), "_C", f"libtriton.{ext}")
-    st = os.stat(lib)
-    return f"triton {triton_version()} {lib} {st.st_size} {st.st_mtime_ns}"
-
-
 def _warm() -> None:
     """Triton imported before the first request arrives, and its compile keys started with
     installation() instead of the hash of every file of Triton's (0.5-0.7 s per process, which
     a child would otherwise spend before its first compile; Triton's own compile pool likewise
     hands its workers a key rather than have each hash). The kernels compiled here are then
     found in Triton's cache by later children and through the parent's index, not by Triton's
-    own lookup in a process that hashes (which compiles such a kernel again)."""
+    own lookup in a process that hashes (which compiles such a kernel again). Like the index,
+    the key does not see edits to Triton's Python files alone (an editable install)."""
     try:
-        key = f"epifuse compile process: {installation()}"
+        key = f"epifuse compile process: {_installation()}"
         for name in ("triton.runtime.cache", "triton.compiler.compiler"):
             module = importlib.import_module(name)
             if hasattr(module, "triton_key"):
@@ -221,11 +223,13 @@ def main() -> None:
     os.dup2(2, 1)
     _warm()
     while True:
-        request = read_message(requests)
-        if request is None:
+        data = read_frame(requests)
+        if data is None:
             return
         try:
-            answer = ("ok", compile_request(request))
+            answer = ("ok", compile_request(pickle.loads(data)))
+        except StaleEnvironment as error:
+            answer = ("stale", str(error))
         except BaseException as error:  # noqa: BLE001 - every failure is the parent's to report or redo
             answer = ("error", f"{type(error).__name__}: {error}")
         write_message(answers, answer)

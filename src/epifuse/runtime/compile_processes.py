@@ -4,15 +4,19 @@ once (the caller's, the compile pool's, a backward's worker's) run side by side.
 Threads overlap only the parts of a compile that leave Python (ptxas, the launcher's C
 compile); the rest (the front end, the MLIR passes) holds this process's GIL, so three compiles
 in threads took about as long as three in a row less ptxas. A child process holds its own.
-`compile(request)` sends one compile to an idle child (starting one where fewer than
+`compile_in_child(request)` sends one compile to an idle child (starting one where fewer than
 `limit()` run, else waiting for one) and returns the compiled kernel's hash in Triton's disk
 cache, or None: the caller then compiles in its own thread as before, which also raises the
-compile's error, if any, where it would have been raised. A child that dies or cannot be
-started is let go, and after two such failures this process compiles in its own threads.
+compile's error, if any, where it would have been raised (a compile that fails is so compiled
+twice). A child that dies, cannot be started or does not answer within ANSWER_TIMEOUT_S is let
+go, and after two such failures this process compiles in its own threads. A child whose Triton
+environment is no longer this process's (a cache-invalidating variable set since it started)
+is let go without counting as a failure, and the next compile starts a new one.
 
-Children hold no GPU state and import neither torch nor epifuse: starting one costs Triton's
-import and the hash of its installation (0.5-0.9 s), so runtime/compiled.py starts one ahead,
-while the first call plans, where a cold cache means compiles are coming. A child exits when
+Children hold no GPU state and import neither torch nor epifuse: starting one costs Python's
+start and Triton's import (0.2-0.4 s), so runtime/compiled.py starts some ahead, as the first
+call begins, where a cold cache means compiles are coming. Each child runs in a session of its
+own, so a Ctrl-C at the terminal interrupts this process, not its compiles. A child exits when
 its stdin closes: when this process lets it go or exits.
 
 EPIFUSE_COMPILE_PROCESSES sets how many children may run (0: none, every compile in this
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import subprocess
 import sys
 import threading
@@ -32,12 +37,14 @@ from .compile_child import frame, read_message
 
 CHILD = Path(__file__).with_name("compile_child.py")
 FAILURES_BEFORE_GIVING_UP = 2
+ANSWER_TIMEOUT_S = 600.0   # a child silent this long is taken for hung (a large compile takes ~30 s)
 
 _LOCK = threading.Lock()
 _FREED = threading.Condition(_LOCK)
 _IDLE: list = []          # children waiting for a request
-_RUNNING = [0]            # children started and not let go (idle or busy)
-_FAILURES = [0]           # children that died or could not start, in this process
+_CHILDREN: set = set()    # every child started and not let go (idle or busy)
+_RUNNING = [0]            # children started or starting, and not let go
+_FAILURES = [0]           # children that died, hung or could not start, in this process
 COMPILED = [0]            # compiles a child answered (for tests and the start-up benchmark)
 LAST_ERROR = [None]       # why the latest request came back without a kernel
 
@@ -73,19 +80,41 @@ class _Child:
 
     def __init__(self):
         self.popen = subprocess.Popen([sys.executable, str(CHILD)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+                                      start_new_session=True)
 
-    def ask(self, data: bytes):
+    def ask(self, data: bytes, timeout: float):
+        """Send a framed request; the answer, or None where the child ended or stayed silent
+        for `timeout` seconds."""
         self.popen.stdin.write(data)
         self.popen.stdin.flush()
+        readable, _, _ = select.select([self.popen.stdout], [], [], timeout)
+        if not readable:
+            return None
         return read_message(self.popen.stdout)
 
-    def let_go(self) -> None:
+    def close_pipes(self) -> None:
         for stream in (self.popen.stdin, self.popen.stdout):
             try:
                 stream.close()
             except OSError:
                 pass
+
+    def let_go(self, kill: bool = False) -> None:
+        """Close the channel and reap the child: an idle child exits at the end of its input at
+        once; one that is dead, hung or still compiling for an interrupted caller is killed."""
+        self.close_pipes()
+        try:
+            if not kill:
+                try:
+                    self.popen.wait(timeout=5)
+                    return
+                except subprocess.TimeoutExpired:
+                    pass
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass   # subprocess reaps it later
 
 
 def start(count: int = 1) -> None:
@@ -98,25 +127,43 @@ def start(count: int = 1) -> None:
         child = _started()
         if child is None:
             return
-        with _LOCK:
-            _IDLE.append(child)
-            _FREED.notify()
+        _give_back(child)
 
 
 def _started():
+    """A new child for a slot already counted in _RUNNING, or None (the slot is freed)."""
     try:
-        return _Child()
+        child = _Child()
     except OSError as error:
         _failed(f"could not start a compile process: {error}")
         return None
+    except BaseException:
+        _freed()
+        raise
+    with _LOCK:
+        _CHILDREN.add(child)
+    return child
 
 
-def _failed(why: str) -> None:
+def _give_back(child) -> None:
+    with _LOCK:
+        _IDLE.append(child)
+        _FREED.notify()
+
+
+def _freed(child=None) -> None:
+    """A child's slot is free again (the child, if any, let go): every waiter looks again."""
     with _LOCK:
         _RUNNING[0] -= 1
+        _CHILDREN.discard(child)
+        _FREED.notify_all()
+
+
+def _failed(why: str, child=None) -> None:
+    with _LOCK:
         _FAILURES[0] += 1
         LAST_ERROR[0] = why
-        _FREED.notify()
+    _freed(child)
 
 
 def _take():
@@ -134,7 +181,7 @@ def _take():
     return _started()
 
 
-def compile(request: dict) -> str | None:
+def compile_in_child(request: dict) -> str | None:
     """The hash of the kernel a child compiled for `request` (compile_child.compile_request),
     or None (no child, or it failed: LAST_ERROR says why)."""
     try:
@@ -146,20 +193,25 @@ def compile(request: dict) -> str | None:
     if child is None:
         return None
     try:
-        answer = child.ask(data)
+        answer = child.ask(data, ANSWER_TIMEOUT_S)
     except (OSError, ValueError, EOFError, pickle.UnpicklingError) as error:
         answer, seen = None, f"{error!r}, "
+    except BaseException:   # interrupted while waiting: the answer is still coming, so the child goes
+        child.let_go(kill=True)
+        _freed(child)
+        raise
     else:
-        seen = ""
+        seen = "" if child.popen.poll() is not None else f"no answer in {ANSWER_TIMEOUT_S:.0f} s, "
     if answer is None:
-        why = f"the compile process ended ({seen}exit status {child.popen.poll()})"
-        child.let_go()
-        _failed(why)
+        child.let_go(kill=True)
+        _failed(f"the compile process ended ({seen}exit status {child.popen.poll()})", child)
         return None
-    with _LOCK:
-        _IDLE.append(child)
-        _FREED.notify()
     kind, value = answer
+    if kind == "stale":
+        child.let_go()
+        _freed(child)
+    else:
+        _give_back(child)
     if kind == "ok":
         COMPILED[0] += 1
         return value
@@ -172,18 +224,22 @@ def let_all_go() -> None:
     with _LOCK:
         children = list(_IDLE)
         _IDLE.clear()
-        _RUNNING[0] -= len(children)
-        _FREED.notify_all()
     for child in children:
         child.let_go()
+        _freed(child)
 
 
 def _after_fork_in_child() -> None:
-    """A forked child shares its parent's compile processes' pipes: it drops them (without
-    closing: the parent still talks to them) and starts its own when it compiles."""
+    """A forked process (a DataLoader worker, say) shares this process's pipes to its compile
+    processes: it closes its copies, so that a child still sees its input end when this
+    process lets it go, and starts children of its own when it compiles."""
     global _LOCK, _FREED
     _LOCK = threading.Lock()
     _FREED = threading.Condition(_LOCK)
+    for child in _CHILDREN:
+        child.close_pipes()
+        child.popen.returncode = 0   # not this process's child: never to be waited for here
+    _CHILDREN.clear()
     _IDLE.clear()
     _RUNNING[0] = 0
     _FAILURES[0] = 0
@@ -193,4 +249,5 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["limit", "usable", "start", "compile", "let_all_go", "COMPILED", "LAST_ERROR"]
+__all__ = ["limit", "usable", "start", "compile_in_child", "let_all_go", "COMPILED", "LAST_ERROR",
+           "ANSWER_TIMEOUT_S"]

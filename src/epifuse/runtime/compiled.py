@@ -29,7 +29,7 @@ import threading
 from types import SimpleNamespace
 
 from . import compile_processes
-from .compile_child import installation
+from .triton_identity import installation
 from .cache import cache_dir, read_file, set_aside, write_atomically
 
 _HASH = re.compile(r"[0-9a-f]{64}")
@@ -43,7 +43,8 @@ _SET_UP_LOCK = threading.Lock()
 _KEY_LOCK = threading.Lock()   # one thread computes Triton's hash; the others wait for it
 _BIND_LOCK = threading.Lock()
 LAST_FALLBACK = [None]  # why the index was last passed over with an error (for tests and debugging)
-PROCESSES_AHEAD = 3   # compile processes set_up starts on a cold cache (a tuning's three, a layer's forward and backward)
+# compile processes a cold cache starts ahead: a tuning's three compiles, or a layer's forward and backward
+PROCESSES_AHEAD = 3
 _OTHER_KEY = "Triton keyed the launch otherwise than the index (a Triton this module does not know)"
 
 
@@ -52,10 +53,13 @@ def _directory():
 
 
 def _hooks_installed() -> bool:
+    """Whether a Triton setting asks to see or change compiles (hooks, a compile listener, a
+    stages hook, dumps, overrides): Triton's own path then runs, in this process."""
     from triton import knobs
     return any((knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook,
-                knobs.compilation.always_compile, knobs.compilation.override,
-                knobs.compilation.dump_ir))
+                getattr(knobs.runtime, "add_stages_inspection_hook", None),
+                getattr(knobs.compilation, "listener", None), knobs.compilation.always_compile,
+                knobs.compilation.override, knobs.compilation.dump_ir))
 
 
 def triton_api():
@@ -72,8 +76,8 @@ def triton_api():
     from triton.runtime.jit import JITFunction, MockTensor, compute_cache_key
     if not hasattr(JITFunction, "_pack_args"):  # device_caches and ASTSource are per instance
         raise ImportError("triton.runtime.jit.JITFunction has no _pack_args")
-    return SimpleNamespace(knobs=knobs, env_vars=get_cache_invalidating_env_vars, CompiledKernel=CompiledKernel, compile=compile,
-                           get_cache_manager=get_cache_manager, driver=driver, MockTensor=MockTensor,
+    return SimpleNamespace(knobs=knobs, env_vars=get_cache_invalidating_env_vars, CompiledKernel=CompiledKernel,
+                           compile=compile, get_cache_manager=get_cache_manager, driver=driver, MockTensor=MockTensor,
                            compute_cache_key=compute_cache_key)
 
 
@@ -131,17 +135,13 @@ def _from_index(kernel, entry: str, binding) -> object | None:
 
 def _compiled_elsewhere(kernel, entry: str, binding) -> object | None:
     """The kernel compiled in a compile process (compile_processes.py) and read from Triton's
-    cache, recorded in the index as `entry`; None where no process could compile it."""
+    cache; None where no process could compile it. _serve records it in the index."""
     if not compile_processes.usable():
         return None
-    triton_hash = compile_processes.compile(_request(kernel, binding))
+    triton_hash = compile_processes.compile_in_child(_request(kernel, binding))
     if triton_hash is None or _HASH.fullmatch(triton_hash) is None:
         return None
-    compiled = _load(kernel, triton_hash, binding)
-    if compiled is not None:
-        _record(entry, triton_hash)
-        COMPILED_ELSEWHERE[0] += 1
-    return compiled
+    return _load(kernel, triton_hash, binding)
 
 
 def _request(kernel, binding) -> dict:
@@ -154,9 +154,9 @@ def _request(kernel, binding) -> dict:
     module = sys.modules[kernel.module]
     return dict(text=module.__loader__.text, path=module.__file__, module=kernel.module,
                 function=kernel.fn.__name__, source_class=_name_of(kernel.ASTSource),
-                compile=_name_of(getattr(kernel, "compile", None) or api.compile), signature=signature, constexprs=constexprs, attrs=attrs,
-                options=dict(options.__dict__), target=target, env=sorted(api.env_vars().items()),
-                cache_dir=getattr(getattr(api.knobs, "cache", None), "dir", None))
+                compile=_name_of(getattr(kernel, "compile", None) or api.compile), signature=signature,
+                constexprs=constexprs, attrs=attrs, options=dict(options.__dict__), target=target,
+                env=sorted(api.env_vars().items()), cache_dir=getattr(getattr(api.knobs, "cache", None), "dir", None))
 
 
 def _name_of(thing) -> tuple[str, str]:
@@ -371,6 +371,9 @@ def _serve(kernel, values, grid, meta, found, source):
     if launched is compiled:
         if source is _from_index:
             LOADED[0] += 1
+        else:   # recorded only once Triton has taken it for this launch
+            _record(entry, compiled.hash)
+            COMPILED_ELSEWHERE[0] += 1
     else:
         kernel_cache.pop(key, None)
         LAST_FALLBACK[0] = _OTHER_KEY

@@ -63,7 +63,7 @@ from ..shapes import bytes_per_output, operand_layouts
 from ..version import __version__
 from . import ahead, shipped
 from .cache import cache_dir, entry_lock, read_file, set_aside, write_atomically
-from .compile_child import triton_version
+from .triton_identity import triton_version
 from .compiled import start_thread
 
 _LOCK = threading.Lock()

@@ -32,7 +32,7 @@ import torch
 
 from ... import staging
 from ...ir import fed_reductions
-from ...runtime.compile_child import triton_version
+from ...runtime.triton_identity import triton_version
 from ...shapes import accumulator_types, misalignment
 from ..base import Status, unsupported
 from . import configs
