@@ -4,9 +4,9 @@ The test set-up (tests/conftest.py) starts the tests it has no time for first (n
 the longest, so that pytest-xdist's workers do not end on them.
     python research/gpu_durations.py research/results/<run>/gpu.xml [more.xml] [rerun.log]
 A report not ending in .xml is a pytest log with `--durations` lines ("12.34s call <node id>"),
-for tests a run's time limit cut off and a second call ran. The durations already in the file
-are kept too (a test the limit cut off would otherwise drop out of the file and start last next
-time); a test in several places keeps its longest time."""
+for tests a run's time limit cut off and a second call ran. A test in the reports takes its time
+there (its longest, where several reports have it); one only in the file keeps the file's (a
+test the limit cut off would otherwise drop out of the file and start first next time)."""
 from __future__ import annotations
 
 import json
@@ -31,7 +31,7 @@ DURATION_LINE = re.compile(r"^\s*([0-9.]+)s call\s+(\S.*?)\s*$")
 
 
 def main(paths: list[str]) -> int:
-    seconds: dict[str, float] = json.loads(OUT.read_text()) if OUT.exists() else {}
+    seconds: dict[str, float] = {}
     for path in paths:
         if not path.endswith(".xml"):
             for line in Path(path).read_text().splitlines():
@@ -43,7 +43,9 @@ def main(paths: list[str]) -> int:
             if case.get("classname") and case.find("skipped") is None:
                 key = node_id(case)
                 seconds[key] = max(seconds.get(key, 0.0), float(case.get("time") or 0.0))
-    kept = {k: round(v, 1) for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])}
+    recorded = json.loads(OUT.read_text()) if OUT.exists() else {}
+    merged = {**recorded, **seconds}
+    kept = {k: round(v, 1) for k, v in sorted(merged.items(), key=lambda kv: -kv[1])}
     OUT.write_text(json.dumps(kept, indent=0) + "\n")
     print(f"{OUT}: {len(kept)} tests, {sum(kept.values()):.0f} s in all")
     return 0

@@ -35,6 +35,16 @@ def pytest_collection_modifyitems(config, items):
         items[:] = longest_first(items)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """A GPU run's tests (longest first) go one at a time to the next free worker
+    (tests/gpu_order.py says why); any other run is xdist's own."""
+    if not HAS_CUDA or config.getoption("dist", "no") != "load":
+        return None
+    from gpu_order import scheduler_class
+    return scheduler_class()(config, log)
+
+
 @pytest.fixture
 def device():
     return "cuda" if HAS_CUDA else "cpu"

@@ -1,34 +1,91 @@
 """The order of a GPU test run (tests/conftest.py applies it when CUDA is there): the longest
 tests first, by the seconds each took in a recent run (tests/gpu_durations.json, which
-research/gpu_durations.py writes from JUnit XML)."""
+research/gpu_durations.py writes from JUnit XML), each handed to the next free xdist worker.
+
+pytest-xdist's own load scheduling (3.6) starts each worker with a chunk of consecutive tests
+(a quarter of its share: 9 each for 600 tests on 16 workers), so with the longest tests first
+the first worker got the nine longest and the run ended on it (at 79fe442 the 540 s limit cut
+off its last three); the other tests were handed out as workers ran low, several at a time. `scheduler_class()` replaces that
+for GPU runs (conftest's pytest_xdist_make_scheduler): every worker holds the test it runs and
+the one after it, and a worker that finishes a test gets the next one in this order, which is
+greedy longest-first scheduling. Simulated (`simulate`) on the durations of 2026-11-29 evening,
+16 workers: 320 s, against 5109 / 16 = 319 s of tests per worker; xdist's own chunks would have
+given the first worker 991 s before its next test.
+"""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 GPU_DURATIONS = Path(__file__).resolve().parent / "gpu_durations.json"
+QUEUED = 2   # tests a worker holds: the one it runs and the next (xdist runs a test once it knows the next)
 
 
-def longest_first(items: list, workers: int | None = None) -> list:
-    """`items` with the GPU tests that took longest in a recent run first, so that
-    pytest-xdist's workers do not end on them; tests without a recorded time (new ones, whose
-    time is not known, or ones a run's time limit cut off) go before all, in their order. xdist hands its first quarter of the tests out one by one, round robin, so
-    with `workers` (PYTEST_XDIST_WORKER_COUNT, which each worker has) every second round of
-    that many is reversed: the worker that got a round's longest test gets the next round's
-    shortest. Each worker collects and sorts alike, as xdist requires. Simulated on the
-    durations file of 2026-11-29 morning (tests under 2 s not recorded, unrecorded ones last):
-    327 s for 16 workers, against 416 in collection order and 353 longest first without the
-    reversal (316 is the total over 16). On the H200 that order took 541 s, six unrecorded
-    30-57 s tests starting last; the present rule and file have not run there yet."""
+def longest_first(items: list) -> list:
+    """`items` with the GPU tests that took longest in a recent run first; tests without a
+    recorded time (new ones, whose time is not known, or ones a run's time limit cut off) go
+    before all, in their order. Each worker collects and sorts alike, as xdist requires."""
     try:
         seconds = json.loads(GPU_DURATIONS.read_text())
     except (OSError, ValueError):
         return items
     order = {id(item): i for i, item in enumerate(items)}
-    ranked = sorted(items, key=lambda item: (-seconds.get(item.nodeid, float("inf")), order[id(item)]))
-    workers = workers or int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
-    if workers < 2:
-        return ranked
-    rounds = [ranked[i:i + workers] for i in range(0, len(ranked), workers)]
-    return [item for r, chunk in enumerate(rounds) for item in (chunk[::-1] if r % 2 else chunk)]
+    return sorted(items, key=lambda item: (-seconds.get(item.nodeid, float("inf")), order[id(item)]))
+
+
+def scheduler_class():
+    """xdist's LoadScheduling handing out one test at a time, in collection order, to whichever
+    worker holds fewer than QUEUED (imported here: xdist is there only where runs are parallel)."""
+    from itertools import cycle
+
+    from xdist.scheduler import LoadScheduling
+
+    class OneAtATime(LoadScheduling):
+        def schedule(self):
+            assert self.collection_is_completed
+            if self.collection is not None:   # a worker added later: top every worker up
+                for node in self.nodes:
+                    self.check_schedule(node)
+                return
+            if not self._check_nodes_have_same_collection():
+                self.log("**Different tests collected, aborting run**")
+                return
+            self.collection = list(self.node2collection.values())[0]
+            self.pending[:] = range(len(self.collection))
+            nodes = cycle(self.nodes)
+            for _ in range(min(len(self.pending), QUEUED * len(self.nodes))):
+                self._send_tests(next(nodes), 1)
+            if not self.pending:
+                for node in self.nodes:
+                    node.shutdown()
+
+        def check_schedule(self, node, duration=0):
+            if node.shutting_down:
+                return
+            if self.pending:
+                missing = QUEUED - len(self.node2pending[node])
+                if missing > 0:
+                    self._send_tests(node, missing)
+            else:
+                node.shutdown()
+
+    return OneAtATime
+
+
+def simulate(seconds: list[float], workers: int) -> float:
+    """The wall time of tests taking `seconds`, in that order, under OneAtATime: QUEUED rounds
+    handed out round robin, then each next test to the worker whose running test ends first,
+    queued behind the test that worker starts then."""
+    import heapq
+    queues = [list(seconds[w:QUEUED * workers:workers]) for w in range(workers)]
+    pending = list(seconds[QUEUED * workers:])
+    running = [(queue.pop(0), w) for w, queue in enumerate(queues) if queue]
+    heapq.heapify(running)
+    end = 0.0
+    while running:
+        end, w = heapq.heappop(running)
+        if pending:
+            queues[w].append(pending.pop(0))
+        if queues[w]:
+            heapq.heappush(running, (end + queues[w].pop(0), w))
+    return end

@@ -10,8 +10,6 @@ def test_unrecorded_tests_come_first_then_the_longest_recorded(tmp_path, monkeyp
     monkeypatch.setattr(gpu_order, "GPU_DURATIONS", durations)
     items = [SimpleNamespace(nodeid=f"t.py::{name}") for name in "abcdef"]
     assert [i.nodeid[-1] for i in gpu_order.longest_first(items)] == list("acfdbe")
-    # three workers: rounds of three, every second one reversed
-    assert [i.nodeid[-1] for i in gpu_order.longest_first(items, workers=3)] == list("acfebd")
     monkeypatch.setattr(gpu_order, "GPU_DURATIONS", tmp_path / "missing.json")
     assert gpu_order.longest_first(items) == items
 
@@ -27,3 +25,56 @@ def test_the_recorded_durations_name_collected_tests():
                             capture_output=True, text=True, cwd=gpu_order.GPU_DURATIONS.parents[1], timeout=600)
     collected = set(result.stdout.splitlines())
     assert sum(name in collected for name in recorded) >= 0.9 * len(recorded)
+
+
+class _Worker:
+    """What xdist's scheduler sees of a worker: the tests sent to it, and its shutdown."""
+
+    def __init__(self, name):
+        self.gateway = SimpleNamespace(id=name)
+        self.shutting_down = False
+        self.sent = []
+
+    def send_runtest_some(self, indices):
+        self.sent.extend(indices)
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def test_a_gpu_run_hands_each_next_test_to_the_worker_that_frees_up():
+    """Two tests per worker at the start (round robin, so the longest go to different workers),
+    then one more to a worker each time it finishes one, in collection order; each worker shuts
+    down once nothing is left. xdist's own scheduling sent each worker a chunk of consecutive
+    tests first: with the longest first, the first worker got all of the longest."""
+    import pytest
+    pytest.importorskip("xdist")   # in the test extras; skipped only where the extras are not installed
+    config = SimpleNamespace(getvalue=lambda name: ["popen"] * 3 if name == "tx" else None,
+                             getoption=lambda name, default=None: None)
+    scheduler = gpu_order.scheduler_class()(config, None)
+    workers = [_Worker(f"gw{i}") for i in range(3)]
+    for worker in workers:
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, [f"t.py::{i}" for i in range(10)])
+    scheduler.schedule()
+    assert [w.sent for w in workers] == [[0, 3], [1, 4], [2, 5]]
+    scheduler.mark_test_complete(workers[1], 1, 0.5)
+    assert workers[1].sent == [1, 4, 6] and workers[0].sent == [0, 3]
+    scheduler.mark_test_complete(workers[1], 4, 0.5)
+    scheduler.mark_test_complete(workers[2], 2, 9.0)
+    assert workers[1].sent == [1, 4, 6, 7] and workers[2].sent == [2, 5, 8]
+    for worker, index in ((workers[0], 0), (workers[0], 3), (workers[1], 6), (workers[1], 7), (workers[2], 5),
+                          (workers[2], 8)):
+        scheduler.mark_test_complete(worker, index, 1.0)
+    assert sorted(i for w in workers for i in w.sent) == list(range(10))
+    assert all(w.shutting_down for w in workers)
+
+
+def test_the_simulated_gpu_run_ends_near_its_share_of_test_time():
+    import json
+    seconds = sorted(json.loads(gpu_order.GPU_DURATIONS.read_text()).values(), reverse=True)
+    wall = gpu_order.simulate(seconds, 16)
+    assert max(seconds) <= wall < 1.1 * max(sum(seconds) / 16, max(seconds))
+    # round robin two deep: the 1 s test queued behind the 5 s one waits for it
+    assert gpu_order.simulate([5.0, 1.0, 1.0, 1.0], 2) == 6.0
+    assert gpu_order.simulate([1.0] * 6, 2) == 3.0
