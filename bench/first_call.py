@@ -20,9 +20,13 @@ of their own:
                 alternately, twice each (do_bench medians, 100 ms); >= 0.97 is issue 34's target
 --extra adds the bias_gelu workload at shapes of one's own (full tuning timed in the same
 process); --compile-ahead 0 sets EPIFUSE_COMPILE_AHEAD=0 in the gemm cases (tuning compiles each
-candidate just before timing it, not all at once in threads); --training adds the first training step of a FusedLinear MLP (bench.training's, bf16,
-1024 tokens): cold with the backward's kernels compiled ahead in a worker and cold with
-EPIFUSE_COMPILE_AHEAD=0 (each kernel compiled at its first call), alternately, --training-rounds
+candidate just before timing it, in the caller's thread), --compile-processes N sets
+EPIFUSE_COMPILE_PROCESSES (0: compiles in the process's own threads); each row says how many
+kernels compile processes compiled for it (compiled_in_children). --training adds the first
+training step of a FusedLinear MLP (bench.training's, bf16, 1024 tokens): cold as by default
+(compile processes; the backward's kernels compiled ahead by a worker), cold with compiles in
+the process's own threads (EPIFUSE_COMPILE_PROCESSES=0) and cold with EPIFUSE_COMPILE_AHEAD=0
+(each kernel compiled at its first call, in the caller's thread), alternately, --training-rounds
 times each, then warm; --training-profile adds one more of each under cProfile, whose profile
 is recorded (its time is not a timing: the profiler slows Triton's Python front end). `--device cpu` runs the plumbing on a CPU under Triton's
 interpreter at a tiny shape (for the tests). The JSON is rewritten after every case.
@@ -44,6 +48,11 @@ import torch
 from .workloads import FP8, SHAPES, WORKLOADS
 
 CHILD_TIMEOUT_S = 300
+# The training step's cold runs: compiles in compile processes and ahead (the default), ahead but
+# in the process's own threads, and each at its first call in the caller's thread
+TRAINING_MODES = {"cold": {"EPIFUSE_COMPILE_AHEAD": "1", "EPIFUSE_COMPILE_PROCESSES": ""},
+                  "cold_in_process": {"EPIFUSE_COMPILE_AHEAD": "1", "EPIFUSE_COMPILE_PROCESSES": "0"},
+                  "cold_without_compile_ahead": {"EPIFUSE_COMPILE_AHEAD": "0", "EPIFUSE_COMPILE_PROCESSES": ""}}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -118,7 +127,8 @@ def gemm_child(spec: dict) -> dict:
     seconds = time.perf_counter() - start
     tune.choose = original
     errs = check_outputs(w, buffers or outs, w.reference(s), M, N)
-    row = {"cold_s" if spec["cold"] else "warm_s": seconds,
+    from epifuse.runtime import compiled
+    row = {"cold_s" if spec["cold"] else "warm_s": seconds, "compiled_in_children": compiled.COMPILED_ELSEWHERE[0],
            "rel_err": max(errs.values()), "ok": max(errs.values()) <= w.tolerance(dtype)}
     if not spec["cold"] or not seen:
         return row
@@ -176,9 +186,10 @@ def training_child(spec: dict) -> dict:
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     phase = "cold" if spec["cold"] else "warm"
-    from epifuse.runtime import ahead
+    from epifuse.runtime import ahead, compiled
     result = {f"{phase}_s": seconds,
-              "compiled_ahead": {"jobs_done": ahead.COMPLETED[0], "failures": [repr(e)[:300] for _, e in ahead.FAILURES]}}
+              "compiled_ahead": {"jobs_done": ahead.COMPLETED[0], "failures": [repr(e)[:300] for _, e in ahead.FAILURES],
+                                 "compiled_in_children": compiled.COMPILED_ELSEWHERE[0]}}
     if profiler is not None:
         import io
         import pstats
@@ -228,14 +239,15 @@ def measure(cfg, save=lambda result: None) -> dict:
             w = WORKLOADS[workload]
             dtype_name = {FP8: "fp8e4m3", torch.int8: "int8"}.get(w.fixed_dtype, cfg.dtype)
             env = {**_caches(root, f"case{i}"), "EPIFUSE_TUNE": cfg.policy, "EPIFUSE_QUIET": "1",
-                   "EPIFUSE_COMPILE_AHEAD": cfg.compile_ahead}
+                   "EPIFUSE_COMPILE_AHEAD": cfg.compile_ahead, "EPIFUSE_COMPILE_PROCESSES": cfg.compile_processes}
             spec = {"env": env, "device": device, "workload": workload, "shape": (M, N, K), "dtype": cfg.dtype,
                     "seed": cfg.seed, "cold": True, "full_tune": cfg.full_tune or shape in cfg.extra}
             choice = recorded.get((gpu, workload, M, N, K, dtype_name))
             if choice is not None:
                 spec["tuned_choice"], spec["tuned_source"] = choice
             row = {"workload": workload, "shape": shape, "M": M, "N": N, "K": K, "dtype": dtype_name,
-                   "policy": cfg.policy, "compile_ahead": cfg.compile_ahead, **in_child(gemm_child, spec)}
+                   "policy": cfg.policy, "compile_ahead": cfg.compile_ahead,
+                   "compile_processes": cfg.compile_processes or "default", **in_child(gemm_child, spec)}
             warm = in_child(gemm_child, {**spec, "cold": False})
             row.update(warm_s=warm.get("warm_s"), warm_error=warm.get("error"))
             rows.append(row)
@@ -244,20 +256,20 @@ def measure(cfg, save=lambda result: None) -> dict:
         training = None
         if cfg.training and device == "cuda":
             training = {"model": "Linear(4096, 16384) + GELU(tanh) + Linear(16384, 4096), bf16, 1024 tokens",
-                        "policy": cfg.policy, "cold_s": [], "cold_without_compile_ahead_s": []}
-            # cold with and without compiling ahead, alternately (the first process of a run also
-            # pays the host's file cache; alternating spreads that over both)
+                        "policy": cfg.policy, **{f"{name}_s": [] for name in TRAINING_MODES}}
+            # each way of compiling, alternately (the first process of a run also pays the host's
+            # file cache; alternating spreads that over all)
             for i in range(cfg.training_rounds):
-                for ahead, name in (("1", "cold"), ("0", "cold_without_compile_ahead")):
+                for name, compiling in TRAINING_MODES.items():
                     spec = {"env": {**_caches(root, f"training_{name}_{i}"), "EPIFUSE_TUNE": cfg.policy,
-                                    "EPIFUSE_QUIET": "1", "EPIFUSE_COMPILE_AHEAD": ahead},
+                                    "EPIFUSE_QUIET": "1", **compiling},
                             "tokens": 1024, "hidden": 4096, "ffn": 16384, "seed": cfg.seed, "cold": True}
                     child = in_child(training_child, spec)
                     training[f"{name}_s"].append(child.get("cold_s"))
                     training[f"{name}_compiled_ahead"] = child.get("compiled_ahead")
                     if "error" in child:
                         training[f"{name}_error"] = child["error"]
-            training.update(in_child(training_child, {**spec, "env": {**spec["env"], "EPIFUSE_COMPILE_AHEAD": "1"},
+            training.update(in_child(training_child, {**spec, "env": {**spec["env"], **TRAINING_MODES["cold"]},
                                                       "cold": False}))
             if cfg.training_profile:   # one more cold step of each kind, under cProfile (slower)
                 for ahead, name in (("1", "cold"), ("0", "cold_without_compile_ahead")):
@@ -289,6 +301,8 @@ def main(argv=None) -> int:
     p.add_argument("--extra", default="", help="comma list of MxNxK shapes for bias_gelu (full tuning timed)")
     p.add_argument("--compile-ahead", default="1", choices=["1", "0"],
                    help="EPIFUSE_COMPILE_AHEAD of the gemm cases (0: tuning compiles each kernel before timing it)")
+    p.add_argument("--compile-processes", default="",
+                   help="EPIFUSE_COMPILE_PROCESSES of the gemm cases (0: compiles in the process's own threads)")
     p.add_argument("--training", action="store_true")
     p.add_argument("--training-rounds", type=int, default=2, help="cold first steps with and without compiling ahead")
     p.add_argument("--training-profile", action="store_true",
