@@ -311,3 +311,65 @@ def test_a_child_builds_the_launcher_beside_the_compiles_last_stages(tmp_path):
     assert first[0][2] is True   # built once the TTGIR stage had settled the descriptors' lowering
     assert [row[:2] for row in again] == [(True, "scaled_copy")]   # no stage ran: after the compile only
     assert early == {"src": None, "thread": None}
+
+
+_WARMUP_PROBE = """
+import json, os, sys
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+
+class NoGPU:
+    # what Triton's JIT asks of a driver to key and compile a launch (sm_90), without a GPU
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+driver.set_active(NoGPU())
+from epifuse.runtime import cache, compile_processes, compiled
+module = cache.load_kernel_module("scaled_copy_" + sys.argv[1], sys.argv[2], False)
+launched = compiled.warmup(module.scaled_copy, [torch.float32, torch.float32, 1000], (8,),
+                           {"SCALE": int(sys.argv[1]), "BLOCK": 128})
+from triton.runtime.cache import triton_key
+print(json.dumps({"elsewhere": compiled.COMPILED_ELSEWHERE[0], "loaded": compiled.LOADED[0],
+                  "fallback": compiled.LAST_FALLBACK[0], "child_error": compile_processes.LAST_ERROR[0],
+                  "name": launched.name, "scales": "mul.f32" in launched.asm["ptx"],
+                  "hashed_triton": triton_key.cache_info().currsize, "entries": len(os.listdir(compiled._directory()))}))
+"""
+
+
+def test_a_launch_is_compiled_in_a_child_recorded_and_loaded_warm(tmp_path):
+    """compiled.warmup end to end, with a driver that stands for an sm_90 GPU (Triton keys and
+    compiles without one): a cold process has a child compile the launch's kernel, records it
+    in the index and never hashes Triton; a second process loads it from the index; with
+    EPIFUSE_COMPILE_PROCESSES=0, Triton compiles a new kernel in the process, hashing itself."""
+    import json
+    import subprocess
+    import sys
+    scale = int.from_bytes(os.urandom(2), "little") + 2
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(EPIFUSE_CACHE_DIR=str(tmp_path / "cache"), TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p), EPIFUSE_COMPILE_PROCESSES="")
+
+    def run(scale: int, **changes) -> dict:
+        out = subprocess.run([sys.executable, "-c", _WARMUP_PROBE, str(scale), KERNEL], capture_output=True,
+                             text=True, env={**env, **changes}, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        seen = json.loads(out.stdout.strip().splitlines()[-1])
+        assert seen["name"] == "scaled_copy" and seen["scales"] and seen["fallback"] is None, seen
+        return seen
+
+    cold = run(scale)
+    assert (cold["elsewhere"], cold["loaded"], cold["hashed_triton"], cold["entries"]) == (1, 0, 0, 1), cold
+    warm = run(scale)
+    assert (warm["elsewhere"], warm["loaded"], warm["hashed_triton"], warm["entries"]) == (0, 1, 0, 1), warm
+    here = run(scale + 1, EPIFUSE_COMPILE_PROCESSES="0")
+    assert (here["elsewhere"], here["loaded"], here["hashed_triton"], here["entries"]) == (0, 0, 1, 2), here
