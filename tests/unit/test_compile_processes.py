@@ -259,6 +259,20 @@ def test_every_waiter_returns_when_children_are_given_up(children, tmp_path, mon
     assert results == [None] * 5 and not children.usable() and children._RUNNING[0] == 0
 
 
+def test_idle_children_are_let_go_and_the_reaper_stops(children, tmp_path, monkeypatch):
+    monkeypatch.setattr(children, "IDLE_LIMIT_S", 0.5)
+    monkeypatch.setattr(children, "REAP_PERIOD_S", 0.1)
+    monkeypatch.setattr(children, "_REAPER", [None])
+    children.start(1)
+    popen, reaper = children._IDLE[0].popen, children._REAPER[0]
+    assert reaper is not None and reaper.is_alive()
+    assert popen.wait(30) == 0   # let go once idle: its input closed, it exited
+    reaper.join(30)
+    assert not reaper.is_alive() and children._RUNNING[0] == 0 and children._FAILURES[0] == 0
+    assert children.compile_in_child(_request(tmp_path, 3)) is not None   # a new child, a new reaper
+    assert children._REAPER[0] is not None and children._REAPER[0].is_alive()
+
+
 def test_a_child_exits_when_its_parent_lets_it_go(children):
     children.start(1)
     popen = children._IDLE[0].popen

@@ -15,7 +15,8 @@ is let go without counting as a failure, and the next compile starts a new one.
 
 Children hold no GPU state and import neither torch nor epifuse: starting one costs Python's
 start and Triton's import (0.2-0.4 s), so runtime/compiled.py starts some ahead, as the first
-call begins, where a cold cache means compiles are coming. Each child runs in a session of its
+call begins, where a cold cache means compiles are coming. A child idle for IDLE_LIMIT_S (5
+minutes) is let go by a reaper thread, so a long run that stopped compiling holds none. Each child runs in a session of its
 own, so a Ctrl-C at the terminal interrupts this process, not its compiles. A child exits when
 its stdin closes: when this process lets it go or exits.
 
@@ -30,6 +31,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ..errors import EpilogueArgumentError
@@ -38,6 +40,8 @@ from .compile_child import frame, read_message
 CHILD = Path(__file__).with_name("compile_child.py")
 FAILURES_BEFORE_GIVING_UP = 2
 ANSWER_TIMEOUT_S = 600.0   # a child silent this long is taken for hung (a large compile takes ~30 s)
+IDLE_LIMIT_S = 300.0       # a child idle this long is let go (a training run compiles in its first steps)
+REAP_PERIOD_S = 30.0       # how often the reaper looks for such children
 
 _LOCK = threading.Lock()
 _FREED = threading.Condition(_LOCK)
@@ -45,6 +49,7 @@ _IDLE: list = []          # children waiting for a request
 _CHILDREN: set = set()    # every child started and not let go (idle or busy)
 _RUNNING = [0]            # children started or starting, and not let go
 _FAILURES = [0]           # children that died, hung or could not start, in this process
+_REAPER = [None]          # the thread letting idle children go, while any child runs
 COMPILED = [0]            # compiles a child answered (for tests and the start-up benchmark)
 LAST_ERROR = [None]       # why the latest request came back without a kernel
 
@@ -146,9 +151,32 @@ def _started():
 
 
 def _give_back(child) -> None:
+    child.idle_since = time.monotonic()
     with _LOCK:
         _IDLE.append(child)
         _FREED.notify()
+        if _REAPER[0] is None:
+            _REAPER[0] = threading.Thread(target=_reap, name="epifuse-compile-reaper", daemon=True)
+            _REAPER[0].start()
+
+
+def _reap() -> None:
+    """Let children idle for IDLE_LIMIT_S go (each holds a Python and Triton's compiler in
+    memory), until none runs; a compile after that starts new ones."""
+    while True:
+        time.sleep(REAP_PERIOD_S)
+        now = time.monotonic()
+        with _LOCK:
+            idle = [child for child in _IDLE if now - child.idle_since >= IDLE_LIMIT_S]
+            for child in idle:
+                _IDLE.remove(child)
+        for child in idle:
+            child.let_go()
+            _freed(child)
+        with _LOCK:
+            if not _CHILDREN and _RUNNING[0] == 0:
+                _REAPER[0] = None
+                return
 
 
 def _freed(child=None) -> None:
@@ -243,6 +271,7 @@ def _after_fork_in_child() -> None:
     _IDLE.clear()
     _RUNNING[0] = 0
     _FAILURES[0] = 0
+    _REAPER[0] = None   # the parent's reaper thread does not run here
 
 
 if hasattr(os, "register_at_fork"):
