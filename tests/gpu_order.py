@@ -8,7 +8,7 @@ the first worker got the nine longest and the run ended on it (at 79fe442 the 54
 off its last three); the other tests were handed out as workers ran low, several at a time. `scheduler_class()` replaces that
 for GPU runs (conftest's pytest_xdist_make_scheduler): every worker holds the test it runs and
 the one after it, and a worker that finishes a test gets the next one in this order, which is
-greedy longest-first scheduling. Simulated (`simulate`) on the durations of 2026-11-29 evening,
+greedy longest-first scheduling (xdist's --maxschedchunk does not apply to it). Simulated (`simulate`) on the durations of 2026-11-29 evening,
 16 workers: 320 s, against 5109 / 16 = 319 s of tests per worker; xdist's own chunks would have
 given the first worker 991 s before its next test.
 """

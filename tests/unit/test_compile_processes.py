@@ -270,7 +270,33 @@ def test_idle_children_are_let_go_and_the_reaper_stops(children, tmp_path, monke
     reaper.join(30)
     assert not reaper.is_alive() and children._RUNNING[0] == 0 and children._FAILURES[0] == 0
     assert children.compile_in_child(_request(tmp_path, 3)) is not None   # a new child, a new reaper
-    assert children._REAPER[0] is not None and children._REAPER[0].is_alive()
+    reaper = children._REAPER[0]
+    assert reaper is not None and reaper.is_alive()
+    children.let_all_go()
+    reaper.join(30)   # none left behind for the other tests
+    assert not reaper.is_alive() and children._REAPER[0] is None
+
+
+def test_a_reaper_that_could_not_start_is_started_at_the_next_give_back(children, monkeypatch):
+    monkeypatch.setattr(children, "_REAPER", [None])
+    monkeypatch.setattr(children, "REAP_PERIOD_S", 0.1)
+    start = threading.Thread.start
+
+    def no_threads(self):
+        if self.name == "epifuse-compile-reaper":
+            raise RuntimeError("can't start new thread")
+        return start(self)
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", no_threads)
+        children.start(1)
+    assert children._REAPER[0] is None and len(children._IDLE) == 1   # the child serves all the same
+    child = children._IDLE.pop()
+    children._give_back(child)
+    reaper = children._REAPER[0]
+    assert reaper is not None and reaper.is_alive()
+    children.let_all_go()
+    reaper.join(30)
+    assert not reaper.is_alive() and children._REAPER[0] is None
 
 
 def test_a_child_exits_when_its_parent_lets_it_go(children):

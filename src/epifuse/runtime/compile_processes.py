@@ -16,9 +16,9 @@ is let go without counting as a failure, and the next compile starts a new one.
 Children hold no GPU state and import neither torch nor epifuse: starting one costs Python's
 start and Triton's import (0.2-0.4 s), so runtime/compiled.py starts some ahead, as the first
 call begins, where a cold cache means compiles are coming. A child idle for IDLE_LIMIT_S (5
-minutes) is let go by a reaper thread, so a long run that stopped compiling holds none. Each child runs in a session of its
-own, so a Ctrl-C at the terminal interrupts this process, not its compiles. A child exits when
-its stdin closes: when this process lets it go or exits.
+minutes) is let go by a reaper thread, so a long run that stopped compiling holds none. Each
+child runs in a session of its own, so a Ctrl-C at the terminal interrupts this process, not
+its compiles. A child exits when its stdin closes: when this process lets it go or exits.
 
 EPIFUSE_COMPILE_PROCESSES sets how many children may run (0: none, every compile in this
 process's threads); by default min(4, CPUs - 1).
@@ -156,13 +156,26 @@ def _give_back(child) -> None:
         _IDLE.append(child)
         _FREED.notify()
         if _REAPER[0] is None:
-            _REAPER[0] = threading.Thread(target=_reap, name="epifuse-compile-reaper", daemon=True)
-            _REAPER[0].start()
+            reaper = threading.Thread(target=_reap, name="epifuse-compile-reaper", daemon=True)
+            try:
+                reaper.start()
+            except RuntimeError:   # no thread to be had, or the interpreter is exiting:
+                return             # the next give-back tries again
+            _REAPER[0] = reaper
 
 
 def _reap() -> None:
     """Let children idle for IDLE_LIMIT_S go (each holds a Python and Triton's compiler in
     memory), until none runs; a compile after that starts new ones."""
+    try:
+        _reap_until_none_runs()
+    finally:
+        with _LOCK:
+            if _REAPER[0] is threading.current_thread():
+                _REAPER[0] = None
+
+
+def _reap_until_none_runs() -> None:
     while True:
         time.sleep(REAP_PERIOD_S)
         now = time.monotonic()
@@ -175,7 +188,8 @@ def _reap() -> None:
             _freed(child)
         with _LOCK:
             if not _CHILDREN and _RUNNING[0] == 0:
-                _REAPER[0] = None
+                if _REAPER[0] is threading.current_thread():
+                    _REAPER[0] = None
                 return
 
 
