@@ -25,13 +25,9 @@ from torch import nn
 import epifuse
 import epifuse.backend
 import epifuse.runtime.tune
-
-
-def do_bench(fn, **kwargs) -> float:
-    """triton.testing.do_bench, imported on first use: bench.first_call times a cold first step
-    in a child that imported this module, and that step pays Triton's import, as a user's does."""
-    from triton.testing import do_bench as triton_do_bench
-    return triton_do_bench(fn, **kwargs)
+# Triton's do_bench, imported on first use: bench.first_call times a cold first step in a child
+# that imported this module, and that step pays Triton's import, as a user's does
+from epifuse.runtime.tune import do_bench
 
 
 def _mlp(h, f):

@@ -152,7 +152,7 @@ def _request(kernel, binding) -> dict:
     backend, kwargs, bound, specialization, options, target = binding
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     module = sys.modules[kernel.module]
-    return dict(text=module.__loader__.text, path=module.__file__, module=kernel.module,
+    return dict(text=module.__loader__.get_source(kernel.module), path=module.__file__, module=kernel.module,
                 function=kernel.fn.__name__, source_class=_name_of(kernel.ASTSource),
                 compile=_name_of(getattr(kernel, "compile", None) or api.compile), signature=signature,
                 constexprs=constexprs, attrs=attrs, options=dict(options.__dict__), target=target,
@@ -196,10 +196,10 @@ def set_up() -> None:
     first: the first caller does the work and threads arriving meanwhile wait for it, rather
     than each make a driver of their own. A step that fails here is left to the compile,
     which does it again and raises there. Where the index is empty (a cold cache: this
-    process's first kernel will be compiled), the hash of Triton's installation that every
-    compile needs first (_key_triton) is computed beside it, in a thread of its own: both wait
-    on files and a compiler rather than hold the GIL, so they overlap each other and the
-    caller's planning."""
+    process's first kernel will be compiled), the compile processes are started (as
+    set_up_soon does); where compiles stay in this process, the hash of Triton's installation
+    that each needs first (_key_triton) is computed beside the driver instead, in a thread of
+    its own."""
     if SET_UP.is_set():
         return
     with _SET_UP_LOCK:
@@ -260,8 +260,9 @@ def _key_triton() -> None:
     """The hash of Triton's installation that starts every compile's key (0.3-0.7 s, cached by
     Triton once computed), computed once before a compile: threads compiling at once would
     each compute it, as Triton's cache does not lock. Not computed for a kernel the index
-    serves, which never needs it (a warm start); computed ahead by set_up where the index is
-    empty."""
+    serves, which never needs it (a warm start), nor where compile processes compile (they key
+    by the installation's identity); computed ahead by set_up where the index is empty and
+    compiles stay in this process."""
     with _KEY_LOCK:
         try:
             _triton_key()()
