@@ -90,6 +90,7 @@ def measure() -> dict:
         result[theirs_key] = statistics.median(r[1] for r in rounds)
         result[f"{name}_us"] = statistics.median(r[0] - r[1] for r in rounds)
         result[f"{name}_rounds_us"] = rounds
+    result.update(_site_parts(A, B, src, {"bias": bias, "alpha": 2.0, "D": D}))
     result["epifuse_gemm_cprofile_top"] = _profile(lambda: epifuse.gemm(A, B, src, bias=bias, alpha=2.0, D=D))
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
@@ -105,6 +106,32 @@ def measure() -> dict:
     torch.cuda.synchronize()
     result["graph_replay_rel_err"] = float((D.float() - expected).norm() / expected.norm())
     return result
+
+
+def _site_parts(A, B, src: str, tensors: dict) -> dict:
+    """Where a repeated epifuse.gemm's host time goes (runtime/callsite.py): its signature, the
+    lookup of its kept site (the tensors' guard and placement checks), the site's call without
+    its launch, and the launch alone (launch_with: the direct launcher's Python and Triton's
+    compiled launcher)."""
+    from epifuse.runtime import callsite
+    options = (None, False, False, None, "default")   # as epifuse.gemm passes its defaults
+    call = callsite.signature(src, A, B, tensors, options)
+    site = callsite.lookup(call)
+    if site is None:
+        return {"site_parts": "no kept site for the call"}
+    launch_with = site.launch_with
+    values = list(site.values)
+    for index, name in site.positions:
+        values[index] = {"\0A": A, "\0B": B}.get(name, tensors.get(name))
+    parts = {"signature_us": _per_call_us(lambda: callsite.signature(src, A, B, tensors, options)),
+             "lookup_us": _per_call_us(lambda: callsite.lookup(call)),
+             "launch_with_us": _per_call_us(lambda: launch_with(values))}
+    site.launch_with = lambda values: None
+    try:
+        parts["site_call_without_launch_us"] = _per_call_us(lambda: site.call(A, B, tensors))
+    finally:
+        site.launch_with = launch_with
+    return parts
 
 
 def breakdown() -> dict:

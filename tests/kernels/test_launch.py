@@ -17,7 +17,8 @@ from test_gluon import AUX, _args, _check, _gpu_kernel, _problem
 def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     """On the CPU, with Triton's own descriptor wrapper around a recording launcher: the kept
     launch finds Triton's launcher and metadata in the wrapper, passes it exactly the arguments
-    the wrapper would, and encodes each descriptor once per base address, shape and strides.
+    the wrapper would, given the plan's values, and encodes each descriptor once per address
+    (a plan's descriptor shapes and strides are fixed; another plan keeps its own).
     Triton 3.6's wrapper expands the descriptors in Python; 3.9's in C++, with the launcher's
     argument annotations and kernel signature before the arguments."""
     from triton.backends.nvidia import driver
@@ -43,7 +44,8 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     class Compiled:
         run = Runner()
     in_cpp = "relevant_paths" in Compiled.run.launch.__code__.co_freevars  # 3.9's wrapper
-    launch = described_launcher(Compiled)
+    square = ((0, [64, 64], [64, 1]), (2, [64, 64], [64, 1]))   # a plan's descriptors: position, shape, strides
+    launch = described_launcher(Compiled, square)
     assert launch is not None
     x, y, z = (torch.zeros(64, 64, dtype=torch.float16) for _ in range(3))
     args = [_Described(x, [64, 64], [64, 1]), 7, _Described(y, [64, 64], [64, 1]), 128]
@@ -55,19 +57,24 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     through_triton = calls.pop()
     encoded.clear()
     for _ in range(3):
-        launch((2, 1, 1), 0, "function", "packed", args)
+        launch((2, 1, 1), 0, "function", "packed", [x, 7, y], [128])
         assert calls.pop() == through_triton
-    assert encoded == [(x.data_ptr(), (64, 64)), (y.data_ptr(), (64, 64))]
-    launch((2, 1, 1), 0, "function", "packed", [_Described(z, [64, 64], [64, 1]), 7, args[2], 128])
-    launch((2, 1, 1), 0, "function", "packed", [_Described(x, [32, 64], [64, 1]), 7, args[2], 128])
-    assert encoded[2:] == [(z.data_ptr(), (64, 64)), (x.data_ptr(), (32, 64))]
+    assert encoded == [(y.data_ptr(), (64, 64)), (x.data_ptr(), (64, 64))] or \
+        encoded == [(x.data_ptr(), (64, 64)), (y.data_ptr(), (64, 64))]
+    launch((2, 1, 1), 0, "function", "packed", [z, 7, y], [128])
+    assert encoded[2:] == [(z.data_ptr(), (64, 64))]
+    # another plan of the kernel (its descriptors of another shape) keeps encodings of its own
+    wide = described_launcher(Compiled, ((0, [32, 64], [64, 1]), (2, [64, 64], [64, 1])))
+    wide((2, 1, 1), 0, "function", "packed", [x, 7, y], [128])
+    assert (x.data_ptr(), (32, 64)) in encoded[3:]
     first_argument = list(calls[-1][-1])[0] if in_cpp else calls[-1][13]
     assert first_argument == ("tensor map", x.data_ptr(), (32, 64), 0)
     encoded.clear()  # one tensor as both descriptors: each argument's metadata gets its own encoding
-    both = _Described(z, [64, 64], [64, 1])
-    launch((2, 1, 1), 0, "function", "packed", [both, 7, both, 128])
+    launch((2, 1, 1), 0, "function", "packed", [z, 7, z], [128])
     maps = [a for a in (list(calls[-1][-1]) if in_cpp else calls[-1][13:]) if isinstance(a, tuple)]
     assert [m[3] for m in maps] == [0, 1], maps
+    # descriptors other than the kernel's: no direct launch (Triton's own launch then)
+    assert described_launcher(Compiled, ((0, [64, 64], [64, 1]),)) is None
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
 """The direct launch's descriptor expansion (backends/triton/launch.py) for Triton 3.6's wrapper,
 on a CPU with a stand-in runner: every descriptor argument is replaced, in place, by the
-encoding Triton's make_tensordesc_arg gives it (kept per base address, shape and strides), and
-every other argument passes as it is, in order."""
+encoding Triton's make_tensordesc_arg gives it (kept per address: a plan's descriptor shapes
+and strides are fixed), and every other argument passes as it is, in order."""
 from types import SimpleNamespace
 
 import pytest
@@ -20,14 +20,13 @@ def _runner(indices, metas, launched):
                            launch_cooperative_grid=False, launch_pdl=False)
 
 
-class _Descriptor:
-    def __init__(self, address, shape, strides):
-        self.base = SimpleNamespace(data_ptr=lambda: address)
-        self.shape, self.strides = shape, strides
+class _Tensor:
+    def __init__(self, address):
+        self.data_ptr = lambda: address
 
 
 @pytest.mark.parametrize("indices", [(1, 3), (0, 4), (2,)])
-def test_descriptor_arguments_expand_in_place_and_are_encoded_once_per_layout(indices, monkeypatch):
+def test_descriptor_arguments_expand_in_place_and_are_encoded_once_per_address(indices, monkeypatch):
     import triton.backends.nvidia.driver as driver
     encoded = []
 
@@ -37,22 +36,23 @@ def test_descriptor_arguments_expand_in_place_and_are_encoded_once_per_layout(in
     monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
     metas = [f"m{i}" for i in indices]
     launched = []
-    run = launch.described_launcher(SimpleNamespace(run=_runner(list(indices), metas, launched)))
+    descriptors = tuple((i, [8 + i, 16], [16, 1]) for i in indices)
+    run = launch.described_launcher(SimpleNamespace(run=_runner(list(indices), metas, launched)), descriptors)
     assert run is not None
 
-    def args_with(address):
-        return [_Descriptor(address + i, (8 + i, 16), (16, 1)) if i in indices else f"v{i}" for i in range(5)]
+    def values_with(address):
+        return [_Tensor(address + i) if i in indices else f"v{i}" for i in range(5)]
 
     def expected(address):
         out = []
         for i in range(5):
             out += [f"enc{address + i}:m{i}", f"extent{8 + i}"] if i in indices else [f"v{i}"]
-        return out
+        return [*out, "constexpr"]
     for address in (1000, 1000, 2000):
-        run((4, 2, 1), "stream", "function", "packed", args_with(address))
+        run((4, 2, 1), "stream", "function", "packed", values_with(address), ["constexpr"])
         assert list(launched[-1][13:]) == expected(address)
         assert launched[-1][:4] == (4, 2, 1, "stream")
-    assert len(encoded) == 2 * len(indices)   # the repeated layout reused its encodings
+    assert len(encoded) == 2 * len(indices)   # the repeated addresses reused their encodings
 
 
 class _Recorder:

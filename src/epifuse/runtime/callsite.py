@@ -37,6 +37,7 @@ from __future__ import annotations
 import inspect
 import math
 import threading
+import types
 from collections import OrderedDict
 
 import torch
@@ -56,6 +57,7 @@ _NUMBER_TYPES = (int, float)
 
 
 _UNREADABLE = object()
+_HASHABLE_IDENTITIES = (str, type(None), types.CodeType)
 
 
 def epilogue_identity(epilogue):
@@ -94,18 +96,19 @@ def signature(epilogue, A, B, tensors: dict, options: tuple) -> Call | None:
     is enabled) is checked by lookup against each site kept under the head. Keyword order is
     part of the head."""
     identity = epilogue_identity(epilogue)
-    try:
-        hash(identity)
-    except TypeError:
-        return None
     if identity is _UNREADABLE or type(A) not in PLAIN_TENSOR_TYPES or type(B) not in PLAIN_TENSOR_TYPES or \
             A.is_nested or B.is_nested:
         return None
+    if type(identity) not in _HASHABLE_IDENTITIES:   # a string, None and code hash; another object may not
+        try:
+            hash(identity)
+        except TypeError:
+            return None
     head = [identity, options]
     if A.is_cuda:   # kernel-owned buffers (split-K's workspace) are kept per site: one stream each
         if torch._C._cuda_isCurrentStreamCapturing():
             return None
-        head.append(torch._C._cuda_getCurrentRawStream(A.device.index))
+        head.append(torch._C._cuda_getCurrentRawStream(A.get_device()))
     given = [A, B]
     for name, value in tensors.items():
         kind = type(value)
@@ -193,11 +196,6 @@ class _Kept:
         self.layout = tuple(PythonGuard._describe(t) for t in tensors)
         self.aligned, self.reach = _placement(tensors)
         self.needs_grad = any(t.requires_grad for t in tensors)
-
-    def takes(self, tensors: tuple) -> bool:
-        if not self.guard.check(*tensors) or (self.needs_grad and torch.is_grad_enabled()):
-            return False
-        return _placed(tensors, self.aligned, self.reach)
 
 
 def _placed(tensors: tuple, aligned: tuple, reach: tuple) -> bool:
@@ -293,20 +291,26 @@ class Site:
         if self.after is not None:
             self.after(current, buffers)
         HITS[0] += 1
-        outputs = tuple(current[name] for name in self.returns)
-        return outputs[0] if len(outputs) == 1 else outputs
+        returns = self.returns
+        if len(returns) == 1:
+            return current[returns[0]]
+        return tuple([current[name] for name in returns])
 
 
 def lookup(call: Call | None) -> Site | None:
     """The site kept for `call`: one kept under its head whose guard takes its tensors."""
     if call is None:
         return None
-    kept = _SITES.get(call.head)
+    try:
+        kept = _SITES.get(call.head)
+    except TypeError:   # an option that does not hash: the full path names it
+        return None
     if kept is None:
         return None
     tensors = call.tensors
-    for entry in kept:
-        if entry.takes(tensors):
+    for entry in kept:   # whether the entry takes the call's tensors
+        if entry.guard.check(*tensors) and not (entry.needs_grad and torch.is_grad_enabled()) and \
+                _placed(tensors, entry.aligned, entry.reach):
             return entry.site
     return None
 

@@ -121,11 +121,33 @@ class Described:
         self.base, self.shape, self.strides = base, shape, strides
 
 
-def descriptor_converter(args, layout, names: list, meta: dict):
-    """values -> arguments: the tensors of A, B and each TMA-moved slot (by their parameter
-    `names`: a_desc, b_desc, x1_desc, ...) as host TMA descriptors for Triton's JIT (so a kept
-    launch can swap in new tensors), or as their `Described` stand-ins for a direct launch."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+class DescriptorConverter:
+    """values -> arguments for the Gluon kernels, whose A, B and TMA-moved slots are host TMA
+    descriptors: `descriptors` holds, per such argument, its position among the values and the
+    shape and strides its descriptor describes (fixed for a plan: a kept launch swaps in tensors
+    of the same layout). Called with `jit=True`, the tensors become TensorDescriptors for
+    Triton's JIT; with `jit=False`, `Described` stand-ins for Triton's launcher (a direct launch
+    that does not encode the descriptors itself, launch.described_launcher)."""
+
+    __slots__ = ("descriptors", "_blocks")
+
+    def __init__(self, descriptors: tuple, blocks: tuple):
+        self.descriptors = descriptors   # ((position, shape, strides), ...), shape and strides lists
+        self._blocks = blocks            # per descriptor: (block shape, shared layout)
+
+    def __call__(self, current, jit: bool) -> list:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        current = list(current)
+        for (i, shape, strides), (block, shared_layout) in zip(self.descriptors, self._blocks):
+            t = current[i]
+            current[i] = (TensorDescriptor(t, shape, strides, block, shared_layout) if jit
+                          else Described(t, shape, strides))
+        return current
+
+
+def descriptor_converter(args, layout, names: list, meta: dict) -> DescriptorConverter:
+    """The converter of a Gluon kernel's launch: the tensors of A, B and each TMA-moved slot (by
+    their parameter `names`: a_desc, b_desc, x1_desc, ...) as host TMA descriptors."""
     BM, BN, BK, EN = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], meta["EPI_N"]
     A, B = args.A, args.B
     if meta["B_KMAJOR"]:  # B = Bt.t() with Bt (N, K) contiguous along K
@@ -137,17 +159,9 @@ def descriptor_converter(args, layout, names: list, meta: dict):
         if meta[f"{slot.prefix.upper()}_TMA"]:
             t = (args.operands if isinstance(slot, OperandParams) else args.outputs)[slot.name]
             specs[f"{slot.prefix}_desc"] = ([args.M, args.N], [args.strides[slot.name]["M"], 1], [BM, EN], t.dtype)
-    positions = [(names.index(name), shape, strides, block, _shared_layout(block, dtype))
-                 for name, (shape, strides, block, dtype) in specs.items()]
-
-    def convert(current, jit: bool) -> list:
-        current = list(current)
-        for i, shape, strides, block, shared_layout in positions:
-            t = current[i]
-            current[i] = (TensorDescriptor(t, shape, strides, block, shared_layout) if jit
-                          else Described(t, shape, strides))
-        return current
-    return convert
+    items = list(specs.items())
+    return DescriptorConverter(tuple((names.index(name), shape, strides) for name, (shape, strides, _, _) in items),
+                               tuple((block, _shared_layout(block, dtype)) for _, (_, _, block, dtype) in items))
 
 
 def _shared_layout(block, dtype: torch.dtype):

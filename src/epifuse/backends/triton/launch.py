@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .gluon_api import Described
+
 # encoded TMA descriptors kept per descriptor argument of a plan's launch (on Triton 3.9 the
 # bound is shared: this many times the descriptor arguments, for all of them)
 DESCRIPTORS_KEPT = 16
@@ -49,8 +51,10 @@ def direct_launcher(plan, compiled, device: int, before=None):
     raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher asks
     convert = plan.convert
     current_device = torch._C._cuda_getDevice
-    described = described_launcher(compiled)  # None for kernels without host TMA descriptors
-    plain = None if described is not None else plain_launcher(compiled)
+    # a kernel with host TMA descriptors: launched with the plan's values, its launcher
+    # encoding the descriptors (None where it cannot: then Triton's launch, given stand-ins)
+    described = None if convert is None else described_launcher(compiled, convert.descriptors)
+    plain = None if convert is not None else plain_launcher(compiled)
     sync = plan.sync
     capturing = torch._C._cuda_isCurrentStreamCapturing
 
@@ -63,13 +67,13 @@ def direct_launcher(plan, compiled, device: int, before=None):
         stream = raw_stream(device)
         if sync is not None:
             values = sync.values_for(values, stream, capturing())
-        if convert is not None:
-            values = convert(values, False)
         if described is not None:
-            described(grid, stream, function, packed, [*values, *constexprs])
+            described(grid, stream, function, packed, values, constexprs)
         elif plain is not None:
             plain(grid, stream, function, packed, values, constexprs)
         else:
+            if convert is not None:
+                values = convert(values, False)
             run(grid[0], grid[1], grid[2], stream, function, packed, None, None, None,
                 *values, *constexprs)
     plan.launch_with = launch_with
@@ -77,14 +81,17 @@ def direct_launcher(plan, compiled, device: int, before=None):
     return lambda: launch_with(values)
 
 
-def described_launcher(compiled):
-    """Triton's launch of `compiled`, a kernel with host TMA descriptor arguments, without
-    encoding each descriptor anew at every launch as Triton's wrapper does
-    (driver.wrap_handle_tensordesc: a cuTensorMapEncodeTiled per descriptor and a Python loop
-    over every argument). It keeps, per argument, the encoding Triton's own make_tensordesc_arg
-    made for each (base address, shape, strides) it has seen. None where the kernel has no host
-    descriptors or needs launch scratch, or Triton's launcher is not built as this expects
-    (the caller then launches through Triton)."""
+def described_launcher(compiled, descriptors):
+    """Triton's launch of `compiled`, a kernel with host TMA descriptor arguments, given the
+    plan's values (tensors where the descriptors go: `descriptors` holds each one's position,
+    shape and strides, as DescriptorConverter's), without encoding each descriptor anew at
+    every launch as Triton's wrapper does (driver.wrap_handle_tensordesc: a
+    cuTensorMapEncodeTiled per descriptor and a Python loop over every argument). It keeps, per
+    argument, the encoding Triton's own make_tensordesc_arg made for each tensor address it has
+    seen: a plan's descriptor shapes and strides never change, so the address is the key. None
+    where the kernel has no host descriptors or needs launch scratch, its descriptors are not
+    those given, or Triton's launcher is not built as this expects (the caller then launches
+    through Triton)."""
     runner = compiled.run
     wrapper = getattr(runner, "launch", None)
     code, closure = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
@@ -93,31 +100,34 @@ def described_launcher(compiled):
         return None
     cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in closure)))
     if "relevant_paths" in cells:
-        return _described_launcher_39(runner, cells)
+        return _described_launcher_39(runner, cells, descriptors)
     raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
-    if not callable(raw) or not indices or not metas or None in metas or len(metas) != len(indices):
+    if not callable(raw) or not indices or not metas or None in metas or len(metas) != len(indices) or \
+            sorted(indices) != sorted(i for i, _, _ in descriptors):
         return None
     try:  # function-local: a private Triton function that may be missing
         from triton.backends.nvidia.driver import make_tensordesc_arg
     except ImportError:
         return None
     meta_of = dict(zip(sorted(indices), metas))
-    kept = {i: _Kept(DESCRIPTORS_KEPT) for i in indices}
+    # from the last position: splicing an encoding (several arguments) keeps earlier positions
+    specs = []
+    for i, shape, strides in sorted(descriptors, key=lambda d: d[0], reverse=True):
+        kept = _Kept(DESCRIPTORS_KEPT)
+        specs.append((i, kept.items, kept, meta_of[i], shape, strides))   # its dict read directly: no call
     cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
 
-    last_first = sorted(indices, reverse=True)   # splicing from the end keeps earlier positions
-
-    def expand(args) -> list:
-        out = list(args)
-        for i in last_first:
-            arg, encodings = args[i], kept[i]
-            key = (arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides))
-            out[i:i + 1] = encodings.get(key) or encodings.put(key, make_tensordesc_arg(arg, meta_of[i]))
-        return out
-
-    def launch(grid, stream, function, packed, args) -> None:
+    def launch(grid, stream, function, packed, values, constexprs) -> None:
+        args = [*values, *constexprs]
+        for i, encodings, kept, meta, shape, strides in specs:
+            t = args[i]
+            address = t.data_ptr()
+            encoded = encodings.get(address)
+            if encoded is None:
+                encoded = kept.put(address, make_tensordesc_arg(Described(t, shape, strides), meta))
+            args[i:i + 1] = encoded
         raw(grid[0], grid[1], grid[2], stream, function, cooperative, pdl, None, None, packed, None, None, None,
-            *expand(args))
+            *args)
     return launch
 
 
@@ -154,7 +164,7 @@ def plain_launcher(compiled):
     return None
 
 
-def _described_launcher_39(runner, cells):
+def _described_launcher_39(runner, cells, descriptors):
     """described_launcher for Triton 3.9's wrapper (wrap_handle_tensordesc_impl), which expands
     the descriptors in C++ (make_tensordesc_args) through a Python encoder per descriptor: the
     same expansion, through an encoder that keeps what Triton's made per (metadata, base
@@ -168,7 +178,7 @@ def _described_launcher_39(runner, cells):
     annotations, kernel_signature = getattr(runner, "arg_annotations", None), getattr(runner, "kernel_signature", None)
     if not callable(raw) or not callable(encode) or not metas or None in metas or kernel_signature is None or \
             getattr(runner, "gsan_enabled", True) or not isinstance(signature, tuple) or \
-            any(meta.get("is_im2col") for meta in metas):
+            any(meta.get("is_im2col") for meta in metas) or len(metas) != len(descriptors):
         return None
     kept = _Kept(DESCRIPTORS_KEPT * len(metas))
 
@@ -178,12 +188,14 @@ def _described_launcher_39(runner, cells):
         return kept.get(key) or kept.put(key, encode(arg, meta, base_args))
     cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
 
-    def launch(grid, stream, function, packed, args) -> None:
+    def launch(grid, stream, function, packed, values, constexprs) -> None:
+        args = [*values, *constexprs]
+        for i, shape, strides in descriptors:
+            args[i] = Described(args[i], shape, strides)
         base = (grid[0], grid[1], grid[2], stream, function, cooperative, pdl, packed, None, None, None, None, None,
                 annotations, kernel_signature)
         raw(*base, make_tensordesc_args(tuple(args), signature, paths, metas, base, keep))
     return launch
-
 
 
 def _hooked(hook) -> bool:
