@@ -7,10 +7,12 @@ pytest-xdist's own load scheduling (3.6) starts each worker with a chunk of cons
 the first worker got the nine longest and the run ended on it (at 79fe442 the 540 s limit cut
 off its last three); the other tests were handed out as workers ran low, several at a time. `scheduler_class()` replaces that
 for GPU runs (conftest's pytest_xdist_make_scheduler): every worker holds the test it runs and
-the one after it, and a worker that finishes a test gets the next one in this order, which is
-greedy longest-first scheduling (xdist's --maxschedchunk does not apply to it). Simulated (`simulate`) on the durations of 2026-11-29 evening,
-16 workers: 320 s, against 5109 / 16 = 319 s of tests per worker; xdist's own chunks would have
-given the first worker 991 s before its next test.
+the one after it (at the start, one of the longest and one of the shortest: first_order), and
+a worker that finishes a test gets the next one in this order, which is greedy longest-first
+scheduling (xdist's --maxschedchunk does not apply to it). Simulated (`simulate`) on the
+durations of 2026-11-29 evening, 16 workers: 320 s, against 5109 / 16 = 319 s of tests per
+worker; xdist's own chunks would have given the first worker 991 s before its next test. On
+those of the 6462fab run (the fuzz sweep alone 387 s): 387 s, the sweep's own time.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def scheduler_class():
                 self.log("**Different tests collected, aborting run**")
                 return
             self.collection = list(self.node2collection.values())[0]
-            self.pending[:] = range(len(self.collection))
+            self.pending[:] = first_order(len(self.collection), len(self.nodes))
             nodes = cycle(self.nodes)
             for _ in range(min(len(self.pending), QUEUED * len(self.nodes))):
                 self._send_tests(next(nodes), 1)
@@ -72,13 +74,25 @@ def scheduler_class():
     return OneAtATime
 
 
+def first_order(count: int, workers: int) -> list[int]:
+    """The order in which OneAtATime hands out `count` tests (indices, longest first) to
+    `workers`: the first round the `workers` longest, the second round the `workers` shortest,
+    then the rest longest first. The second test a worker holds waits for its first, so each
+    of the longest is followed by one that takes no time, not by the next longest (the 17th
+    longest queued behind the fuzz sweep would end the run a minute after it)."""
+    head = list(range(min(workers, count)))
+    tail = list(range(count - 1, len(head) - 1, -1))[:workers * (QUEUED - 1)]
+    return head + tail + list(range(len(head), count - len(tail)))
+
+
 def simulate(seconds: list[float], workers: int) -> float:
     """The wall time of tests taking `seconds`, in that order, under OneAtATime: QUEUED rounds
-    handed out round robin, then each next test to the worker whose running test ends first,
-    queued behind the test that worker starts then."""
+    handed out round robin in first_order, then each next test to the worker whose running
+    test ends first, queued behind the test that worker starts then."""
     import heapq
-    queues = [list(seconds[w:QUEUED * workers:workers]) for w in range(workers)]
-    pending = list(seconds[QUEUED * workers:])
+    ordered = [seconds[i] for i in first_order(len(seconds), workers)]
+    queues = [list(ordered[w:QUEUED * workers:workers]) for w in range(workers)]
+    pending = list(ordered[QUEUED * workers:])
     running = [(queue.pop(0), w) for w, queue in enumerate(queues) if queue]
     heapq.heapify(running)
     end = 0.0

@@ -39,8 +39,10 @@ LAYERS = [
     ("choosing a kernel: candidates, order, tuning, kernels compiled ahead in worker threads",
      ["backends.select", "runtime.ahead", "runtime.shipped", "runtime.tune"]),
     ("PyTorch integration and kept launches: the epilogue table (ids and keys), what the custom ops plan, "
-     "their backward and its kernels compiled ahead, their sharding rules on DTensors, the custom ops",
-     ["epilogue_table", "op_planning", "op_backward", "backward_ahead", "sharding", "torch_ops", "runtime.callsite"]),
+     "their backward and its kernels compiled ahead, their sharding rules on DTensors, the custom ops; "
+     "a staged epilogue's later passes compiled ahead",
+     ["epilogue_table", "op_planning", "op_backward", "backward_ahead", "sharding", "torch_ops", "runtime.callsite",
+      "staged_ahead"]),
     ("the facade: gemm, and planar complex GEMMs", ["api", "planar"]),
     ("built on the facade: nn.FusedLinear (and its shards under tensor parallelism), the fused linear "
      "cross-entropy, class-based and named epilogues, the demo",

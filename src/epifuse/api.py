@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import staging, torch_ops, unsigned_inputs
+from . import staged_ahead, staging, torch_ops, unsigned_inputs
 from .allocation import allocate_outputs, check_out_dtype, epilogue_accum_shape
 from .arguments import EpilogueArguments, GemmArguments, check_keywords, epilogue_program
 from .grouped_arguments import GroupedGemmArguments
@@ -133,14 +133,15 @@ def _gemm_in_passes(program: Program, A, B, tensors: dict, accumulate: bool, opt
     outputs = tuple(name for name, _ in program.outputs)
     check_keywords(program, tensors, required=program.operands, allowed=(*program.operands, *outputs))
     accum_shape = epilogue_accum_shape(program, A, B)
+    steps = staging.passes(program)
+    # the later passes' kernels compile while the first pass compiles and runs
+    ahead_key = staged_ahead.queue(program, steps, A, B, tensors, options, accum_shape)
     stats, results = {}, {}
-    for step in staging.passes(program):
+    for i, step in enumerate(steps):
+        if i == 1:
+            staged_ahead.settle(ahead_key)
         names = [name for name, _ in step.program.outputs]
-        given = {n: t for n, t in tensors.items() if n in step.program.params or n in names}
-        given.update({n: stats[n] for n in step.program.params if n in stats})
-        # a returned statistic goes into the caller's tensor for it, if one was passed
-        given.update({stat: tensors[user] for user, stat in step.returns.items() if user in tensors})
-        outs = gemm(A, B, step.program, **options, **given)
+        outs = gemm(A, B, step.program, **options, **staging.pass_inputs(step, tensors, stats))
         outs = outs if isinstance(outs, tuple) else (outs,)
         for name, value in zip(names, outs):
             if name in step.computes:

@@ -243,6 +243,18 @@ def _reading_program(program: Program, names: dict, returned: dict) -> Program:
                                outputs=tuple(o for o in program.outputs if o[0] not in returned))
 
 
+def pass_inputs(step: Pass, tensors: dict, stats: dict) -> dict:
+    """What one pass's GEMM is given: the user's operands and numbers it reads and the user's
+    tensors for its outputs (from `tensors`), the statistics of the passes before it (from
+    `stats`, by name), and where the user passed a tensor for a returned statistic, that tensor
+    for it."""
+    names = {name for name, _ in step.program.outputs}
+    given = {n: t for n, t in tensors.items() if n in step.program.params or n in names}
+    given.update({n: stats[n] for n in step.program.params if n in stats})
+    given.update({stat: tensors[user] for user, stat in step.returns.items() if user in tensors})
+    return given
+
+
 def keep_shape(dim, accum_shape: tuple) -> tuple:
     """The shape of a statistic reduced over `dim` (as written: an int, a tuple, None for
     every dim) as an operand of the next pass: accum's, with the reduced dims 1."""

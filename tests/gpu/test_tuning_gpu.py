@@ -214,3 +214,29 @@ def test_tuning_compiles_its_candidates_in_threads_before_timing_them(fresh, mon
     assert not by_caller - in_pool, seen
     expected = torch.nn.functional.gelu(A.double() @ B.double() + bias.double()) * scale
     assert ((D.double() - expected).norm() / expected.norm()).item() < 1e-2
+
+
+def test_a_staged_epilogues_later_passes_compile_in_a_worker_while_its_first_runs(fresh, monkeypatch):
+    """A row softmax over N wider than one tile runs as two passes (staging.py); its first call
+    queues the second pass's kernel (staged_ahead.py): a worker compiles it from stand-ins
+    while the caller compiles and runs the first pass, and the second pass then launches that
+    very compiled kernel, with the float64 reference's values."""
+    from epifuse.runtime import ahead
+    monkeypatch.setenv("EPIFUSE_COMPILE_AHEAD", "1")
+    monkeypatch.setenv("EPIFUSE_TUNE", "0")   # each pass compiles the kernel it runs, and nothing else
+    scale = 0.5 + torch.rand(()).item()   # a kernel no earlier test has compiled
+    source = f"def e(accum):\n    z = accum * {scale!r}\n    D = exp(z - logsumexp(z, dim=1))\n    return D\n"
+    seen = _warmups_by_thread(monkeypatch)
+    A = torch.randn(512, 256, device="cuda", dtype=torch.float16)
+    B = torch.randn(256, 1536, device="cuda", dtype=torch.float16) / 16
+    failures = ahead.FAILED[0]
+    D = epifuse.gemm(A, B, source)
+    assert ahead.wait_all(300)
+    assert ahead.FAILED[0] == failures, list(ahead.FAILURES)[-1:]
+    in_worker = {id(c) for name, c in seen if name.startswith("epifuse-compile")}
+    in_caller = [c for name, c in seen if not name.startswith("epifuse-compile")]
+    assert in_worker, "nothing was compiled ahead"
+    assert len(in_caller) == 2 and id(in_caller[0]) not in in_worker and id(in_caller[1]) in in_worker, \
+        (len(in_caller), len(in_worker))
+    expected = torch.softmax((A.double() @ B.double()) * scale, dim=1)
+    assert ((D.double() - expected).norm() / expected.norm()).item() < 1e-2

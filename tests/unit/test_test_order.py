@@ -43,10 +43,11 @@ class _Worker:
 
 
 def test_a_gpu_run_hands_each_next_test_to_the_worker_that_frees_up():
-    """Two tests per worker at the start (round robin, so the longest go to different workers),
-    then one more to a worker each time it finishes one, in collection order; each worker shuts
-    down once nothing is left. xdist's own scheduling sent each worker a chunk of consecutive
-    tests first: with the longest first, the first worker got all of the longest."""
+    """Two tests per worker at the start (round robin, so the longest go to different workers,
+    each with one of the shortest behind it), then one more to a worker each time it finishes
+    one, in collection order; each worker shuts down once nothing is left. xdist's own
+    scheduling sent each worker a chunk of consecutive tests first: with the longest first,
+    the first worker got all of the longest."""
     import pytest
     pytest.importorskip("xdist")   # in the test extras; skipped only where the extras are not installed
     config = SimpleNamespace(getvalue=lambda name: ["popen"] * 3 if name == "tx" else None,
@@ -57,14 +58,14 @@ def test_a_gpu_run_hands_each_next_test_to_the_worker_that_frees_up():
         scheduler.add_node(worker)
         scheduler.add_node_collection(worker, [f"t.py::{i}" for i in range(10)])
     scheduler.schedule()
-    assert [w.sent for w in workers] == [[0, 3], [1, 4], [2, 5]]
+    assert [w.sent for w in workers] == [[0, 9], [1, 8], [2, 7]]
     scheduler.mark_test_complete(workers[1], 1, 0.5)
-    assert workers[1].sent == [1, 4, 6] and workers[0].sent == [0, 3]
-    scheduler.mark_test_complete(workers[1], 4, 0.5)
+    assert workers[1].sent == [1, 8, 3] and workers[0].sent == [0, 9]
+    scheduler.mark_test_complete(workers[1], 8, 0.5)
     scheduler.mark_test_complete(workers[2], 2, 9.0)
-    assert workers[1].sent == [1, 4, 6, 7] and workers[2].sent == [2, 5, 8]
-    for worker, index in ((workers[0], 0), (workers[0], 3), (workers[1], 6), (workers[1], 7), (workers[2], 5),
-                          (workers[2], 8)):
+    assert workers[1].sent == [1, 8, 3, 4] and workers[2].sent == [2, 7, 5]
+    for worker, index in ((workers[0], 0), (workers[0], 9), (workers[1], 3), (workers[1], 4), (workers[2], 7),
+                          (workers[2], 5), (workers[0], 6)):
         scheduler.mark_test_complete(worker, index, 1.0)
     assert sorted(i for w in workers for i in w.sent) == list(range(10))
     assert all(w.shutting_down for w in workers)
@@ -78,3 +79,6 @@ def test_the_simulated_gpu_run_ends_near_its_share_of_test_time():
     # round robin two deep: the 1 s test queued behind the 5 s one waits for it
     assert gpu_order.simulate([5.0, 1.0, 1.0, 1.0], 2) == 6.0
     assert gpu_order.simulate([1.0] * 6, 2) == 3.0
+    # the shortest go behind the longest at the start: no 4 s test waits behind the 10 s one (which
+    # would end at 14 s); the other worker runs the three, 12 s
+    assert gpu_order.simulate([10.0, 4.0, 4.0, 4.0, 0.0, 0.0], 2) == 12.0

@@ -1,0 +1,112 @@
+"""The later passes of a staged epilogue (staging.py) compiled while its first pass runs.
+
+An epilogue whose reductions feed later math over a row that spans tiles runs as several
+GEMMs, one after another (api._gemm_in_passes); a cold call would compile each pass's kernel
+only when that pass is reached, so the compiles add up. Every pass's problem is known before
+the first runs: the same A and B, the user's tensors, and statistics whose shapes and dtypes
+the program decides. `queue` has a worker of runtime/ahead.py plan the later passes from
+stand-ins (stand_in.py: metadata without memory; nothing is allocated or launched) exactly as
+the passes' epifuse.gemm calls will make them, and has the pool compile their kernels while
+the caller's thread compiles and runs the first pass; before the second pass the caller waits
+for that job (`settle`) rather than compile the same kernel beside it. Nothing is queued on
+the CPU, under Triton's interpreter, while a CUDA graph is captured, or with
+EPIFUSE_COMPILE_AHEAD=0; a later call of the same layout queues nothing more.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import unsigned_inputs
+from .allocation import allocate_outputs
+from .arguments import EpilogueArguments, GemmArguments
+from .backends.select import kernels_to_compile
+from .backends.triton import device as target
+from .frontend import Program
+from .runtime import ahead, callsite
+from .staging import Pass, keep_shape, pass_inputs
+from .stand_in import stand_in, stand_ins
+
+
+def layout(t: torch.Tensor) -> tuple:
+    """What a stand-in needs of a tensor: shape, strides, storage offset, dtype, device."""
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device)
+
+
+def queue(program: Program, steps: tuple[Pass, ...], A, B, tensors: dict, options: dict, accum_shape: tuple):
+    """Queue the compile of the passes after the first (see the module's docstring); the job's
+    key, or None where nothing was queued. `tensors`, `options` and `accum_shape` are what
+    _gemm_in_passes has (tensors and numbers by name; out_dtype, deterministic, compute_dtype
+    and precision; accum's shape as the program sees it). Unsigned inputs are left out: each
+    pass rewrites them as an int8 GEMM of its own (unsigned_inputs.py)."""
+    if len(steps) < 2 or not ahead.compiles_on(A.device) or target.capturing(A.device) or \
+            unsigned_inputs.applies(A, B) or \
+            any(type(t) not in callsite.PLAIN_TENSOR_TYPES for t in (A, B, *_tensors(tensors).values())):
+        return None
+    layouts = {name: layout(t) for name, t in _tensors(tensors).items()}
+    numbers = {name: v for name, v in tensors.items() if name not in layouts}
+    A_layout, B_layout = layout(A), layout(B)
+    key = ("passes", program.source, A_layout, B_layout, tuple(layouts.items()),
+           tuple((name, type(v), v) for name, v in numbers.items()), tuple(options.items()))
+    ahead.soon(key, lambda: compile_later_passes(steps, A_layout, B_layout, layouts, numbers, options, accum_shape))
+    return key
+
+
+def settle(key) -> None:
+    """Before the second pass: wait for the job queued under `key` (None: nothing was queued)."""
+    if key is not None:
+        ahead.settle(key)
+
+
+def compile_later_passes(steps, A_layout, B_layout, layouts: dict, numbers: dict, options: dict,
+                         accum_shape: tuple) -> list:
+    """Plan the passes after the first from stand-ins (plan_later_passes), then compile all
+    their kernels at once in the pool; (args, kernel) of each kernel compiled. A compile that
+    fails is recorded (ahead.FAILURES), never raised: the pass's real call compiles it again
+    and raises there if it must."""
+    planned = plan_later_passes(steps, A_layout, B_layout, layouts, numbers, options, accum_shape)
+    jobs = [job for _, _, job in planned if job is not None]
+    errors = iter([future.exception() for future in ahead.compile_all(jobs)] if jobs else [])
+    compiled = []
+    for args, kernel, job in planned:
+        error = next(errors) if job is not None else None
+        if error is None:
+            compiled.append((args, kernel))
+        else:
+            ahead.note_failure(("compile", repr(kernel)), error)
+    return compiled
+
+
+def plan_later_passes(steps, A_layout, B_layout, layouts: dict, numbers: dict, options: dict,
+                      accum_shape: tuple) -> list:
+    """The arguments of each pass after the first, built from stand-ins as epifuse.gemm builds
+    the pass's (its outputs allocated as gemm allocates them, the statistics of the passes
+    before it as _gemm_in_passes reshapes them), with the kernels its first call would compile
+    (select.kernels_to_compile) and each one's compile job: [(args, kernel, job or None)]."""
+    device = A_layout[4]
+    planned = []
+    with stand_ins(), torch.no_grad(), target.on_device(device):
+        A, B = stand_in(*A_layout), stand_in(*B_layout)
+        tensors = {**{name: stand_in(*spec) for name, spec in layouts.items()}, **numbers}
+        stats: dict = {}
+        for i, step in enumerate(steps):
+            given = pass_inputs(step, tensors, stats)
+            full = allocate_outputs(step.program, A, B, given, options["out_dtype"], options["compute_dtype"])
+            if i:
+                epi = EpilogueArguments(step.program, deterministic=options["deterministic"],
+                                        compute_dtype=options["compute_dtype"], **full)
+                args = GemmArguments(A, B, epilogue=epi, precision=options["precision"])
+                for kernel in kernels_to_compile(args):
+                    try:
+                        job = kernel.compile_job(args)
+                    except Exception as error:  # noqa: BLE001 - the real call plans it again and raises there
+                        ahead.note_failure(("compile", repr(kernel)), error)
+                        continue
+                    planned.append((args, kernel, job))
+            for name, _ in step.program.outputs:
+                if name in step.computes:
+                    stats[name] = full[name].reshape(keep_shape(step.computes[name], accum_shape))
+    return planned
+
+
+def _tensors(tensors: dict) -> dict:
+    return {name: t for name, t in tensors.items() if isinstance(t, torch.Tensor)}
