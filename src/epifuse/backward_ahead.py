@@ -131,16 +131,7 @@ def backward_from_stand_ins(epilogue, layouts, numbers, kinds, out_dtypes, optio
         plan = backward_plan(epilogue, roles, len(accum_shape), wrt, seeded)
         grads = {name: outputs[k] for k, name in enumerate(e.output_names) if name in seeded}
         Step(options, graph, accum_shape, values, accum, A, B, up, launch=compile_call).run(plan, grads)
-    jobs = [job for _, _, job in planned if job is not None]
-    errors = iter([future.exception() for future in ahead.compile_all(jobs)] if jobs else [])
-    compiled = []
-    for args, kernel, job in planned:
-        error = next(errors) if job is not None else None
-        if error is None:
-            compiled.append((args, kernel))
-        else:
-            ahead.note_failure(("compile", repr(kernel)), error)
-    return compiled
+    return ahead.compile_planned(planned)
 
 
 def compile_only(epilogue, A, B, program, values, out_dtypes, options, planned: list) -> list:
@@ -153,11 +144,5 @@ def compile_only(epilogue, A, B, program, values, out_dtypes, options, planned: 
     epi = EpilogueArguments(program, deterministic=deterministic, compute_dtype=compute_dtype,
                             **values, **dict(zip(names, outs)))
     args = GemmArguments(A, B, epilogue=epi, precision=precision)
-    for kernel in kernels_to_compile(args, time_heavy=epilogue in _TIME_HEAVY):
-        try:
-            job = kernel.compile_job(args)
-        except Exception as error:  # noqa: BLE001 - the real call plans it again and raises there
-            ahead.note_failure(("compile", repr(kernel)), error)
-            continue
-        planned.append((args, kernel, job))
+    ahead.plan_compiles(args, kernels_to_compile(args, time_heavy=epilogue in _TIME_HEAVY), planned)
     return outs

@@ -10,7 +10,8 @@ the passes' epifuse.gemm calls will make them, and has the pool compile their ke
 the caller's thread compiles and runs the first pass; before the second pass the caller waits
 for that job (`settle`) rather than compile the same kernel beside it. Nothing is queued on
 the CPU, under Triton's interpreter, while a CUDA graph is captured, or with
-EPIFUSE_COMPILE_AHEAD=0; a later call of the same layout queues nothing more.
+EPIFUSE_COMPILE_AHEAD=0; a later call of the same layout queues nothing more (it pays for
+building the job's key: its tensors' layouts, about 5 us on the CPU machine).
 """
 from __future__ import annotations
 
@@ -37,17 +38,33 @@ def queue(program: Program, steps: tuple[Pass, ...], A, B, tensors: dict, option
     key, or None where nothing was queued. `tensors`, `options` and `accum_shape` are what
     _gemm_in_passes has (tensors and numbers by name; out_dtype, deterministic, compute_dtype
     and precision; accum's shape as the program sees it). Unsigned inputs are left out: each
-    pass rewrites them as an int8 GEMM of its own (unsigned_inputs.py)."""
+    pass rewrites them as an int8 GEMM of its own (unsigned_inputs.py); so are calls that
+    autograd records, whose passes go through the custom ops (torch_ops.py: their own outputs)."""
     if len(steps) < 2 or not ahead.compiles_on(A.device) or target.capturing(A.device) or \
-            unsigned_inputs.applies(A, B) or \
-            any(type(t) not in callsite.PLAIN_TENSOR_TYPES for t in (A, B, *_tensors(tensors).values())):
+            unsigned_inputs.applies(A, B):
         return None
-    layouts = {name: layout(t) for name, t in _tensors(tensors).items()}
-    numbers = {name: v for name, v in tensors.items() if name not in layouts}
+    grad = torch.is_grad_enabled()
+    layouts, numbers = {}, {}
+    for name, value in tensors.items():
+        if isinstance(value, torch.Tensor):
+            if type(value) not in callsite.PLAIN_TENSOR_TYPES or (grad and value.requires_grad):
+                return None
+            layouts[name] = layout(value)
+        else:
+            numbers[name] = value
+    for t in (A, B):
+        if type(t) not in callsite.PLAIN_TENSOR_TYPES or (grad and t.requires_grad):
+            return None
     A_layout, B_layout = layout(A), layout(B)
+    # a float by its bits: a NaN equals itself, and -0.0 is not 0.0
     key = ("passes", program.source, A_layout, B_layout, tuple(layouts.items()),
-           tuple((name, type(v), v) for name, v in numbers.items()), tuple(options.items()))
-    ahead.soon(key, lambda: compile_later_passes(steps, A_layout, B_layout, layouts, numbers, options, accum_shape))
+           tuple((name, type(v), v.hex() if type(v) is float else v) for name, v in numbers.items()),
+           tuple(options.items()))
+    try:
+        ahead.soon(key, lambda: compile_later_passes(steps, A_layout, B_layout, layouts, numbers, options,
+                                                     accum_shape))
+    except TypeError:   # an option that does not hash: the pass's own call names it
+        return None
     return key
 
 
@@ -63,17 +80,8 @@ def compile_later_passes(steps, A_layout, B_layout, layouts: dict, numbers: dict
     their kernels at once in the pool; (args, kernel) of each kernel compiled. A compile that
     fails is recorded (ahead.FAILURES), never raised: the pass's real call compiles it again
     and raises there if it must."""
-    planned = plan_later_passes(steps, A_layout, B_layout, layouts, numbers, options, accum_shape)
-    jobs = [job for _, _, job in planned if job is not None]
-    errors = iter([future.exception() for future in ahead.compile_all(jobs)] if jobs else [])
-    compiled = []
-    for args, kernel, job in planned:
-        error = next(errors) if job is not None else None
-        if error is None:
-            compiled.append((args, kernel))
-        else:
-            ahead.note_failure(("compile", repr(kernel)), error)
-    return compiled
+    return ahead.compile_planned(plan_later_passes(steps, A_layout, B_layout, layouts, numbers, options,
+                                                   accum_shape))
 
 
 def plan_later_passes(steps, A_layout, B_layout, layouts: dict, numbers: dict, options: dict,
@@ -95,18 +103,9 @@ def plan_later_passes(steps, A_layout, B_layout, layouts: dict, numbers: dict, o
                 epi = EpilogueArguments(step.program, deterministic=options["deterministic"],
                                         compute_dtype=options["compute_dtype"], **full)
                 args = GemmArguments(A, B, epilogue=epi, precision=options["precision"])
-                for kernel in kernels_to_compile(args):
-                    try:
-                        job = kernel.compile_job(args)
-                    except Exception as error:  # noqa: BLE001 - the real call plans it again and raises there
-                        ahead.note_failure(("compile", repr(kernel)), error)
-                        continue
-                    planned.append((args, kernel, job))
+                ahead.plan_compiles(args, kernels_to_compile(args), planned)
             for name, _ in step.program.outputs:
                 if name in step.computes:
                     stats[name] = full[name].reshape(keep_shape(step.computes[name], accum_shape))
     return planned
 
-
-def _tensors(tensors: dict) -> dict:
-    return {name: t for name, t in tensors.items() if isinstance(t, torch.Tensor)}

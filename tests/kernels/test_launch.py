@@ -73,8 +73,10 @@ def test_described_launcher_passes_what_tritons_wrapper_would(monkeypatch):
     launch((2, 1, 1), 0, "function", "packed", [z, 7, z], [128])
     maps = [a for a in (list(calls[-1][-1]) if in_cpp else calls[-1][13:]) if isinstance(a, tuple)]
     assert [m[3] for m in maps] == [0, 1], maps
-    # descriptors other than the kernel's: no direct launch (Triton's own launch then)
+    # descriptors other than the kernel's (too few, or at other positions): no direct launch
+    # (Triton's own launch then)
     assert described_launcher(Compiled, ((0, [64, 64], [64, 1]),)) is None
+    assert described_launcher(Compiled, ((0, [64, 64], [64, 1]), (1, [64, 64], [64, 1]))) is None
 
 
 @pytest.mark.gpu

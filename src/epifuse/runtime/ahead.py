@@ -127,6 +127,35 @@ def compile_all(jobs: list) -> list[Future]:
     return [pool.submit(job) for job in jobs]
 
 
+def plan_compiles(args, kernels, planned: list) -> None:
+    """Append to `planned` (args, kernel, job) for each of `kernels` to compile for `args`,
+    job None where nothing is left to compile. A kernel whose job cannot be made is recorded
+    (note_failure) and left out: the real call plans it again and raises there if it must."""
+    for kernel in kernels:
+        try:
+            job = kernel.compile_job(args)
+        except Exception as error:  # noqa: BLE001 - recorded, never raised here
+            note_failure(("compile", repr(kernel)), error)
+            continue
+        planned.append((args, kernel, job))
+
+
+def compile_planned(planned: list) -> list:
+    """Run every job of `planned` (from plan_compiles) at once in the pool and wait for them;
+    (args, kernel) of each kernel compiled, in order. A compile that fails is recorded, not
+    raised, and left out."""
+    jobs = [job for _, _, job in planned if job is not None]
+    errors = iter([future.exception() for future in compile_all(jobs)] if jobs else [])
+    compiled = []
+    for args, kernel, job in planned:
+        error = next(errors) if job is not None else None
+        if error is None:
+            compiled.append((args, kernel))
+        else:
+            note_failure(("compile", repr(kernel)), error)
+    return compiled
+
+
 def note_failure(key, error: BaseException) -> None:
     """Record a failure of a job, or of one compile within a job, without raising it."""
     with _LOCK:

@@ -178,8 +178,9 @@ def _described_launcher_39(runner, cells, descriptors):
     annotations, kernel_signature = getattr(runner, "arg_annotations", None), getattr(runner, "kernel_signature", None)
     if not callable(raw) or not callable(encode) or not metas or None in metas or kernel_signature is None or \
             getattr(runner, "gsan_enabled", True) or not isinstance(signature, tuple) or \
-            any(meta.get("is_im2col") for meta in metas) or len(metas) != len(descriptors):
-        return None
+            any(meta.get("is_im2col") for meta in metas) or not isinstance(paths, dict) or \
+            any(paths.values()) or sorted(paths) != sorted(i for i, _, _ in descriptors):
+        return None   # descriptors nested in tuples, or not at the positions given
     kept = _Kept(DESCRIPTORS_KEPT * len(metas))
 
     def keep(arg, meta, base_args):
