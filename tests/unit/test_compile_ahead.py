@@ -527,3 +527,19 @@ def test_the_pool_lets_a_job_go_before_its_future_wakes_the_waiter():
         assert freed_when_done == [not fails]   # a failed job's traceback, kept in its future, holds its frame
         del future
         assert alive() is None, "the pool's thread still holds the job it ran"
+
+
+def test_a_process_out_of_threads_still_compiles_and_never_raises_for_the_queue(monkeypatch):
+    """Where no thread can be started: the pool runs each job in the caller (as it would have
+    compiled without the pool) instead of leaving its future unfinished forever, and a queued
+    job neither raises into the call that queued it nor outlives its settle."""
+    def no_thread(target, name):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(ahead, "start_thread", no_thread)
+    pool = ahead._Pool(2, "test-pool")
+    futures = [pool.submit(lambda n=n: n * 2) for n in range(3)]
+    assert [f.result(0) for f in futures] == [0, 2, 4]   # done already: ran in this thread
+    monkeypatch.setattr(ahead, "_THREADS", [])
+    key = ("test-no-thread", object())
+    assert ahead.soon(key, lambda: None)
+    assert ahead.settle(key, timeout=10)

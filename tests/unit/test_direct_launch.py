@@ -55,6 +55,20 @@ def test_descriptor_arguments_expand_in_place_and_are_encoded_once_per_address(i
     assert len(encoded) == 2 * len(indices)   # the repeated addresses reused their encodings
 
 
+def test_a_plan_cycling_through_many_layers_weights_encodes_each_once(monkeypatch):
+    """Layers of one shape share a kept launch: each layer's weight is another address at the
+    same descriptor position. Forty layers, three steps: each weight encoded once."""
+    import triton.backends.nvidia.driver as driver
+    encoded = []
+    monkeypatch.setattr(driver, "make_tensordesc_arg", lambda arg, meta: encoded.append(arg.base.data_ptr()) or [1])
+    run = launch.described_launcher(SimpleNamespace(run=_runner([1], ["m"], [])), ((1, [64, 64], [64, 1]),))
+    weights = [_Tensor(4096 * (layer + 1)) for layer in range(40)]
+    for _ in range(3):
+        for weight in weights:
+            run((1, 1, 1), "stream", "function", "packed", ["x", weight], [])
+    assert sorted(encoded) == sorted(w.data_ptr() for w in weights)
+
+
 class _Recorder:
     """Stands for Triton's compiled launcher (a C function: no __code__), recording each call."""
 

@@ -72,7 +72,10 @@ def soon(key, job) -> bool:
         _QUEUE.append((key, job))
         _THREADS[:] = [t for t in _THREADS if t.is_alive()]
         if len(_THREADS) < WORKERS:
-            _THREADS.append(start_thread(_work, "epifuse-compile-ahead"))
+            try:
+                _THREADS.append(start_thread(_work, "epifuse-compile-ahead"))
+            except RuntimeError:   # no thread to be had: the job waits for a worker, or settle drops it
+                pass
     return True
 
 
@@ -87,31 +90,48 @@ class _Pool:
         self._lock = threading.Lock()
 
     def submit(self, job) -> Future:
+        """The job's future; the job runs in a pool thread, or here where none could be started
+        (a process out of threads), as the caller would have compiled without the pool."""
         future: Future = Future()
-        self._jobs.put((future, job))
         with self._lock:
+            alone = False   # no pool thread exists, nor could one be started
             if self._started < self._threads:
-                self._started += 1
-                start_thread(self._work, f"{self._name}_{self._started - 1}")
+                try:
+                    start_thread(self._work, f"{self._name}_{self._started}")
+                    self._started += 1
+                except RuntimeError:
+                    alone = self._started == 0
+        if alone:
+            _run([future, job])
+        else:
+            self._jobs.put((future, job))
         return future
 
     def _work(self) -> None:
         while True:
-            future, job = self._jobs.get()
-            ran, result, error = future.set_running_or_notify_cancel(), None, None
-            if ran:
-                try:
-                    result = job()
-                except BaseException as caught:  # noqa: BLE001 - kept in the future, as an executor does
-                    error = caught
-            # The job and what it holds (a tuning's scratch tensors, a backward's plans) are let go
-            # before its future wakes a waiter, not when this thread's next job arrives.
-            job = None
-            if error is not None:
-                future.set_exception(error)
-            elif ran:
-                future.set_result(result)
-            future = result = error = None
+            _run(list(self._jobs.get()))
+
+
+def _run(item: list) -> None:
+    """Run the job of `item`, [future, job], for its future: its result or exception kept there,
+    as an executor does. The job and what it holds (a tuning's scratch tensors, a backward's
+    plans) are let go before the future wakes a waiter: `item` is emptied, so no caller's frame
+    still holds them."""
+    future, job = item
+    item.clear()
+    ran, result, error = future.set_running_or_notify_cancel(), None, None
+    if ran:
+        try:
+            result = job()
+        except BaseException as caught:  # noqa: BLE001 - kept in the future, as an executor does
+            error = caught
+    job = None
+    if error is not None:
+        future.set_exception(error)
+    elif ran:
+        future.set_result(result)
+    # a failed job's traceback holds this frame: no cycle through its future and exception
+    future = result = error = None
 
 
 _POOL: list = []   # the _Pool of compile_all, made on first use

@@ -15,8 +15,11 @@ import torch
 from .gluon_api import Described
 
 # encoded TMA descriptors kept per descriptor argument of a plan's launch (on Triton 3.9 the
-# bound is shared: this many times the descriptor arguments, for all of them)
-DESCRIPTORS_KEPT = 16
+# bound is shared: this many times the descriptor arguments, for all of them). Layers of one
+# shape share a kept launch and so its plan: each layer's weight is another address for B's
+# descriptor, and a model with more layers than the bound would re-encode it at every launch
+# (all are dropped once the bound is reached). An encoding takes a few hundred bytes.
+DESCRIPTORS_KEPT = 256
 
 
 class _Kept:
