@@ -19,12 +19,7 @@ from .op_backward import Step, backward_plan, differentiated
 from .op_planning import bind_operands, planned_outputs, unpack
 from .runtime import ahead, callsite
 from .stand_in import empty as empty_stand_in
-from .stand_in import stand_in, stand_ins
-
-
-def layout(t: Tensor) -> tuple:
-    """What a stand-in needs of a tensor: shape, strides, storage offset, dtype, device."""
-    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device)
+from .stand_in import layout, stand_in, stand_ins
 
 
 def ahead_key(epilogue, A, B, tensors, numbers, kinds, out_dtypes, options, needs) -> tuple:

@@ -25,12 +25,8 @@ from .backends.triton import device as target
 from .frontend import Program
 from .runtime import ahead, callsite
 from .staging import Pass, keep_shape, pass_inputs
-from .stand_in import stand_in, stand_ins
+from .stand_in import layout, stand_in, stand_ins
 
-
-def layout(t: torch.Tensor) -> tuple:
-    """What a stand-in needs of a tensor: shape, strides, storage offset, dtype, device."""
-    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device)
 
 
 def queue(program: Program, steps: tuple[Pass, ...], A, B, tensors: dict, options: dict, accum_shape: tuple):

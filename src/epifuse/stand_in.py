@@ -45,6 +45,12 @@ class StandIn(torch.Tensor):
                 f"dtype={self.dtype}, device={self.where})")
 
 
+def layout(t: torch.Tensor) -> tuple:
+    """What a stand-in needs of a tensor (stand_in's arguments): shape, strides, storage
+    offset, dtype, device."""
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device)
+
+
 def stand_in(shape, stride, offset: int, dtype: torch.dtype, device: torch.device) -> StandIn:
     """A StandIn laid out as a real tensor of this metadata would be."""
     span = offset + (1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0)
@@ -97,4 +103,4 @@ def stand_ins():
     return _StandInMode()
 
 
-__all__ = ["StandIn", "stand_in", "empty", "stand_ins"]
+__all__ = ["StandIn", "layout", "stand_in", "empty", "stand_ins"]
