@@ -143,10 +143,8 @@ def _gemm_in_passes(program: Program, A, B, tensors: dict, accumulate: bool, opt
         names = [name for name, _ in step.program.outputs]
         outs = gemm(A, B, step.program, **options, **staging.pass_inputs(step, tensors, stats))
         outs = outs if isinstance(outs, tuple) else (outs,)
-        for name, value in zip(names, outs):
-            if name in step.computes:
-                stats[name] = value.reshape(staging.keep_shape(step.computes[name], accum_shape))
-            results[name] = value
+        results.update(zip(names, outs))
+        stats.update(staging.statistics(step, dict(zip(names, outs)), accum_shape))
         results.update({user: results[stat] for user, stat in step.returns.items()})
     values = tuple(results[name] for name in outputs)
     return values[0] if len(values) == 1 else values

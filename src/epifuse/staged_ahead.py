@@ -24,7 +24,7 @@ from .backends.select import kernels_to_compile
 from .backends.triton import device as target
 from .frontend import Program
 from .runtime import ahead, callsite
-from .staging import Pass, keep_shape, pass_inputs
+from .staging import Pass, pass_inputs, statistics
 from .stand_in import layout, stand_in, stand_ins
 
 
@@ -100,8 +100,6 @@ def plan_later_passes(steps, A_layout, B_layout, layouts: dict, numbers: dict, o
                                         compute_dtype=options["compute_dtype"], **full)
                 args = GemmArguments(A, B, epilogue=epi, precision=options["precision"])
                 ahead.plan_compiles(args, kernels_to_compile(args), planned)
-            for name, _ in step.program.outputs:
-                if name in step.computes:
-                    stats[name] = full[name].reshape(keep_shape(step.computes[name], accum_shape))
+            stats.update(statistics(step, {name: full[name] for name, _ in step.program.outputs}, accum_shape))
     return planned
 

@@ -255,6 +255,13 @@ def pass_inputs(step: Pass, tensors: dict, stats: dict) -> dict:
     return given
 
 
+def statistics(step: Pass, outputs: dict, accum_shape: tuple) -> dict:
+    """The statistics `step` computes, from its `outputs` by name, shaped as operands of the
+    passes after it (keep_shape)."""
+    return {name: value.reshape(keep_shape(step.computes[name], accum_shape))
+            for name, value in outputs.items() if name in step.computes}
+
+
 def keep_shape(dim, accum_shape: tuple) -> tuple:
     """The shape of a statistic reduced over `dim` (as written: an int, a tuple, None for
     every dim) as an operand of the next pass: accum's, with the reduced dims 1."""

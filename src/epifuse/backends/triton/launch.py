@@ -170,8 +170,8 @@ def plain_launcher(compiled):
 def _described_launcher_39(runner, cells, descriptors):
     """described_launcher for Triton 3.9's wrapper (wrap_handle_tensordesc_impl), which expands
     the descriptors in C++ (make_tensordesc_args) through a Python encoder per descriptor: the
-    same expansion, through an encoder that keeps what Triton's made per (metadata, base
-    address, shape, strides). None where the wrapper or the launcher is not as expected."""
+    same expansion, through an encoder that keeps what Triton's made per descriptor argument
+    (its metadata) and address. None where the wrapper or the launcher is not as expected."""
     try:  # function-local: a private Triton function that may be missing
         from triton._C.libtriton import make_tensordesc_args
     except ImportError:
@@ -186,9 +186,8 @@ def _described_launcher_39(runner, cells, descriptors):
         return None   # descriptors nested in tuples, or not at the positions given
     kept = _Kept(DESCRIPTORS_KEPT * len(metas))
 
-    def keep(arg, meta, base_args):
-        key = (id(meta), arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), arg.padding,
-               getattr(arg, "round_f32_to_tf32", False))
+    def keep(arg, meta, base_args):   # arg: a Described of launch's, its shape and strides the plan's
+        key = (id(meta), arg.base.data_ptr())
         return kept.get(key) or kept.put(key, encode(arg, meta, base_args))
     cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
 
