@@ -86,20 +86,38 @@ def first_order(count: int, workers: int) -> list[int]:
 
 
 def simulate(seconds: list[float], workers: int) -> float:
-    """The wall time of tests taking `seconds`, in that order, under OneAtATime: QUEUED rounds
-    handed out round robin in first_order, then each next test to the worker whose running
-    test ends first, queued behind the test that worker starts then."""
+    """The wall time of tests taking `seconds` (in collection order) on `workers` under the
+    scheduler itself (scheduler_class, given stand-ins for xdist's workers): each worker runs
+    the tests sent to it in the order they came, one at a time, and each test's end is
+    reported to the scheduler, which sends what it sends then."""
     import heapq
-    ordered = [seconds[i] for i in first_order(len(seconds), workers)]
-    queues = [list(ordered[w:QUEUED * workers:workers]) for w in range(workers)]
-    pending = list(ordered[QUEUED * workers:])
-    running = [(queue.pop(0), w) for w, queue in enumerate(queues) if queue]
+    from types import SimpleNamespace
+
+    class Worker:
+        def __init__(self, name: str):
+            self.gateway, self.shutting_down, self.queue = SimpleNamespace(id=name), False, []
+
+        def send_runtest_some(self, indices):
+            self.queue.extend(indices)
+
+        def shutdown(self):
+            self.shutting_down = True
+    config = SimpleNamespace(getvalue=lambda name: ["popen"] * workers if name == "tx" else None,
+                             getoption=lambda name, default=None: None)
+    scheduler = scheduler_class()(config, None)
+    nodes = [Worker(f"gw{w}") for w in range(workers)]
+    names = [f"t.py::{i}" for i in range(len(seconds))]
+    for node in nodes:
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, names)
+    scheduler.schedule()
+    running = [(seconds[node.queue[0]], w) for w, node in enumerate(nodes) if node.queue]
     heapq.heapify(running)
     end = 0.0
     while running:
         end, w = heapq.heappop(running)
-        if pending:
-            queues[w].append(pending.pop(0))
-        if queues[w]:
-            heapq.heappush(running, (end + queues[w].pop(0), w))
+        node = nodes[w]
+        scheduler.mark_test_complete(node, node.queue.pop(0), 0.0)
+        if node.queue:
+            heapq.heappush(running, (end + seconds[node.queue[0]], w))
     return end

@@ -57,8 +57,6 @@ LAYERS = [
 LOCAL: dict[tuple[str, str], str] = {
     ("cli", "commands"): "the commands load once the arguments parse: `epifuse --help` and a "
                          "mistyped option load neither torch nor Triton",
-    ("runtime.compile_child", "runtime.triton_identity"): "a compile process runs compile_child.py by path, "
-                                                         "outside the package, and loads the file itself there",
     ("backend", "graph_heads"): "the LM-head rewrite (and the linear cross-entropy it calls, with epifuse.api) "
                                 "loads when a graph is compiled: `import epifuse` does not load them",
 }

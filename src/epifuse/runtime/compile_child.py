@@ -42,17 +42,13 @@ class StaleEnvironment(Exception):
 
 
 def _installation() -> str:
-    """triton_identity.installation(), loaded as this file is: as part of the package in the
-    parent, by path in a child."""
-    if __package__:
-        from .triton_identity import installation
-    else:
-        spec = importlib.util.spec_from_file_location(
-            "epifuse_triton_identity", os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_identity.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        installation = module.installation
-    return installation()
+    """triton_identity.installation(), loaded by path: a child, run by path itself, cannot
+    import the package."""
+    spec = importlib.util.spec_from_file_location(
+        "epifuse_triton_identity", os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_identity.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.installation()
 
 
 def read_frame(stream) -> bytes | None:
