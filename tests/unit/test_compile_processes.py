@@ -79,10 +79,8 @@ def _compiled_here(request, monkeypatch):
 def test_a_child_compiles_the_kernel_this_process_would(children, tmp_path, monkeypatch):
     scale = int.from_bytes(os.urandom(2), "little") + 2   # a kernel no earlier run compiled
     request = _request(tmp_path, scale)
-    before = children.COMPILED[0]
     triton_hash = children.compile_in_child(request)
     assert triton_hash is not None, children.LAST_ERROR[0]
-    assert children.COMPILED[0] == before + 1
     # in Triton's cache, where this process finds it by the hash: the kernel its own compile makes
     from triton.runtime.cache import get_cache_manager
     group = get_cache_manager(triton_hash).get_group("scaled_copy.json")

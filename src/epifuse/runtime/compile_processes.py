@@ -50,7 +50,6 @@ _CHILDREN: set = set()    # every child started and not let go (idle or busy)
 _RUNNING = [0]            # children started or starting, and not let go
 _FAILURES = [0]           # children that died, hung or could not start, in this process
 _REAPER = [None]          # the thread letting idle children go, while any child runs
-COMPILED = [0]            # compiles a child answered (for tests and the start-up benchmark)
 LAST_ERROR = [None]       # why the latest request came back without a kernel
 
 
@@ -255,7 +254,6 @@ def compile_in_child(request: dict) -> str | None:
     else:
         _give_back(child)
     if kind == "ok":
-        COMPILED[0] += 1
         return value
     LAST_ERROR[0] = value
     return None
@@ -292,5 +290,5 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["limit", "usable", "start", "compile_in_child", "let_all_go", "COMPILED", "LAST_ERROR",
+__all__ = ["limit", "usable", "start", "compile_in_child", "let_all_go", "LAST_ERROR",
            "ANSWER_TIMEOUT_S"]
