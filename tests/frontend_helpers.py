@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from epifuse.binding import bind
-from epifuse.frontend import Expr, parse
+from epifuse.frontend import parse
+from epifuse.program import Expr
 from epifuse.ir import Graph, Node, Operand
 
 from helpers import integer_tensor

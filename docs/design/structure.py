@@ -23,7 +23,7 @@ OUTPUT = Path(__file__).resolve().parent / "structure.md"
 # Bottom first: what each layer is for, and its modules (a trailing "." takes a whole folder).
 LAYERS = [
     ("foundation: errors, the ops registry, dtype names", ["errors", "version", "ops."]),
-    ("the language: parsing and the IR", ["nesting", "frontend", "ir"]),
+    ("the language: parsing and the IR", ["nesting", "program", "frontend", "ir"]),
     ("graphs: binding, passes, printing, the reference, autodiff, tensor geometry (and stand-ins: "
      "metadata without memory), staging in passes, complex epilogues over real parts, uint8 GEMMs as int8 ones",
      ["binding", "rewrite", "passes.", "printing", "reference", "autodiff", "stand_in", "shapes", "staging",

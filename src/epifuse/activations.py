@@ -21,7 +21,8 @@ from typing import Any, Callable
 from torch import nn
 
 from .errors import EpilogueArgumentError, EpilogueSyntaxError, Location, did_you_mean
-from .frontend import Program, clean_source, parse_source, read_source
+from .frontend import clean_source, parse_source, read_source
+from .program import Program
 from .nesting import check_nesting
 from .ops import OPS, OpDef, lookup
 from .printing import param_literal, statement_source

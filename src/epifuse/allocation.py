@@ -7,7 +7,7 @@ import torch
 
 from .arguments import _halves, bound_graph, default_compute_dtype
 from .errors import EpilogueArgumentError, ShapeError
-from .frontend import Program
+from .program import Program
 from .ir import AXES, Graph, joined_shape
 from .shapes import accum_shape_of, classify_operand
 

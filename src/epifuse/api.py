@@ -23,7 +23,7 @@ from .grouped_arguments import GroupedGemmArguments
 from .backends.select import choose_kernel, get_kernels, kernel_statuses
 from .backends.triton import configs
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
-from .frontend import Program
+from .program import Program
 from .planar import gemm_planar_complex
 from .runtime import callsite, tune
 

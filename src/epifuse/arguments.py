@@ -23,7 +23,8 @@ import torch
 from .activations import activation_source, is_activation_name, named_activation
 from .binding import bind
 from .errors import EpilogueArgumentError, ShapeError, did_you_mean, flag
-from .frontend import Program, parse
+from .frontend import parse
+from .program import Program
 from .ir import ACCUM_IMAG, AXES, Graph, Operand, joined_shape
 from .passes import canonical_hash, optimize
 from .shapes import (

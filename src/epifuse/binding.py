@@ -12,7 +12,7 @@ can only be returned (epifuse.gemm runs the other forms as passes: staging.py).
 from __future__ import annotations
 
 from .errors import EpilogueError, EpilogueSyntaxError, Location
-from .frontend import CallSite, Expr, Program, fold_expr
+from .program import CallSite, Expr, Program, fold_expr
 from .ir import AXES, SECOND_ACCUMULATORS, Graph, Node, Operand, Output, accum, const, input_node
 from .ops import OPS
 from .staging import check_folds, needs_passes

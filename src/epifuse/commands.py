@@ -28,7 +28,8 @@ from .arguments import epilogue_program
 from .binding import bind
 from .demo import run_demo
 from .epilogues import NamedEpilogue
-from .frontend import Program, parse_module, parse_source
+from .frontend import parse_module, parse_source
+from .program import Program
 from .fused import FusedGemm, drop_self
 from .ir import Operand, fed_reductions
 from .ops import dtype_from_name

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import EpilogueError
-from .frontend import Expr, Program, Statement
+from .program import Expr, Program, Statement
 from .ops import OPS
 from .printing import FreshNames
 

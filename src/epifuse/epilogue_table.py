@@ -24,7 +24,8 @@ from typing import Callable
 
 from .arguments import epilogue_program
 from .errors import EpilogueArgumentError, UnsupportedError
-from .frontend import IDENTIFIER, RESERVED_KEYWORDS, Expr, Program, Statement
+from .frontend import IDENTIFIER, RESERVED_KEYWORDS
+from .program import Expr, Program, Statement
 from .ops import OPS
 from .printing import FreshNames, dump_program, load_program
 

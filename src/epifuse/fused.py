@@ -32,7 +32,8 @@ from .api import gemm
 from .allocation import allocate_outputs
 from .arguments import EpilogueArguments, GemmArguments, epilogue_program
 from .errors import EpilogueArgumentError, EpilogueSyntaxError, did_you_mean
-from .frontend import Program, names_used, parse
+from .frontend import parse
+from .program import Program, names_used
 from .printing import program_source
 
 

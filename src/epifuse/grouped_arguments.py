@@ -18,7 +18,7 @@ from .arguments import (
     bound_graph,
 )
 from .errors import EpilogueArgumentError, ShapeError
-from .frontend import Program
+from .program import Program
 from .ir import AXES, Operand
 from .printing import statement_source
 from .shapes import address, classify_operand, span

@@ -30,7 +30,8 @@ from torch import Tensor, nn
 from . import losses, sharded, torch_ops
 from .activations import ACTIVATIONS, activation_source, named_activation, of_module
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError, flag
-from .frontend import Expr, Program, Statement, parse, rename
+from .frontend import parse
+from .program import Expr, Program, Statement, rename
 from .printing import FreshNames
 from .shapes import check_tensor
 

@@ -14,7 +14,7 @@ from .allocation import epilogue_accum_shape, output_specs
 from .arguments import bound_graph
 from .epilogue_table import Entry
 from .errors import EpilogueArgumentError
-from .frontend import Program
+from .program import Program
 from .ops import dtype_from_name
 from .shapes import classify_operand
 

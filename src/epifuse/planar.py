@@ -30,7 +30,7 @@ from .arguments import EpilogueArguments, GemmArguments, check_keywords, epilogu
 from .backends.select import choose_kernel
 from .complex_parts import split
 from .errors import EpilogueArgumentError, ShapeError, UnsupportedError
-from .frontend import Program
+from .program import Program
 from .staging import needs_passes
 
 # A complex out_dtype and the real dtype of its planes.

@@ -17,7 +17,8 @@ import re
 from typing import Any
 
 from .errors import InternalError, Location
-from .frontend import IDENTIFIER, Expr, GeneratedSource, Program, Statement, fold_expr, param_rule
+from .frontend import IDENTIFIER
+from .program import Expr, GeneratedSource, Program, Statement, fold_expr, param_rule
 from .ir import ACCUM, ACCUM_UP, AXES, CONST, INPUT, Graph
 from .ops import OPS
 

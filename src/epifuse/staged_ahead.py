@@ -22,7 +22,7 @@ from .allocation import allocate_outputs
 from .arguments import EpilogueArguments, GemmArguments
 from .backends.select import kernels_to_compile
 from .backends.triton import device as target
-from .frontend import Program
+from .program import Program
 from .runtime import ahead, callsite
 from .staging import Pass, pass_inputs, statistics
 from .stand_in import layout, stand_in, stand_ins

@@ -25,7 +25,7 @@ import dataclasses
 import functools
 
 from .errors import EpilogueError
-from .frontend import Expr, Program, Statement, fold_expr
+from .program import Expr, Program, Statement, fold_expr
 from .ops import OPS
 
 

@@ -23,7 +23,7 @@ import functools
 import torch
 
 from .errors import UnsupportedError
-from .frontend import ACCUMULATORS, Expr, Program, Statement, rename
+from .program import ACCUMULATORS, Expr, Program, Statement, rename
 
 INTEGER_INPUTS = (torch.uint8, torch.int8)
 OFFSET = 128

@@ -433,7 +433,7 @@ def test_an_activation_may_use_the_names_of_options():
 
 
 def test_rename_reads_names_under_new_ones_at_any_depth():
-    from epifuse.frontend import rename
+    from epifuse.program import rename
     program = parse("def e(accum, b):\n    D = relu(accum" + " + accum" * 300 + " * b)\n    return D\n")
     expr = program.statements[0].expr
     renamed = rename(expr, {"accum": "pre"})

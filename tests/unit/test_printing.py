@@ -14,7 +14,8 @@ import torch
 import epifuse
 from epifuse import FusedGemm
 from epifuse.errors import EpilogueSyntaxError
-from epifuse.frontend import MAX_SOURCE_CHARS, Expr, parse
+from epifuse.frontend import MAX_SOURCE_CHARS, parse
+from epifuse.program import Expr
 from epifuse.printing import FreshNames, dump_program, expr_source, load_program, program_source
 
 from frontend_helpers import strip
