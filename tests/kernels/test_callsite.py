@@ -29,7 +29,7 @@ def _fresh_sites():
 
 def test_later_calls_use_their_own_tensors_and_fresh_outputs(device):
     B = integer_tensor(24, 36, dtype=torch.float16, device=device)
-    hits, previous = callsite.HITS[0], None
+    hits, previous, first = callsite.HITS[0], None, None
     for step in range(4):
         A = integer_tensor(40, 24, dtype=torch.float16, device=device)
         bias = integer_tensor(36, dtype=torch.float32, device=device)
@@ -37,7 +37,9 @@ def test_later_calls_use_their_own_tensors_and_fresh_outputs(device):
         expected_D, expected_F = _expected(A, B, bias, 2.0)
         assert torch.equal(D.double(), expected_D) and torch.equal(F.double(), expected_F), step
         assert D is not previous
-        previous = D
+        layout = [(t.shape, t.stride(), t.dtype, t.device, t.storage_offset()) for t in (D, F)]
+        assert layout == (first or layout), step   # a kept launch allocates what the first call did
+        previous, first = D, first or layout
     assert callsite.HITS[0] - hits == 3
 
 
