@@ -28,7 +28,6 @@ from .staging import Pass, pass_inputs, statistics
 from .stand_in import layout, stand_in, stand_ins
 
 
-
 def queue(program: Program, steps: tuple[Pass, ...], A, B, tensors: dict, options: dict, accum_shape: tuple):
     """Queue the compile of the passes after the first (see the module's docstring); the job's
     key, or None where nothing was queued. `tensors`, `options` and `accum_shape` are what
@@ -39,18 +38,12 @@ def queue(program: Program, steps: tuple[Pass, ...], A, B, tensors: dict, option
     if len(steps) < 2 or not ahead.compiles_on(A.device) or target.capturing(A.device) or \
             unsigned_inputs.applies(A, B):
         return None
+    given = {name: v for name, v in tensors.items() if isinstance(v, torch.Tensor)}
+    numbers = {name: v for name, v in tensors.items() if name not in given}
     grad = torch.is_grad_enabled()
-    layouts, numbers = {}, {}
-    for name, value in tensors.items():
-        if isinstance(value, torch.Tensor):
-            if type(value) not in callsite.PLAIN_TENSOR_TYPES or (grad and value.requires_grad):
-                return None
-            layouts[name] = layout(value)
-        else:
-            numbers[name] = value
-    for t in (A, B):
-        if type(t) not in callsite.PLAIN_TENSOR_TYPES or (grad and t.requires_grad):
-            return None
+    if any(type(t) not in callsite.PLAIN_TENSOR_TYPES or (grad and t.requires_grad) for t in (A, B, *given.values())):
+        return None
+    layouts = {name: layout(t) for name, t in given.items()}
     A_layout, B_layout = layout(A), layout(B)
     # a float by its bits: a NaN equals itself, and -0.0 is not 0.0
     key = ("passes", program.source, A_layout, B_layout, tuple(layouts.items()),

@@ -12,6 +12,7 @@ import epifuse
 from epifuse import api, staged_ahead, staging
 from epifuse.arguments import epilogue_program
 from epifuse.runtime import ahead
+from epifuse.stand_in import layout
 
 # a statistic over every element (staged at any N), a row softmax over N wider than one tile,
 # a variance (three passes), each with an operand, a number or an output the caller passes
@@ -75,10 +76,10 @@ def test_the_passes_planned_ahead_are_the_passes_the_call_makes(case, monkeypatc
     assert len(steps) >= 2, "not a staged epilogue"
     epifuse.gemm(A, B, source, **tensors)
     assert len(made) == len(steps)
-    layouts = {n: staged_ahead.layout(t) for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+    layouts = {n: layout(t) for n, t in tensors.items() if isinstance(t, torch.Tensor)}
     numbers = {n: v for n, v in tensors.items() if n not in layouts}
     monkeypatch.setattr(staged_ahead, "kernels_to_compile", lambda args: [_Kernel([])])
-    planned = staged_ahead.plan_later_passes(steps, staged_ahead.layout(A), staged_ahead.layout(B), layouts, numbers,
+    planned = staged_ahead.plan_later_passes(steps, layout(A), layout(B), layouts, numbers,
                                              OPTIONS, api.epilogue_accum_shape(program, A, B))
     assert [args.signature for args, _, _ in planned] == made[1:]
     assert all(args.stand_in for args, _, _ in planned)   # nothing allocated for the plan
