@@ -1,56 +1,29 @@
-"""A compile process (src/epifuse/runtime/compile_child.py) run under a wall-clock stack sampler,
-for research/child_timeline.py: at exit it appends one JSON line to $EPIFUSE_CHILD_TIMELINE with
-its start, when its warm-up ended, each request's arrival and answer (time.time()), and the
-functions with the most samples (inclusive seconds, sampled every 5 ms) while it compiled."""
+"""A compile process (src/epifuse/runtime/compile_child.py) whose compiles are sampled, for
+research/child_timeline.py: at exit it appends one JSON line to $EPIFUSE_CHILD_TIMELINE with its
+start, when its warm-up ended, each request's arrival and answer (time.time()), and per thread
+(the compile's own, "caller"; the launcher's early build, "others") the functions with the most
+samples while it compiled (research/stack_sampler.py: inclusive seconds)."""
 import collections
 import importlib.util
 import json
 import os
 import sys
-import threading
 import time
 
 STARTED = time.time()
-PERIOD_S = 0.005
+import stack_sampler  # noqa: E402 - this file's folder, sys.path[0] while it runs by path
+
 _here = os.path.dirname(os.path.abspath(__file__))
 if sys.path and os.path.abspath(sys.path[0] or ".") == _here:
     del sys.path[0]
-_path = os.environ["EPIFUSE_CHILD_SOURCE"]
-spec = importlib.util.spec_from_file_location("compile_child", _path)
+spec = importlib.util.spec_from_file_location("compile_child", os.environ["EPIFUSE_CHILD_SOURCE"])
 child = importlib.util.module_from_spec(spec)
 sys.modules["compile_child"] = child
 spec.loader.exec_module(child)
 
 events = {"pid": os.getpid(), "started": STARTED, "requests": []}
-counts = collections.Counter()
-busy = threading.Event()
-stop = threading.Event()
-main_ident = threading.get_ident()
-
-
-def sample():
-    while not stop.wait(PERIOD_S):
-        if not busy.is_set():
-            continue
-        seen = set()
-        for ident, frame in sys._current_frames().items():
-            if ident == threading.get_ident():
-                continue
-            while frame is not None:
-                code = frame.f_code
-                name = code.co_filename
-                for mark in ("/triton/", "/epifuse/"):
-                    if mark in name:
-                        name = mark.strip("/") + "/" + name.split(mark, 1)[1]
-                        break
-                else:
-                    name = os.path.basename(name)
-                seen.add(f"{name}:{code.co_name}")
-                frame = frame.f_back
-        counts.update(seen)
-
-
-warm = child._warm
+counts = collections.defaultdict(collections.Counter)
+warm, compile_request = child._warm, child.compile_request
 
 
 def timed_warm():
@@ -58,27 +31,22 @@ def timed_warm():
     events["warm_done"] = time.time()
 
 
-child._warm = timed_warm
-compile_request = child.compile_request
-
-
-def timed_compile(request):
+def sampled_compile(request):
     arrived = time.time()
-    busy.set()
     try:
-        return compile_request(request)
+        with stack_sampler.Sampler() as sampler:
+            return compile_request(request)
     finally:
-        busy.clear()
-        events["requests"].append({"arrived": arrived, "answered": time.time(),
-                                   "bytes": len(request.get("source", "") or "") if isinstance(request, dict) else 0})
+        events["requests"].append({"arrived": arrived, "answered": time.time()})
+        for who, seen in sampler.counts.items():
+            counts[who].update(seen)
 
 
-child.compile_request = timed_compile
-threading.Thread(target=sample, daemon=True).start()
+child._warm, child.compile_request = timed_warm, sampled_compile
 try:
     child.main()
 finally:
-    stop.set()
-    events["top"] = [(label, round(n * PERIOD_S, 3)) for label, n in counts.most_common(40)]
+    events["top"] = {who: [(label, round(n * stack_sampler.PERIOD_S, 3)) for label, n in c.most_common(40)]
+                     for who, c in counts.items()}
     with open(os.environ["EPIFUSE_CHILD_TIMELINE"], "a") as f:
         f.write(json.dumps(events) + "\n")

@@ -4,9 +4,10 @@
     PYTHONPATH=src:. python -m research.child_timeline [--workload bce_loss] [--shape S2] [--rounds 2]
 
 Runs research.cold_timeline's cold case with every compile process started through
-research/child_sampler.py (the same compile_child, sampled every 5 ms while it compiles) and
-prints, relative to the start of the timed call: when each child started, finished its warm-up,
-received each request and answered it, then the child's functions with the most samples.
+research/child_sampler.py (the same compile_child, sampled every 5 ms while it compiles, by
+research/stack_sampler.py) and prints, relative to the start of the timed call: when each child
+started, finished its warm-up, received each request and answered it, then the child's
+functions with the most samples.
 """
 from __future__ import annotations
 
@@ -24,9 +25,8 @@ from research import cold_timeline
 def _case(spec):
     spec = dict(spec)
     os.environ["EPIFUSE_CHILD_TIMELINE"] = spec.pop("timeline")
-    start = time.time()
     result = cold_timeline.gemm_child(spec)
-    return {**result, "call_started": start}
+    return {**result, "call_started": time.time() - result["seconds"]}   # the timed call's start
 
 
 def main(argv=None) -> int:
@@ -37,8 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=25)
     a = p.parse_args(argv)
     from epifuse.runtime import compile_processes
-    compile_processes_child = compile_processes.CHILD
-    os.environ["EPIFUSE_CHILD_SOURCE"] = str(compile_processes_child)
+    os.environ["EPIFUSE_CHILD_SOURCE"] = str(compile_processes.CHILD)
     compile_processes.CHILD = Path(__file__).with_name("child_sampler.py")
     from bench.first_call import _caches, in_child
     from bench.workloads import SHAPES
@@ -63,8 +62,10 @@ def main(argv=None) -> int:
                 print(f"  child {c['pid']}: started {rel(c['started'])}, warm {rel(c.get('warm_done', c['started']))}; {reqs or 'no request'}")
             for c in children:
                 if c["requests"]:
-                    for label, seconds in c["top"][:a.top]:
-                        print(f"    {seconds:7.3f}  {label}")
+                    for who, top in c["top"].items():
+                        print(f"   child {c['pid']}, {who} (the compile's thread; others: its launcher's early build)")
+                        for label, seconds in top[:a.top]:
+                            print(f"    {seconds:7.3f}  {label}")
     return 0
 
 

@@ -14,71 +14,16 @@ cold one filled (a warm start: bench.first_call's warm column).
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import sys
 import tempfile
-import threading
 import time
 
 import torch
 
 from bench.first_call import _caches, _sync, in_child
 from bench.workloads import SHAPES, WORKLOADS
-
-PERIOD_S = 0.005
-KEEP = ("epifuse", "triton", "subprocess", "threading.py", "concurrent")
-
-
-def _label(frame) -> str:
-    path = frame.f_code.co_filename
-    for mark in ("/epifuse/", "/triton/", "/bench/"):
-        if mark in path:
-            path = mark.strip("/") + "/" + path.split(mark, 1)[1]
-            break
-    else:
-        path = os.path.basename(path)
-    return f"{path}:{frame.f_code.co_name}"
-
-
-class Sampler:
-    def __init__(self):
-        self.counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-        self.samples: collections.Counter = collections.Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._main = threading.get_ident()
-
-    def _run(self):
-        me = threading.get_ident()
-        while not self._stop.wait(PERIOD_S):
-            for ident, frame in sys._current_frames().items():
-                if ident == me:
-                    continue
-                who = "caller" if ident == self._main else "others"
-                seen = set()
-                while frame is not None:
-                    label = _label(frame)
-                    if label not in seen and any(k in label for k in KEEP):
-                        seen.add(label)
-                    frame = frame.f_back
-                if who == "caller" or seen:
-                    self.samples[who] += 1
-                self.counts[who].update(seen)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def table(self, top: int) -> dict:
-        return {who: {"samples": self.samples[who], "top": [(label, round(n * PERIOD_S, 3))
-                                                            for label, n in c.most_common(top)]}
-                for who, c in self.counts.items()}
-
+from research.stack_sampler import PERIOD_S, Sampler
 
 def gemm_child(spec: dict) -> dict:
     os.environ.update(spec["env"])
