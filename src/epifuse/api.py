@@ -54,8 +54,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: Callable | str | Program | 
     >>> epifuse.gemm(A, B, epi, bias=torch.full((5,), -1.0))[0]
     tensor([2., 2., 2., 2., 2.])
     """
-    if out_dtype is not None:
-        check_out_dtype(out_dtype)
+    check_out_dtype(out_dtype)
     # A kept launch first: its signature admits only calls that do not go through the custom
     # ops (torch.compile traces this function: nothing is looked up while it does)
     compiling = torch.compiler.is_compiling()
